@@ -1,0 +1,150 @@
+"""The ``rlzoo`` command line: train, sft, list, config.
+
+Every user error (:class:`rlzoo.errors.RlzooError`) prints one line ``rlzoo: error: ...``
+and exits with code 2, before any model is built.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+from rlzoo.errors import RlzooError
+from rlzoo.hookspecs import KIND_TITLES, REGISTRATION_HOOKS
+
+EXIT_USAGE = 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="rlzoo",
+        description="A plugin-based zoo of RL algorithms for language models.",
+        epilog="Config overrides are key=value items, e.g. "
+        "`rlzoo train algo=grpo loss_agg=seq-mean-token-mean trainer.lr=1e-3`.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    def with_config(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--config", metavar="FILE", help="a YAML file of config keys")
+        p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
+                       help="config overrides (dot-list), applied last")
+
+    train = sub.add_parser("train", help="train a policy with RL (the main job)",
+                           description="Train a policy with RL. With no arguments: the "
+                           "embedded default (tiny model, built-in task) on the CPU.")
+    with_config(train)
+    sft = sub.add_parser("sft", help="supervised warm-up on a task's reference answers",
+                         description="Supervised fine-tuning on the task's reference "
+                         "answers; writes a model directory usable as model.path=.")
+    with_config(sft)
+    sft.add_argument("--steps", type=int, default=100, help="optimizer steps (default 100)")
+    sft.add_argument("--out", metavar="DIR", help="where to save the model (default "
+                     "runs/<run_name>-sft/model)")
+
+    config = sub.add_parser("config", help="print the fully resolved config and exit")
+    with_config(config)
+
+    listing = sub.add_parser("list", help="list registered components by kind")
+    listing.add_argument("--json", action="store_true", help="print JSON instead of text")
+    listing.add_argument("--kind", choices=sorted(REGISTRATION_HOOKS), help="only this kind")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``rlzoo`` console script; returns the exit code."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return EXIT_USAGE
+    try:
+        return _COMMANDS[args.command](args)
+    except RlzooError as exc:
+        print(f"rlzoo: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def _resolve(args: argparse.Namespace):
+    from rlzoo.config import load_config, plugin_modules
+    from rlzoo.plugins import build_registry, make_plugin_manager
+
+    modules = plugin_modules(args.overrides, args.config)
+    pm = make_plugin_manager(modules=modules)
+    registry = build_registry(pm)
+    for error in registry.load_errors:
+        print(f"rlzoo: warning: {error}", file=sys.stderr)
+    resolved = load_config(registry, args.overrides, args.config)
+    return pm, registry, resolved
+
+
+def _cmd_config(args: argparse.Namespace) -> int:
+    _, _, resolved = _resolve(args)
+    sys.stdout.write(resolved.to_yaml())
+    return 0
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from rlzoo.trainer import train
+
+    pm, registry, resolved = _resolve(args)
+    train(resolved, registry, pm)
+    return 0
+
+
+def _cmd_sft(args: argparse.Namespace) -> int:
+    from rlzoo.sft import run_sft
+
+    _, registry, resolved = _resolve(args)
+    out = run_sft(resolved, registry, steps=args.steps, out_dir=args.out)
+    print(f"saved the SFT model to {out}; train from it with model.path={out}")
+    return 0
+
+
+def _cmd_list(args: argparse.Namespace) -> int:
+    from rlzoo.plugins import build_registry, make_plugin_manager
+
+    registry = build_registry(make_plugin_manager())
+    kinds = [args.kind] if args.kind else list(REGISTRATION_HOOKS)
+    entries = [
+        {
+            "kind": c.kind,
+            "name": c.name,
+            "aliases": list(c.aliases),
+            "package": c.package,
+            "plugin": c.plugin,
+            "description": c.description,
+            "paper": c.paper,
+            "needs": sorted(c.needs),
+        }
+        for kind in kinds
+        for c in registry.components(kind)
+    ]
+    errors = [str(e) for e in registry.load_errors]
+    if args.json:
+        print(json.dumps({"components": entries, "errors": errors}, indent=2))
+    else:
+        for kind in kinds:
+            rows = [e for e in entries if e["kind"] == kind]
+            print(f"{KIND_TITLES[kind]} ({kind}):")
+            if not rows:
+                print("  (none)")
+            width = max((len(r["name"]) for r in rows), default=0)
+            for row in rows:
+                extra = []
+                if row["aliases"]:
+                    extra.append("aliases: " + ", ".join(row["aliases"]))
+                if row["needs"]:
+                    extra.append("needs: " + ", ".join(row["needs"]))
+                if row["paper"]:
+                    extra.append(row["paper"])
+                tail = f" [{'; '.join(extra)}]" if extra else ""
+                print(f"  {row['name']:<{width}}  {row['package']:<10} {row['description']}{tail}")
+            print()
+    for error in errors:
+        print(f"rlzoo: error: {error}", file=sys.stderr)
+    return EXIT_USAGE if errors else 0
+
+
+_COMMANDS = {"train": _cmd_train, "sft": _cmd_sft, "config": _cmd_config, "list": _cmd_list}

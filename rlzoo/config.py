@@ -1,0 +1,521 @@
+"""Layered, validated run configuration.
+
+Layers, lowest first: ``configs/default.yaml`` < the algorithm preset chosen by ``algo``
+< a user file (``--config run.yaml``) < CLI dot-list overrides (``trainer.lr=1e-3``).
+
+The run schema below gives every key its type (the values live in ``default.yaml``);
+each component choice (``advantage``, ``policy_loss``, ...) is a name or a mapping with
+``name`` plus that component's parameters, validated against the parameter dataclass the
+component registered. Everything is checked here, before any model is built.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, Optional
+
+import yaml
+from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import (
+    ConfigAttributeError,
+    ConfigKeyError,
+    OmegaConfBaseException,
+    ValidationError,
+)
+
+from rlzoo.errors import ConfigError, did_you_mean
+from rlzoo.registry import Component, Registry
+
+# ------------------------------------------------------------------------- run schema
+
+
+@dataclass
+class ModelConfig:
+    path: Optional[str] = MISSING
+    arch: str = MISSING
+    hidden_size: int = MISSING
+    intermediate_size: int = MISSING
+    num_layers: int = MISSING
+    num_heads: int = MISSING
+    num_kv_heads: int = MISSING
+    dtype: str = MISSING
+    gradient_checkpointing: bool = MISSING
+
+
+@dataclass
+class RolloutConfig:
+    prompts_per_step: int = MISSING
+    n: int = MISSING
+    max_new_tokens: int = MISSING
+    temperature: float = MISSING
+    top_p: float = MISSING
+
+
+@dataclass
+class KLConfig:
+    coef: float = MISSING
+    penalty: Any = MISSING
+    apply: str = MISSING
+    controller: Any = MISSING
+
+
+@dataclass
+class TrainerConfig:
+    total_steps: int = MISSING
+    lr: float = MISSING
+    critic_lr: float = MISSING
+    weight_decay: float = MISSING
+    betas: list[float] = MISSING
+    lr_schedule: str = MISSING
+    warmup_steps: int = MISSING
+    ppo_epochs: int = MISSING
+    mini_batches: int = MISSING
+    micro_batch_size: int = MISSING
+    max_grad_norm: float = MISSING
+    entropy_coef: float = MISSING
+    logprob_chunk_size: int = MISSING
+    device: str = MISSING
+    threads: int = MISSING
+
+
+@dataclass
+class LoggingConfig:
+    log_every: int = MISSING
+    sample_every: int = MISSING
+    progress: bool = MISSING
+
+
+@dataclass
+class CheckpointConfig:
+    every: int = MISSING
+    keep: int = MISSING
+
+
+@dataclass
+class RunConfig:
+    algo: Optional[str] = MISSING
+    seed: int = MISSING
+    run_name: Optional[str] = MISSING
+    run_dir: Optional[str] = MISSING
+    resume: Optional[str] = MISSING
+    plugins: list[str] = MISSING
+    extensions: list[Any] = MISSING
+    task: Any = MISSING
+    reward: Any = MISSING
+    model: ModelConfig = field(default_factory=ModelConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    advantage: Any = MISSING
+    policy_loss: Any = MISSING
+    loss_agg: Any = MISSING
+    value_loss: Any = MISSING
+    kl: KLConfig = field(default_factory=KLConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+
+
+COMPONENT_FIELDS: dict[str, str] = {
+    "task": "task",
+    "reward": "reward",
+    "advantage": "advantage",
+    "policy_loss": "policy_loss",
+    "loss_agg": "loss_agg",
+    "value_loss": "value_loss",
+    "kl.penalty": "kl_penalty",
+    "kl.controller": "kl_controller",
+}
+"""Config path -> component kind, for every single-component choice."""
+
+CHOICES: dict[str, tuple[str, ...]] = {
+    "model.arch": ("qwen2", "llama"),
+    "model.dtype": ("float32", "bfloat16", "float16"),
+    "kl.apply": ("loss", "reward"),
+    "trainer.lr_schedule": ("constant", "linear", "cosine"),
+    "trainer.device": ("cpu", "cuda", "auto"),
+}
+
+POSITIVE: tuple[str, ...] = (
+    "rollout.prompts_per_step", "rollout.n", "rollout.max_new_tokens", "trainer.total_steps",
+    "trainer.ppo_epochs", "trainer.mini_batches", "trainer.micro_batch_size",
+    "trainer.logprob_chunk_size", "model.hidden_size", "model.intermediate_size",
+    "model.num_layers", "model.num_heads", "model.num_kv_heads", "logging.log_every",
+    "checkpoint.keep",
+)
+NON_NEGATIVE: tuple[str, ...] = (
+    "trainer.lr", "trainer.critic_lr", "trainer.weight_decay", "trainer.warmup_steps",
+    "trainer.max_grad_norm", "trainer.entropy_coef", "trainer.threads", "kl.coef",
+    "logging.sample_every", "checkpoint.every", "rollout.temperature",
+)
+
+# ------------------------------------------------------------------------- loading
+
+
+def default_config_path() -> Path:
+    """Path of the shipped ``default.yaml``."""
+    return Path(str(resources.files("rlzoo_configs").joinpath("default.yaml")))
+
+
+def _read_yaml(path: str | Path, what: str) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{what} {str(path)!r} does not exist or is not a file")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{what} {str(path)!r} is not valid YAML: {exc}") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"{what} {str(path)!r} must hold a mapping of config keys, got {type(data).__name__}"
+        )
+    return data
+
+
+def parse_overrides(overrides: list[str]) -> dict[str, Any]:
+    """Turn CLI ``key=value`` items into a nested dict (values parsed as YAML)."""
+    bad = [item for item in overrides if "=" not in item or item.startswith("=")]
+    if bad:
+        raise ConfigError(
+            f"override {bad[0]!r} is not of the form key=value (e.g. trainer.lr=1e-3)"
+        )
+    try:
+        return OmegaConf.to_container(OmegaConf.from_dotlist(list(overrides)))  # type: ignore[return-value]
+    except OmegaConfBaseException as exc:
+        raise ConfigError(f"cannot parse overrides {overrides}: {exc}") from exc
+
+
+def plugin_modules(overrides: list[str] | None, config_file: str | Path | None) -> list[str]:
+    """The ``plugins`` list (modules to import as plugins) of the file and CLI layers.
+
+    Read before the registry is built, because those modules may register the very
+    components the rest of the config names.
+    """
+    modules: Any = []
+    for layer in (
+        _read_yaml(config_file, "config file") if config_file is not None else {},
+        parse_overrides(overrides or []),
+    ):
+        if "plugins" in layer:
+            modules = layer["plugins"]
+    if isinstance(modules, str):
+        modules = [modules]
+    if not isinstance(modules, list) or not all(isinstance(m, str) for m in modules):
+        raise ConfigError(f"plugins must be a list of module names, got {modules!r}")
+    return modules
+
+
+def _get_path(data: dict[str, Any], path: str) -> tuple[bool, Any]:
+    node: Any = data
+    for part in path.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False, None
+        node = node[part]
+    return True, node
+
+
+def _pop_path(data: dict[str, Any], path: str) -> tuple[bool, Any]:
+    parts = path.split(".")
+    node: Any = data
+    for part in parts[:-1]:
+        if not isinstance(node, dict) or part not in node:
+            return False, None
+        node = node[part]
+    if not isinstance(node, dict) or parts[-1] not in node:
+        return False, None
+    return True, node.pop(parts[-1])
+
+
+def _set_path(data: dict[str, Any], path: str, value: Any) -> None:
+    parts = path.split(".")
+    node = data
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+    node[parts[-1]] = value
+
+
+def _as_spec(value: Any, where: str) -> dict[str, Any] | None:
+    """A component choice as a mapping ``{name: ..., **params}`` (``None`` stays ``None``)."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return {"name": value}
+    if isinstance(value, dict):
+        return dict(value)
+    raise ConfigError(
+        f"{where} must be a component name or a mapping with 'name', got {value!r}"
+    )
+
+
+def _merge_spec(current: dict[str, Any] | None, layer: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A later layer naming another component replaces the choice and its parameters;
+    a mapping without ``name`` (or with the same name) updates the parameters."""
+    if layer is None:
+        return None
+    if current is None or ("name" in layer and layer["name"] != current.get("name")):
+        return dict(layer)
+    merged = dict(current)
+    merged.update(layer)
+    return merged
+
+
+@dataclass
+class ResolvedConfig:
+    """The validated run config and the components it chose.
+
+    :ivar cfg: the full config (OmegaConf), component choices expanded to mappings with
+        every parameter (defaults filled in).
+    :ivar components: config path -> :class:`Component` for every choice that is set.
+    :ivar params: config path -> the parameter dataclass instance of that choice.
+    :ivar extensions: ``(component, params)`` for every enabled extension.
+    """
+
+    cfg: DictConfig
+    components: dict[str, Component]
+    params: dict[str, Any]
+    extensions: list[tuple[Component, Any]]
+
+    def to_yaml(self) -> str:
+        return OmegaConf.to_yaml(self.cfg)
+
+
+def load_config(
+    registry: Registry,
+    overrides: list[str] | None = None,
+    config_file: str | Path | None = None,
+    base: dict[str, Any] | None = None,
+) -> ResolvedConfig:
+    """Merge and validate the layers; raise :class:`ConfigError` on any bad input.
+
+    :param registry: the component registry (presets and component parameters).
+    :param overrides: CLI ``key=value`` items.
+    :param config_file: the user's YAML file.
+    :param base: replaces ``default.yaml`` as the lowest layer (used by ``resume``).
+    """
+    defaults = base if base is not None else _read_yaml(default_config_path(), "default config")
+    file_layer = _read_yaml(config_file, "config file") if config_file is not None else {}
+    cli_layer = parse_overrides(overrides or [])
+
+    algo = defaults.get("algo")
+    for layer in (file_layer, cli_layer):
+        if "algo" in layer:
+            algo = layer["algo"]
+    preset_layer: dict[str, Any] = {}
+    if algo is not None and base is None:
+        preset = registry.get("algorithm", str(algo))
+        preset_layer = _preset_mapping(preset)
+        if "algo" in preset_layer:
+            raise ConfigError(f"algorithm preset {preset.name!r} must not set 'algo'")
+    layers = [dict(defaults), preset_layer, dict(file_layer), dict(cli_layer)]
+    layers = [_deep_copy(layer) for layer in layers]
+
+    specs: dict[str, dict[str, Any] | None] = {}
+    for path in COMPONENT_FIELDS:
+        spec: dict[str, Any] | None = None
+        for layer in layers:
+            present, value = _pop_path(layer, path)
+            if present:
+                spec = _merge_spec(spec, _as_spec(value, path))
+        specs[path] = spec
+    ext_specs: list[Any] = []
+    for layer in layers:
+        present, value = _pop_path(layer, "extensions")
+        if present:
+            ext_specs = list(value or [])
+
+    schema = OmegaConf.structured(RunConfig)
+    for path in COMPONENT_FIELDS:
+        OmegaConf.update(schema, path, None, force_add=True)
+    OmegaConf.update(schema, "extensions", [], force_add=True)
+    OmegaConf.set_struct(schema, True)
+    cfg = schema
+    for layer in layers:
+        cfg = _merge_checked(cfg, layer)
+    missing = sorted(OmegaConf.missing_keys(cfg))
+    if missing:
+        raise ConfigError(f"config keys without a value: {', '.join(missing)}")
+    _check_values(cfg)
+
+    components: dict[str, Component] = {}
+    params: dict[str, Any] = {}
+    for path, kind in COMPONENT_FIELDS.items():
+        spec = specs[path]
+        if spec is None:
+            continue
+        component, instance, expanded = _resolve_component(registry, kind, path, spec)
+        components[path] = component
+        params[path] = instance
+        OmegaConf.update(cfg, path, expanded, force_add=True)
+    extensions = []
+    expanded_exts = []
+    for i, raw in enumerate(ext_specs):
+        spec = _as_spec(raw, f"extensions[{i}]")
+        if spec is None:
+            continue
+        component, instance, expanded = _resolve_component(
+            registry, "extension", f"extensions[{i}]", spec
+        )
+        extensions.append((component, instance))
+        expanded_exts.append(expanded)
+    OmegaConf.update(cfg, "extensions", expanded_exts, force_add=True)
+    for required in ("task", "advantage", "policy_loss", "loss_agg"):
+        if required not in components:
+            raise ConfigError(f"'{required}' must name a component; got null")
+    return ResolvedConfig(cfg=cfg, components=components, params=params, extensions=extensions)
+
+
+def _deep_copy(data: Any) -> Any:
+    if isinstance(data, dict):
+        return {k: _deep_copy(v) for k, v in data.items()}
+    if isinstance(data, list):
+        return [_deep_copy(v) for v in data]
+    return data
+
+
+def _preset_mapping(preset: Component) -> dict[str, Any]:
+    value = preset.fn
+    if isinstance(value, (str, Path)):
+        return _read_yaml(value, f"algorithm preset {preset.name!r} file")
+    if isinstance(value, (DictConfig, ListConfig)):
+        value = OmegaConf.to_container(value)
+    if not isinstance(value, dict):
+        raise ConfigError(f"algorithm preset {preset.name!r} from {preset.plugin!r} is not a mapping")
+    return _deep_copy(value)
+
+
+def _schema_keys(node: Any, prefix: str = "") -> list[str]:
+    keys = []
+    if isinstance(node, DictConfig):
+        for key in node.keys():
+            full = f"{prefix}{key}"
+            keys.append(full)
+            child = node._get_node(key)
+            if isinstance(child, DictConfig):
+                keys.extend(_schema_keys(child, full + "."))
+    return keys
+
+
+def _merge_checked(cfg: DictConfig, layer: dict[str, Any]) -> DictConfig:
+    try:
+        return OmegaConf.merge(cfg, layer)  # type: ignore[return-value]
+    except (ConfigKeyError, ConfigAttributeError) as exc:
+        key = exc.full_key or getattr(exc, "key", "") or ""
+        known = _schema_keys(cfg)
+        hint = did_you_mean(key, known)
+        if not hint:
+            leaf = str(key).split(".")[-1]
+            close = [k for k in known if k.split(".")[-1] == leaf]
+            hint = f" Did you mean '{close[0]}'?" if close else ""
+        raise ConfigError(f"unknown config key {key!r}.{hint}") from exc
+    except ValidationError as exc:
+        raise ConfigError(_type_message(exc)) from exc
+    except OmegaConfBaseException as exc:
+        raise ConfigError(f"invalid config: {exc}") from exc
+
+
+def _type_message(exc: ValidationError, where: str | None = None) -> str:
+    key = where or exc.full_key or "?"
+    text = str(exc).splitlines()[0]
+    match = re.search(r"could not be converted to ([A-Za-z_]+)", text)
+    value = re.search(r"Value '([^']*)'", text)
+    if match and value:
+        return f"invalid value for {key}: {value.group(1)!r} is not a valid {match.group(1).lower()}"
+    return f"invalid value for {key}: {text}"
+
+
+def _check_values(cfg: DictConfig) -> None:
+    for path, choices in CHOICES.items():
+        value = OmegaConf.select(cfg, path)
+        if value not in choices:
+            raise ConfigError(
+                f"invalid value for {path}: {value!r}; choose one of {', '.join(choices)}."
+                f"{did_you_mean(str(value), choices)}"
+            )
+    for path in POSITIVE:
+        value = OmegaConf.select(cfg, path)
+        if value is None or value <= 0:
+            raise ConfigError(f"invalid value for {path}: {value!r}; must be > 0")
+    for path in NON_NEGATIVE:
+        value = OmegaConf.select(cfg, path)
+        if value is None or value < 0:
+            raise ConfigError(f"invalid value for {path}: {value!r}; must be >= 0")
+    if not 0 < cfg.rollout.top_p <= 1:
+        raise ConfigError(f"invalid value for rollout.top_p: {cfg.rollout.top_p!r}; must be in (0, 1]")
+    if len(cfg.trainer.betas) != 2:
+        raise ConfigError(f"invalid value for trainer.betas: {list(cfg.trainer.betas)}; need 2 numbers")
+
+
+def _resolve_component(
+    registry: Registry, kind: str, where: str, spec: dict[str, Any]
+) -> tuple[Component, Any, dict[str, Any]]:
+    if "name" not in spec or spec["name"] is None:
+        raise ConfigError(f"{where} needs a 'name'; registered: {', '.join(registry.names(kind))}")
+    try:
+        component = registry.get(kind, spec["name"])
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from exc
+    given = {k: v for k, v in spec.items() if k != "name"}
+    instance = build_params(component, given, where)
+    expanded: dict[str, Any] = {"name": component.name}
+    if instance is not None:
+        expanded.update(_params_container(instance))
+    return component, instance, expanded
+
+
+def _params_container(instance: Any) -> dict[str, Any]:
+    out = {}
+    for f in dataclasses.fields(instance):
+        value = getattr(instance, f.name)
+        if isinstance(value, tuple):
+            value = list(value)
+        out[f.name] = value
+    return out
+
+
+def build_params(component: Component, given: dict[str, Any], where: str | None = None) -> Any:
+    """Validate ``given`` against the component's parameter dataclass and instantiate it.
+
+    :raises ConfigError: unknown parameter (did-you-mean), wrong type, or a value the
+        dataclass' ``__post_init__`` rejects; the message names the parameter.
+    """
+    where = where or component.kind
+    label = f"{where} {component.name!r}"
+    if component.params is None:
+        if given:
+            raise ConfigError(f"{label} takes no parameters; got {', '.join(sorted(given))}")
+        return None
+    names = [f.name for f in dataclasses.fields(component.params)]
+    for key in given:
+        if key not in names:
+            raise ConfigError(
+                f"unknown parameter {key!r} for {label}; parameters: "
+                f"{', '.join(names) or '(none)'}.{did_you_mean(key, names)}"
+            )
+    try:
+        node = OmegaConf.merge(OmegaConf.structured(component.params), given)
+        return OmegaConf.to_object(node)
+    except ValidationError as exc:
+        key = f"{where}.{exc.key}" if exc.key is not None else where
+        raise ConfigError(_type_message(exc, key)) from exc
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"invalid parameter for {label}: {exc}") from exc
+    except OmegaConfBaseException as exc:
+        raise ConfigError(f"invalid parameters for {label}: {exc}") from exc
+
+
+def needs_of(resolved: ResolvedConfig) -> frozenset[str]:
+    """Union of what the chosen components need, plus the reference when KL is on."""
+    needs: set[str] = set()
+    for path, component in resolved.components.items():
+        if path.startswith("kl.") and resolved.cfg.kl.coef == 0:
+            continue
+        needs |= component.needs
+    for component, _ in resolved.extensions:
+        needs |= component.needs
+    if resolved.cfg.kl.coef > 0:
+        needs.add("reference")
+    return frozenset(needs)

@@ -1,0 +1,41 @@
+"""User-facing errors. The CLI prints their message and exits with code 2, no traceback."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+
+class RlzooError(Exception):
+    """Base of every error caused by the user's input (config, plugin, data)."""
+
+
+class ConfigError(RlzooError):
+    """A config value, key, file or component choice is invalid."""
+
+
+class UnknownComponentError(ConfigError):
+    """A component name is not registered for its kind."""
+
+
+class PluginError(RlzooError):
+    """A plugin failed to load, register or run; the message names the plugin."""
+
+
+class DuplicateComponentError(PluginError):
+    """Two plugins registered the same name (or alias) for one kind."""
+
+
+class TrainingError(RlzooError):
+    """Training had to stop (non-finite loss or reward, a failing reward function, ...)."""
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """Return ``" Did you mean 'x'?"`` for the closest choice, or ``""`` when none is close."""
+    close = difflib.get_close_matches(str(word), list(choices), n=1, cutoff=0.6)
+    if not close:
+        lowered = {c.lower().replace("_", "-"): c for c in choices}
+        key = str(word).lower().replace("_", "-")
+        if key in lowered:
+            close = [lowered[key]]
+    return f" Did you mean '{close[0]}'?" if close else ""

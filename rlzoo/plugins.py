@@ -1,0 +1,181 @@
+"""The plugin manager: load plugins from entry points and build the component registry.
+
+Environment variables:
+
+- ``RLZOO_PLUGINS``: comma-separated plugin names (``dist:entry-point``, or just the
+  entry-point name) to load; others are skipped. Keeps tests and reproductions hermetic.
+- ``RLZOO_DISABLE_PLUGINS``: comma-separated plugin names not to load.
+- ``RLZOO_TRACE_HOOKS=1``: print every hook call (pluggy tracing) to stderr.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.metadata as md
+import os
+import sys
+import types
+from collections.abc import Iterable
+from typing import Any
+
+import pluggy
+
+from rlzoo import hookspecs
+from rlzoo.errors import DuplicateComponentError, PluginError
+from rlzoo.registry import Registry
+
+ENTRY_POINT_GROUP = "rlzoo"
+
+
+def _api_compatible(declared: Any) -> bool:
+    return str(declared).split(".")[0] == hookspecs.API_VERSION.split(".")[0]
+
+
+def _env_list(name: str) -> set[str] | None:
+    raw = os.environ.get(name)
+    if raw is None:
+        return None
+    return {item.strip() for item in raw.split(",") if item.strip()}
+
+
+class PluginManager(pluggy.PluginManager):
+    """A pluggy manager with the rlzoo hookspecs and a record of where plugins came from.
+
+    :ivar load_errors: plugins that failed to load; loading goes on without them.
+    :ivar packages: plugin name -> the distribution (package) it came from.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(hookspecs.PROJECT_NAME)
+        self.add_hookspecs(hookspecs)
+        self.load_errors: list[PluginError] = []
+        self.packages: dict[str, str] = {}
+        if os.environ.get("RLZOO_TRACE_HOOKS"):
+            self.trace.root.setwriter(lambda message: sys.stderr.write(message))
+            self.enable_tracing()
+
+    def register_plugin(self, plugin: Any, name: str, package: str) -> None:
+        """Register ``plugin`` (a module or object with hook implementations).
+
+        :raises PluginError: an incompatible ``RLZOO_API_VERSION`` or invalid hook impls.
+        """
+        declared = getattr(plugin, "RLZOO_API_VERSION", None)
+        if declared is not None and not _api_compatible(declared):
+            raise PluginError(
+                f"plugin {name!r} ({package}) targets rlzoo plugin API {declared}, but this "
+                f"rlzoo provides API {hookspecs.API_VERSION}; upgrade the plugin or rlzoo"
+            )
+        try:
+            self.register(plugin, name=name)
+        except (pluggy.PluginValidationError, ValueError) as exc:
+            raise PluginError(f"plugin {name!r} ({package}) is invalid: {exc}") from exc
+        self.packages[name] = package
+
+    def load_entry_points(self, group: str = ENTRY_POINT_GROUP) -> None:
+        """Import and register every entry point of ``group``; failures are recorded."""
+        only = _env_list("RLZOO_PLUGINS")
+        disabled = _env_list("RLZOO_DISABLE_PLUGINS") or set()
+        for ep in sorted(md.entry_points(group=group), key=lambda e: (_dist_name(e), e.name)):
+            dist = _dist_name(ep)
+            name = f"{dist}:{ep.name}"
+            if only is not None and not ({name, ep.name} & only):
+                continue
+            if {name, ep.name} & disabled or self.has_plugin(name):
+                continue
+            try:
+                plugin = ep.load()
+            except Exception as exc:  # noqa: BLE001 - any import failure is reported
+                self.load_errors.append(
+                    PluginError(
+                        f"plugin {name!r} (entry point {ep.value!r}) failed to import: "
+                        f"{type(exc).__name__}: {exc}"
+                    )
+                )
+                continue
+            try:
+                self.register_plugin(plugin, name=name, package=dist)
+            except PluginError as exc:
+                self.load_errors.append(exc)
+
+    def load_modules(self, modules: Iterable[str]) -> None:
+        """Import modules by dotted name and register them (``plugins=[...]`` in config).
+
+        :raises PluginError: naming the module that cannot be imported.
+        """
+        for module_name in modules:
+            if self.has_plugin(f"module:{module_name}"):
+                continue
+            try:
+                module = importlib.import_module(module_name)
+            except Exception as exc:  # noqa: BLE001
+                raise PluginError(
+                    f"plugin module {module_name!r} from config 'plugins' failed to import: "
+                    f"{type(exc).__name__}: {exc}"
+                ) from exc
+            self.register_plugin(module, name=f"module:{module_name}", package=module_name)
+
+
+def _dist_name(ep: md.EntryPoint) -> str:
+    dist = getattr(ep, "dist", None)
+    return dist.metadata["Name"] if dist is not None else "?"
+
+
+def make_plugin_manager(load_entry_points: bool = True, modules: Iterable[str] = ()) -> PluginManager:
+    """Create a fresh plugin manager, loading entry points and extra modules."""
+    pm = PluginManager()
+    if load_entry_points:
+        pm.load_entry_points()
+    pm.load_modules(modules)
+    return pm
+
+
+def build_registry(pm: PluginManager) -> Registry:
+    """Call every registration hook of every plugin and collect the components.
+
+    A plugin whose registration raises is recorded in ``registry.load_errors`` (what it
+    registered before failing stays, the other plugins are unaffected); a duplicate name raises at once
+    because a run could otherwise pick the wrong implementation silently.
+    """
+    registry = Registry()
+    registry.load_errors.extend(pm.load_errors)
+    for kind, hook_name in hookspecs.REGISTRATION_HOOKS.items():
+        caller = getattr(pm.hook, hook_name)
+        for impl in reversed(caller.get_hookimpls()):  # registration order
+            plugin_name = impl.plugin_name
+            package = pm.packages.get(plugin_name, plugin_name)
+
+            def register(name: str, fn: Any, _kind: str = kind, _p: str = plugin_name,
+                         _pkg: str = package, **meta: Any) -> None:
+                registry.add(_kind, name, fn, plugin=_p, package=_pkg, **meta)
+
+            try:
+                impl.function(register=register)
+            except DuplicateComponentError:
+                raise
+            except PluginError as exc:
+                registry.load_errors.append(exc)
+            except Exception as exc:  # noqa: BLE001
+                registry.load_errors.append(
+                    PluginError(
+                        f"plugin {plugin_name!r} ({package}) failed in {hook_name}: "
+                        f"{type(exc).__name__}: {exc}"
+                    )
+                )
+    return registry
+
+
+def load_registry(modules: Iterable[str] = ()) -> tuple[PluginManager, Registry]:
+    """Convenience: a plugin manager with entry points plus ``modules``, and its registry."""
+    pm = make_plugin_manager(modules=modules)
+    return pm, build_registry(pm)
+
+
+def module_plugin(**hooks: Any) -> types.SimpleNamespace:
+    """Build a throwaway plugin object from hook functions (handy in tests and notebooks).
+
+    ``pm.register(module_plugin(rlzoo_register_tasks=fn), name="mine")``
+    """
+    ns = types.SimpleNamespace()
+    for name, fn in hooks.items():
+        setattr(ns, name, hookspecs.hookimpl(fn))
+    return ns

@@ -1,0 +1,201 @@
+"""The component registry: every named piece a run can choose, by kind and name.
+
+The registry is filled by the registration hooks (see :mod:`rlzoo.hookspecs`) and read by
+the config resolver, the engine and the CLI through :meth:`Registry.get` and
+:meth:`Registry.names`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from rlzoo.errors import DuplicateComponentError, PluginError, UnknownComponentError, did_you_mean
+from rlzoo.hookspecs import REGISTRATION_HOOKS
+
+NEEDS = frozenset({"critic", "reference", "groups", "logits", "greedy"})
+"""What a component may declare it needs, so the engine builds only that:
+
+- ``critic``: a value model (values, returns, value loss);
+- ``reference``: log-probs of a frozen reference policy;
+- ``groups``: several completions per prompt (``rollout.n > 1``);
+- ``logits``: full-vocabulary logits of the policy and the reference;
+- ``greedy``: the score of a greedy completion of every prompt.
+"""
+
+
+@dataclass(frozen=True)
+class Component:
+    """One registered component.
+
+    :ivar kind: one of :data:`rlzoo.hookspecs.REGISTRATION_HOOKS`' keys.
+    :ivar name: the primary name; ``aliases`` resolve to it too.
+    :ivar fn: the implementation (function, class or preset mapping, per kind).
+    :ivar params: dataclass of the component's parameters, or ``None``.
+    :ivar needs: subset of :data:`NEEDS`.
+    :ivar description: one line shown by ``rlzoo list``.
+    :ivar paper: reference, e.g. ``"arXiv:2402.03300"``.
+    :ivar plugin: the plugin that registered it (``distribution:entry-point`` or a name).
+    :ivar package: the distribution the plugin came from.
+    :ivar meta: any further keyword given to ``register``.
+    """
+
+    kind: str
+    name: str
+    fn: Any
+    params: type | None = None
+    needs: frozenset[str] = frozenset()
+    description: str = ""
+    paper: str | None = None
+    aliases: tuple[str, ...] = ()
+    plugin: str = ""
+    package: str = ""
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def default_params(self) -> Any:
+        """An instance of the parameter dataclass with every default, or ``None``."""
+        return self.params() if self.params is not None else None
+
+    def bind(self, params: Any = None) -> Callable[..., Any]:
+        """Return ``fn`` with ``params=`` bound (defaults when ``params`` is ``None``)."""
+        if self.params is None:
+            return self.fn
+        bound = params if params is not None else self.default_params()
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return self.fn(*args, params=bound, **kwargs)
+
+        call.__name__ = getattr(self.fn, "__name__", self.name)
+        call.__doc__ = getattr(self.fn, "__doc__", None)
+        return call
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Call ``fn``; keyword arguments that name parameters build ``params``.
+
+        ``registry.get("policy_loss", "ppo_clip")(logp, old, adv, mask, clip_high=0.28)``
+        """
+        if self.params is not None and "params" not in kwargs:
+            names = {f.name for f in dataclasses.fields(self.params)}
+            given = {k: kwargs.pop(k) for k in list(kwargs) if k in names}
+            kwargs["params"] = self.params(**given)
+        return self.fn(*args, **kwargs)
+
+
+class Registry:
+    """Components by kind and name; built by :func:`rlzoo.plugins.build_registry`."""
+
+    def __init__(self) -> None:
+        self._components: dict[str, dict[str, Component]] = {k: {} for k in REGISTRATION_HOOKS}
+        self._aliases: dict[str, dict[str, str]] = {k: {} for k in REGISTRATION_HOOKS}
+        self.load_errors: list[PluginError] = []
+        """Plugins that failed to import or register; the rest of the registry is usable."""
+
+    def add(
+        self,
+        kind: str,
+        name: str,
+        fn: Any,
+        *,
+        params: type | None = None,
+        needs: tuple[str, ...] | frozenset[str] | list[str] = (),
+        description: str = "",
+        paper: str | None = None,
+        aliases: tuple[str, ...] | list[str] = (),
+        plugin: str = "",
+        package: str = "",
+        **meta: Any,
+    ) -> Component:
+        """Add a component; the ``register`` callback of the hooks forwards here.
+
+        :param kind: the component kind (a key of ``REGISTRATION_HOOKS``).
+        :param name: the name users choose it by; unique within its kind.
+        :param fn: the implementation.
+        :param params: a dataclass of parameters with defaults; ``__post_init__`` may raise
+            ``ValueError`` for out-of-range values (reported with the parameter named).
+        :param needs: subset of :data:`NEEDS`.
+        :param description: one line for ``rlzoo list``.
+        :param paper: a reference (arXiv id or URL).
+        :param aliases: further names that resolve to this component.
+        :param plugin: set by the plugin manager: who registered it.
+        :param package: set by the plugin manager: the distribution it came from.
+        :raises PluginError: duplicate name or alias, unknown kind or need, bad params.
+        """
+        who = plugin or "<unknown plugin>"
+        if kind not in self._components:
+            raise PluginError(f"plugin {who!r} registered unknown kind {kind!r}")
+        if not isinstance(name, str) or not name:
+            raise PluginError(f"plugin {who!r} registered a {kind} with an empty name")
+        bad_needs = set(needs) - NEEDS
+        if bad_needs:
+            raise PluginError(
+                f"plugin {who!r}: {kind} {name!r} declares unknown needs {sorted(bad_needs)}; "
+                f"valid needs are {sorted(NEEDS)}"
+            )
+        if params is not None and not dataclasses.is_dataclass(params):
+            raise PluginError(f"plugin {who!r}: {kind} {name!r} params must be a dataclass")
+        for label in (name, *aliases):
+            owner = self._owner(kind, label)
+            if owner is not None:
+                raise DuplicateComponentError(
+                    f"{kind} name {label!r} is registered twice: by plugin {owner.plugin!r} "
+                    f"({owner.package}) and by plugin {who!r} ({package or '?'})"
+                )
+        component = Component(
+            kind=kind,
+            name=name,
+            fn=fn,
+            params=params,
+            needs=frozenset(needs),
+            description=description,
+            paper=paper,
+            aliases=tuple(aliases),
+            plugin=plugin,
+            package=package,
+            meta=dict(meta),
+        )
+        self._components[kind][name] = component
+        for alias in aliases:
+            self._aliases[kind][alias] = name
+        return component
+
+    def _owner(self, kind: str, label: str) -> Component | None:
+        if label in self._components[kind]:
+            return self._components[kind][label]
+        if label in self._aliases[kind]:
+            return self._components[kind][self._aliases[kind][label]]
+        return None
+
+    def get(self, kind: str, name: str) -> Component:
+        """The component ``name`` (or an alias of it) of ``kind``.
+
+        :raises UnknownComponentError: listing the registered names, with a did-you-mean.
+        """
+        if kind not in self._components:
+            raise UnknownComponentError(
+                f"unknown component kind {kind!r}; kinds are {sorted(self._components)}"
+            )
+        component = self._owner(kind, str(name))
+        if component is None:
+            choices = self.names(kind, aliases=True)
+            listed = ", ".join(self.names(kind)) or "(none registered)"
+            raise UnknownComponentError(
+                f"unknown {kind} {name!r}; registered: {listed}.{did_you_mean(name, choices)}"
+            )
+        return component
+
+    def names(self, kind: str, aliases: bool = False) -> list[str]:
+        """Sorted primary names of ``kind`` (plus aliases when ``aliases``)."""
+        out = list(self._components[kind])
+        if aliases:
+            out += list(self._aliases[kind])
+        return sorted(out)
+
+    def components(self, kind: str | None = None) -> list[Component]:
+        """All components, or those of one kind, in registration order per kind."""
+        kinds = [kind] if kind is not None else list(self._components)
+        return [c for k in kinds for c in self._components[k].values()]
+
+    def __contains__(self, key: tuple[str, str]) -> bool:
+        kind, name = key
+        return kind in self._components and self._owner(kind, name) is not None
