@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from typing import Any
+
+import torch
 
 
 @dataclass(frozen=True)
@@ -22,3 +25,100 @@ class BatchCounts:
     tokens: float
     sequences: float
     max_response_length: int
+
+
+def _pad_to(t: torch.Tensor, width: int, value: float, left: bool) -> torch.Tensor:
+    extra = width - t.shape[1]
+    if extra <= 0:
+        return t
+    pad = torch.full((t.shape[0], extra), value, dtype=t.dtype, device=t.device)
+    return torch.cat([pad, t], 1) if left else torch.cat([t, pad], 1)
+
+
+@dataclass
+class RolloutBatch:
+    """One step's rollout as it moves through the stages; B sequences.
+
+    Prompts are left-padded ``(B, P)``; responses right-padded ``(B, T)``. Optional fields
+    are filled by later stages (``None`` until then). ``loss_mask`` starts equal to
+    ``response_mask``; extensions may zero entries to keep tokens out of the losses
+    (e.g. truncated completions), while ``response_mask`` keeps describing the text.
+    ``scores`` ``(B,)`` are the raw task scores (what filters and ``reward/mean`` see);
+    ``rewards`` ``(B,)`` start equal to them and are what shaping extensions modify and
+    what the advantage estimator is fed (on the last valid token).
+    """
+
+    prompt_ids: torch.Tensor
+    prompt_mask: torch.Tensor
+    response_ids: torch.Tensor
+    response_mask: torch.Tensor
+    group_ids: torch.Tensor
+    scores: torch.Tensor
+    truncated: torch.Tensor
+    prompts: list[str]
+    completions: list[str]
+    references: list[Any]
+    loss_mask: torch.Tensor | None = None
+    rewards: torch.Tensor | None = None
+    baseline_scores: torch.Tensor | None = None
+    old_logp: torch.Tensor | None = None
+    old_entropy: torch.Tensor | None = None
+    ref_logp: torch.Tensor | None = None
+    old_values: torch.Tensor | None = None
+    kl: torch.Tensor | None = None
+    token_rewards: torch.Tensor | None = None
+    advantages: torch.Tensor | None = None
+    returns: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if self.loss_mask is None:
+            self.loss_mask = self.response_mask.clone()
+        if self.rewards is None:
+            self.rewards = self.scores.clone()
+
+    def __len__(self) -> int:
+        return self.response_ids.shape[0]
+
+    @property
+    def response_lengths(self) -> torch.Tensor:
+        """``(B,)`` number of response tokens (EOS included)."""
+        return self.response_mask.sum(-1)
+
+    def select(self, index: torch.Tensor | list[int]) -> "RolloutBatch":
+        """The sub-batch of rows ``index`` (tensor fields and lists alike)."""
+        idx = torch.as_tensor(index, dtype=torch.long)
+        rows = idx.tolist()
+        values: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, torch.Tensor):
+                values[f.name] = value[idx]
+            elif isinstance(value, list):
+                values[f.name] = [value[i] for i in rows]
+            else:
+                values[f.name] = value
+        return RolloutBatch(**values)
+
+    @staticmethod
+    def concat(batches: list["RolloutBatch"]) -> "RolloutBatch":
+        """Stack batches along B, padding prompts on the left and responses on the right."""
+        if len(batches) == 1:
+            return batches[0]
+        width_p = max(b.prompt_ids.shape[1] for b in batches)
+        width_t = max(b.response_ids.shape[1] for b in batches)
+        values: dict[str, Any] = {}
+        for f in fields(RolloutBatch):
+            items = [getattr(b, f.name) for b in batches]
+            if all(v is None for v in items):
+                values[f.name] = None
+            elif isinstance(items[0], list):
+                values[f.name] = [x for item in items for x in item]
+            elif any(v is None for v in items):
+                raise ValueError(f"cannot concatenate batches: {f.name} is set in only some")
+            elif items[0].dim() == 2:
+                left = f.name.startswith("prompt_")
+                width = width_p if left else width_t
+                values[f.name] = torch.cat([_pad_to(v, width, 0, left) for v in items], 0)
+            else:
+                values[f.name] = torch.cat(items, 0)
+        return RolloutBatch(**values)

@@ -41,7 +41,11 @@ def _parser() -> argparse.ArgumentParser:
     with_config(sft)
     sft.add_argument("--steps", type=int, default=100, help="optimizer steps (default 100)")
     sft.add_argument("--out", metavar="DIR", help="where to save the model (default "
-                     "runs/<run_name>-sft/model)")
+                     "runs/<run_name or sft>-<task>/model)")
+    sft.add_argument("--target", choices=("answer", "format"), default="answer",
+                     help="train on reference answers, or on well-formed unsolved completions "
+                     "(a format-only warm-up that leaves the skill to RL)")
+    sft.add_argument("--batch-size", type=int, default=64, help="examples per step")
 
     config = sub.add_parser("config", help="print the fully resolved config and exit")
     with_config(config)
@@ -85,10 +89,18 @@ def _cmd_config(args: argparse.Namespace) -> int:
     return 0
 
 
+def _quiet_transformers() -> None:
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+
+
 def _cmd_train(args: argparse.Namespace) -> int:
     from rlzoo.trainer import train
 
     pm, registry, resolved = _resolve(args)
+    _quiet_transformers()
     train(resolved, registry, pm)
     return 0
 
@@ -97,7 +109,9 @@ def _cmd_sft(args: argparse.Namespace) -> int:
     from rlzoo.sft import run_sft
 
     _, registry, resolved = _resolve(args)
-    out = run_sft(resolved, registry, steps=args.steps, out_dir=args.out)
+    _quiet_transformers()
+    out = run_sft(resolved, registry, steps=args.steps, out_dir=args.out, target=args.target,
+                  batch_size=args.batch_size)
     print(f"saved the SFT model to {out}; train from it with model.path={out}")
     return 0
 

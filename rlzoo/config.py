@@ -294,11 +294,17 @@ def load_config(
     :param registry: the component registry (presets and component parameters).
     :param overrides: CLI ``key=value`` items.
     :param config_file: the user's YAML file.
-    :param base: replaces ``default.yaml`` as the lowest layer (used by ``resume``).
+    :param base: replaces ``default.yaml`` (and the preset) as the lowest layer. With
+        ``resume=RUN_DIR`` the run's saved ``config.yaml`` is that base, so a resumed run
+        keeps its config; later layers may still override keys (e.g. total_steps).
     """
-    defaults = base if base is not None else _read_yaml(default_config_path(), "default config")
     file_layer = _read_yaml(config_file, "config file") if config_file is not None else {}
     cli_layer = parse_overrides(overrides or [])
+    resume = cli_layer.get("resume", file_layer.get("resume"))
+    if base is None and resume:
+        base = _read_yaml(Path(str(resume)) / "config.yaml", f"resume={resume}: run config")
+        base["resume"] = str(resume)
+    defaults = base if base is not None else _read_yaml(default_config_path(), "default config")
 
     algo = defaults.get("algo")
     for layer in (file_layer, cli_layer):

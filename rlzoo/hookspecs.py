@@ -193,9 +193,21 @@ def rlzoo_after_rollout(batch: "RolloutBatch", ctx: "RunContext") -> "RolloutBat
     """Called after generation and scoring, before KL, reference or critic passes.
 
     :param batch: the scored rollout (``batch.scores`` holds the raw task scores).
-    :param ctx: the run context (config, step, a ``resample`` callable for refills).
+    :param ctx: the run context (config, step, a ``resample`` callable for refills,
+        ``ctx.metrics`` to add metrics to this step's log).
     :return: a replacement batch (filtered or reshaped), or ``None`` to keep it. Each
         implementation receives the previous one's result.
+    """
+
+
+@hookspec
+def rlzoo_shape_rewards(batch: "RolloutBatch", ctx: "RunContext") -> None:
+    """Called once the batch is final (after every ``rlzoo_after_rollout``), before the
+    reference, critic and KL passes and the advantages.
+
+    :param batch: modify ``batch.rewards`` ``(B,)`` in place (e.g. DAPO's overlong
+        penalty). ``batch.scores`` keeps the raw task scores, which filters and logging use.
+    :param ctx: the run context.
     """
 
 

@@ -14,14 +14,15 @@ from typing import Any, Callable
 from rlzoo.errors import DuplicateComponentError, PluginError, UnknownComponentError, did_you_mean
 from rlzoo.hookspecs import REGISTRATION_HOOKS
 
-NEEDS = frozenset({"critic", "reference", "groups", "logits", "greedy"})
+NEEDS = frozenset({"critic", "reference", "groups", "logits", "greedy", "entropy"})
 """What a component may declare it needs, so the engine builds only that:
 
 - ``critic``: a value model (values, returns, value loss);
 - ``reference``: log-probs of a frozen reference policy;
 - ``groups``: several completions per prompt (``rollout.n > 1``);
 - ``logits``: full-vocabulary logits of the policy and the reference;
-- ``greedy``: the score of a greedy completion of every prompt.
+- ``greedy``: the score of a greedy completion of every prompt;
+- ``entropy``: per-token entropy of the rollout policy (``batch.old_entropy``).
 """
 
 

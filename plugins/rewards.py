@@ -1,0 +1,93 @@
+"""Rule-based reward functions: ``fn(prompts, completions, references) -> list[float]``."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from rlzoo import hookimpl
+from rlzoo_plugins.tasks import eval_expression
+
+RLZOO_API_VERSION = "1"
+
+
+def sorted_digits(prompts: list[str], completions: list[str], references: list[str]) -> list[float]:
+    """Partial credit for sorting: the share of positions where the completion matches the
+    sorted reference, over the longer of the two lengths (so missing and extra characters
+    both cost). 1.0 is a perfect answer; an empty completion scores 0."""
+    scores = []
+    for completion, reference in zip(completions, references):
+        length = max(len(completion), len(reference), 1)
+        scores.append(sum(a == b for a, b in zip(completion, reference)) / length)
+    return scores
+
+
+@dataclass
+class ExactMatchParams:
+    strip: bool = True
+    """Compare after stripping surrounding whitespace."""
+
+
+def exact_match(prompts: list[str], completions: list[str], references: list[object],
+                params: ExactMatchParams | None = None) -> list[float]:
+    """1.0 when the completion equals the reference (as text), else 0.0."""
+    params = params or ExactMatchParams()
+    norm = (lambda s: s.strip()) if params.strip else (lambda s: s)
+    return [float(norm(c) == norm(str(r))) for c, r in zip(completions, references)]
+
+
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+
+
+def numeric_match(prompts: list[str], completions: list[str], references: list[object]) -> list[float]:
+    """1.0 when the last number in the completion equals the reference number."""
+    scores = []
+    for completion, reference in zip(completions, references):
+        found = _NUMBER.findall(completion)
+        try:
+            scores.append(float(bool(found) and float(found[-1]) == float(str(reference))))
+        except ValueError:
+            scores.append(0.0)
+    return scores
+
+
+@dataclass
+class CountdownRewardParams:
+    format_score: float = 0.1
+    """Score of a well-formed expression over allowed numbers that misses the target."""
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.format_score <= 1:
+            raise ValueError(f"format_score must be in [0, 1], got {self.format_score}")
+
+
+def countdown(prompts: list[str], completions: list[str], references: list[tuple],
+              params: CountdownRewardParams | None = None) -> list[float]:
+    """1.0 for an expression that uses each offered number at most once and equals the
+    target; ``format_score`` for a valid expression that misses; 0 otherwise."""
+    params = params or CountdownRewardParams()
+    scores = []
+    for completion, (numbers, target, _) in zip(completions, references):
+        value = eval_expression(completion.strip())
+        used = [int(x) for x in re.findall(r"\d+", completion)]
+        pool = list(numbers)
+        valid = value is not None and bool(used)
+        for number in used:
+            if number in pool:
+                pool.remove(number)
+            else:
+                valid = False
+        scores.append(0.0 if not valid else 1.0 if value == target else params.format_score)
+    return scores
+
+
+@hookimpl
+def rlzoo_register_reward_functions(register) -> None:
+    register("sorted_digits", sorted_digits,
+             description="share of positions matching the sorted digits (partial credit)")
+    register("exact_match", exact_match, params=ExactMatchParams,
+             description="1 if the completion equals the reference answer")
+    register("numeric_match", numeric_match,
+             description="1 if the last number in the completion equals the reference")
+    register("countdown", countdown, params=CountdownRewardParams,
+             description="1 if the expression hits the target using the offered numbers")

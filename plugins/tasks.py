@@ -1,0 +1,184 @@
+"""Built-in tasks with verifiable answers, and the prompt-file task.
+
+Each task is a factory ``factory(params) -> rlzoo.tasks.Task`` registered with the name of
+its default reward function (``reward=`` meta). docs/tasks.md explains the choice of the
+default task.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Optional
+
+from rlzoo import hookimpl
+from rlzoo.tasks import Example, FileTask, Task
+
+RLZOO_API_VERSION = "1"
+DIGITS = "0123456789"
+
+
+@dataclass
+class SortDigitsParams:
+    num_digits: int = 6
+    """Digits in every prompt (1..30)."""
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.num_digits <= 30:
+            raise ValueError(f"num_digits must be in [1, 30], got {self.num_digits}")
+
+
+class SortDigits(Task):
+    """``"531826="`` → ``"123568"``: sort the prompt's digits ascending."""
+
+    alphabet = DIGITS + "="
+
+    def __init__(self, params: SortDigitsParams) -> None:
+        self.num_digits = params.num_digits
+        self.max_new_tokens = params.num_digits + 1
+
+    def sample(self, n: int, rng: random.Random) -> list[Example]:
+        out = []
+        for _ in range(n):
+            digits = "".join(rng.choice(DIGITS) for _ in range(self.num_digits))
+            out.append(Example(prompt=digits + "=", reference="".join(sorted(digits))))
+        return out
+
+    def format_text(self, example: Example, rng: random.Random) -> str:
+        digits = list(example.prompt.rstrip("="))
+        rng.shuffle(digits)
+        return "".join(digits)
+
+
+@dataclass
+class ArithmeticParams:
+    max_operand: int = 99
+    """Operands are drawn uniformly from [0, max_operand]."""
+    operations: str = "+-"
+    """Characters among '+', '-', '*' to draw the operation from."""
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.max_operand <= 10**6:
+            raise ValueError(f"max_operand must be in [1, 1000000], got {self.max_operand}")
+        if not self.operations or set(self.operations) - set("+-*"):
+            raise ValueError(f"operations must be a non-empty subset of '+-*', got {self.operations!r}")
+
+
+class Arithmetic(Task):
+    """``"12+34="`` → ``"46"`` (negative results written with a leading '-')."""
+
+    alphabet = DIGITS + "+-*="
+
+    def __init__(self, params: ArithmeticParams) -> None:
+        self.params = params
+        self.max_new_tokens = 2 * len(str(params.max_operand)) + 2
+
+    def sample(self, n: int, rng: random.Random) -> list[Example]:
+        out = []
+        for _ in range(n):
+            a = rng.randint(0, self.params.max_operand)
+            b = rng.randint(0, self.params.max_operand)
+            op = rng.choice(self.params.operations)
+            value = a + b if op == "+" else a - b if op == "-" else a * b
+            out.append(Example(prompt=f"{a}{op}{b}=", reference=str(value)))
+        return out
+
+    def format_text(self, example: Example, rng: random.Random) -> str:
+        return "".join(rng.choice(DIGITS) for _ in str(example.reference).lstrip("-"))
+
+
+@dataclass
+class CountdownParams:
+    num_numbers: int = 3
+    """How many numbers the prompt offers (2..6)."""
+    max_number: int = 9
+    """Numbers are drawn from [1, max_number]."""
+
+    def __post_init__(self) -> None:
+        if not 2 <= self.num_numbers <= 6:
+            raise ValueError(f"num_numbers must be in [2, 6], got {self.num_numbers}")
+        if not 2 <= self.max_number <= 99:
+            raise ValueError(f"max_number must be in [2, 99], got {self.max_number}")
+
+
+class Countdown(Task):
+    """``"3,5,7:22="`` → an expression over some of the numbers (each at most once) with
+    ``+ - *`` whose value is the target, e.g. ``"3*5+7"``. The reference is
+    ``(numbers, target, one solution)``."""
+
+    alphabet = DIGITS + ",:=+-*"
+
+    def __init__(self, params: CountdownParams) -> None:
+        self.params = params
+        self.max_new_tokens = params.num_numbers * (len(str(params.max_number)) + 1) + 1
+
+    def sample(self, n: int, rng: random.Random) -> list[Example]:
+        out = []
+        for _ in range(n):
+            numbers = [rng.randint(1, self.params.max_number) for _ in range(self.params.num_numbers)]
+            order = numbers[:]
+            rng.shuffle(order)
+            expr = str(order[0])
+            for number in order[1:]:
+                expr += rng.choice("+-*") + str(number)
+            target = eval_expression(expr)
+            prompt = ",".join(map(str, numbers)) + f":{target}="
+            out.append(Example(prompt=prompt, reference=(tuple(numbers), target, expr)))
+        return out
+
+    def answer_text(self, example: Example) -> str:
+        return example.reference[2]
+
+    def format_text(self, example: Example, rng: random.Random) -> str:
+        numbers = list(example.reference[0])
+        rng.shuffle(numbers)
+        return "".join(str(x) + rng.choice("+-*") for x in numbers[:-1]) + str(numbers[-1])
+
+
+def eval_expression(expr: str) -> Optional[int]:
+    """Value of an expression of non-negative integers with ``+ - *`` (usual precedence),
+    or ``None`` if it is not one. No ``eval``."""
+    terms: list[int] = []
+    sign, product, number = 1, 1, ""
+    for ch in expr + "+":
+        if ch.isdigit():
+            number += ch
+            continue
+        if not number or ch not in "+-*":
+            return None
+        product *= int(number)
+        number = ""
+        if ch == "*":
+            continue
+        terms.append(sign * product)
+        sign, product = (1 if ch == "+" else -1), 1
+    return sum(terms)
+
+
+@dataclass
+class FileTaskParams:
+    path: Optional[str] = None
+    """A .jsonl or .parquet file of prompts and reference answers (required)."""
+    prompt_key: str = "prompt"
+    answer_key: str = "answer"
+
+    def __post_init__(self) -> None:
+        if not self.path:
+            raise ValueError("path is required: task={name: file, path: data.jsonl}")
+
+
+def _file_task(params: FileTaskParams) -> Task:
+    return FileTask(params.path, params.prompt_key, params.answer_key)
+
+
+@hookimpl
+def rlzoo_register_tasks(register) -> None:
+    register("sort_digits", SortDigits, params=SortDigitsParams, reward="sorted_digits",
+             description="sort the prompt's digits ascending (partial credit per position)")
+    register("arithmetic", Arithmetic, params=ArithmeticParams, reward="exact_match",
+             description="add/subtract/multiply two integers; exact-match reward")
+    register("countdown", Countdown, params=CountdownParams, reward="countdown",
+             description="reach the target with + - * over the given numbers",
+             paper="TinyZero countdown")
+    register("file", _file_task, params=FileTaskParams, reward="exact_match",
+             description="prompts + reference answers from a JSONL/Parquet file")

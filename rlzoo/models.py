@@ -1,0 +1,164 @@
+"""Policy, reference and critic models; the embedded tiny model and its tokenizer.
+
+The embedded default is a tiny causal transformer built from a ``transformers`` config
+(Qwen2 or Llama architecture) and a character-level tokenizer built with the
+``tokenizers`` library. Both are written with ``save_pretrained`` and read back through
+:func:`load_pretrained`, the same path that loads any local Hugging Face model directory
+(``model.path=/path/to/model``). Nothing is ever downloaded.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from transformers import (
+    AutoConfig,
+    AutoModel,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
+
+from rlzoo.errors import ConfigError
+
+PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
+GENERIC_TOKENIZER_CLASSES = ("PreTrainedTokenizerFast", "TokenizersBackend")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def build_char_tokenizer(alphabet: str) -> PreTrainedTokenizerFast:
+    """A character-level tokenizer: one token per character of ``alphabet`` plus
+    ``<pad>`` (id 0), ``<s>`` (1), ``</s>`` (2) and ``<unk>`` (3)."""
+    chars = sorted(set(alphabet))
+    vocab = {PAD: 0, BOS: 1, EOS: 2, UNK: 3}
+    for ch in chars:
+        vocab[ch] = len(vocab)
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
+    core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    core.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=core, pad_token=PAD, bos_token=BOS, eos_token=EOS, unk_token=UNK,
+        padding_side="left", clean_up_tokenization_spaces=False,
+    )
+
+
+def build_tiny_model(model_cfg: DictConfig, tokenizer: PreTrainedTokenizerBase,
+                     max_positions: int = 512) -> PreTrainedModel:
+    """A randomly initialised causal LM of ``model.arch`` sized by ``model.*``."""
+    common = dict(
+        vocab_size=len(tokenizer),
+        hidden_size=int(model_cfg.hidden_size),
+        intermediate_size=int(model_cfg.intermediate_size),
+        num_hidden_layers=int(model_cfg.num_layers),
+        num_attention_heads=int(model_cfg.num_heads),
+        num_key_value_heads=int(model_cfg.num_kv_heads),
+        max_position_embeddings=max_positions,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        tie_word_embeddings=True,
+    )
+    if model_cfg.hidden_size % model_cfg.num_heads or model_cfg.num_heads % model_cfg.num_kv_heads:
+        raise ConfigError(
+            f"model.hidden_size ({model_cfg.hidden_size}) must be divisible by model.num_heads "
+            f"({model_cfg.num_heads}), and num_heads by model.num_kv_heads ({model_cfg.num_kv_heads})"
+        )
+    if model_cfg.arch == "qwen2":
+        model: PreTrainedModel = Qwen2ForCausalLM(Qwen2Config(**common))
+    else:
+        model = LlamaForCausalLM(LlamaConfig(**common))
+    return model
+
+
+def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
+    """Load the tokenizer of a model directory exactly as it was saved.
+
+    ``AutoTokenizer`` maps a saved generic ``tokenizers``-backed tokenizer (class
+    ``PreTrainedTokenizerFast``, written as ``TokenizersBackend`` by transformers 5) to the
+    architecture's own class (e.g. ``Qwen2Tokenizer``), which silently changes
+    tokenization. A directory naming a generic class is therefore loaded with
+    ``PreTrainedTokenizerFast`` directly; any other class goes through ``AutoTokenizer``.
+    """
+    path = Path(path)
+    config_file = path / "tokenizer_config.json"
+    tokenizer_class = None
+    if config_file.is_file():
+        tokenizer_class = json.loads(config_file.read_text()).get("tokenizer_class")
+    if tokenizer_class in GENERIC_TOKENIZER_CLASSES and (path / "tokenizer.json").is_file():
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(str(path))
+    else:
+        tokenizer = AutoTokenizer.from_pretrained(str(path))
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_pretrained(path: str | Path, dtype: str = "float32") -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Load a causal LM and its tokenizer from a local directory (never a hub id)."""
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise ConfigError(
+            f"model.path {str(path)!r} is not a local model directory (no config.json); "
+            "rlzoo never downloads models: pass a directory written by save_pretrained"
+        )
+    tokenizer = load_tokenizer(path)
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=DTYPES[dtype])
+    return model, tokenizer
+
+
+class ValueModel(torch.nn.Module):
+    """A critic: a transformer backbone plus a linear head giving one value per token.
+
+    :param backbone: a base model (``AutoModel``) whose last hidden state is ``(B, L, H)``.
+    """
+
+    def __init__(self, backbone: PreTrainedModel) -> None:
+        super().__init__()
+        self.backbone = backbone
+        self.value_head = torch.nn.Linear(backbone.config.hidden_size, 1)
+        torch.nn.init.zeros_(self.value_head.weight)
+        torch.nn.init.zeros_(self.value_head.bias)
+
+    @classmethod
+    def from_policy_config(cls, config: AutoConfig, state_from: PreTrainedModel | None = None) -> "ValueModel":
+        """A critic with the policy's architecture, initialised from ``state_from``'s
+        backbone weights when given (the usual PPO initialisation)."""
+        backbone = AutoModel.from_config(config)
+        if state_from is not None:
+            base = state_from.get_decoder() if hasattr(state_from, "get_decoder") else state_from.model
+            backbone.load_state_dict(base.state_dict())
+        return cls(backbone)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                position_ids: torch.Tensor) -> torch.Tensor:
+        """Values ``(B, L)`` for every position of ``input_ids`` ``(B, L)``."""
+        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask,
+                               position_ids=position_ids, use_cache=False).last_hidden_state
+        return self.value_head(hidden.float()).squeeze(-1)
+
+    def save_pretrained(self, path: str | Path) -> None:
+        from safetensors.torch import save_file
+
+        path = Path(path)
+        self.backbone.save_pretrained(str(path))
+        save_file({k: v.contiguous() for k, v in self.value_head.state_dict().items()},
+                  str(path / "value_head.safetensors"))
+
+    def load_from(self, path: str | Path) -> None:
+        from safetensors.torch import load_file
+
+        path = Path(path)
+        loaded = AutoModel.from_pretrained(str(path), dtype=next(self.backbone.parameters()).dtype)
+        self.backbone.load_state_dict(loaded.state_dict())
+        self.value_head.load_state_dict(load_file(str(path / "value_head.safetensors")))

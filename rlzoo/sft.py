@@ -1,0 +1,85 @@
+"""``rlzoo sft``: supervised fine-tuning on a task's reference answers (a warm-up).
+
+Teacher-forced cross-entropy on ``prompt + target + EOS`` with the loss on the target
+tokens only. ``sft.target=answer`` trains on the reference answers (this teaches e.g.
+digit sorting in seconds and leaves RL nothing to learn); ``format`` trains on
+well-formed but unsolved completions (the task's ``format_text``: for sorting, the
+prompt's digits in random order), so a following RL run has to learn the skill itself.
+The model is saved with ``save_pretrained`` and used with ``rlzoo train model.path=DIR``.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import torch
+
+from rlzoo.config import ResolvedConfig
+from rlzoo.errors import ConfigError
+from rlzoo.logprobs import response_forward
+from rlzoo.masked import masked_mean
+from rlzoo.models import DTYPES, build_char_tokenizer, build_tiny_model, load_pretrained
+from rlzoo.registry import Registry
+from rlzoo.rollout import left_pad
+
+TARGETS = ("answer", "format")
+
+
+def run_sft(resolved: ResolvedConfig, registry: Registry, steps: int = 100,
+            out_dir: str | None = None, target: str = "answer", batch_size: int = 64,
+            lr: float | None = None) -> Path:
+    """Train the configured policy (``model.*``) on ``task`` examples; returns the model dir.
+
+    :param steps: optimizer steps of ``batch_size`` examples.
+    :param target: ``answer`` (reference answers) or ``format`` (format-only targets).
+    :param lr: learning rate (default ``trainer.lr``).
+    """
+    if target not in TARGETS:
+        raise ConfigError(f"unknown SFT target {target!r}; choose one of {', '.join(TARGETS)}")
+    if steps < 1 or batch_size < 1:
+        raise ConfigError(f"steps and batch_size must be >= 1, got {steps} and {batch_size}")
+    cfg = resolved.cfg
+    task_component = resolved.components["task"]
+    task = task_component.fn(resolved.params["task"]) if task_component.params else task_component.fn()
+    torch.manual_seed(cfg.seed)
+    rng = random.Random(cfg.seed)
+    if cfg.model.path:
+        model, tokenizer = load_pretrained(cfg.model.path, cfg.model.dtype)
+    else:
+        if task.alphabet is None:
+            raise ConfigError(f"task {task_component.name!r} needs model.path (a real tokenizer)")
+        tokenizer = build_char_tokenizer(task.alphabet)
+        max_positions = 4 * (cfg.rollout.max_new_tokens + 64)
+        model = build_tiny_model(cfg.model, tokenizer, max_positions).to(DTYPES[cfg.model.dtype])
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr or cfg.trainer.lr,
+                                  betas=tuple(cfg.trainer.betas))
+    model.train()
+    for step in range(1, steps + 1):
+        examples = task.sample(batch_size, rng)
+        texts = [task.answer_text(e) if target == "answer" else task.format_text(e, rng) for e in examples]
+        prompt_ids, prompt_mask = left_pad(
+            [tokenizer(e.prompt, add_special_tokens=False).input_ids for e in examples],
+            tokenizer.pad_token_id)
+        targets = [tokenizer(t, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
+                   for t in texts]
+        width = max(len(t) for t in targets)
+        response_ids = torch.full((len(targets), width), tokenizer.pad_token_id, dtype=torch.long)
+        response_mask = torch.zeros((len(targets), width))
+        for i, ids in enumerate(targets):
+            response_ids[i, :len(ids)] = torch.tensor(ids)
+            response_mask[i, :len(ids)] = 1
+        out = response_forward(model, prompt_ids, prompt_mask, response_ids, response_mask,
+                               chunk_size=cfg.trainer.logprob_chunk_size)
+        loss = -masked_mean(out.logp, response_mask)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.trainer.max_grad_norm)
+        optimizer.step()
+        if step == 1 or step % max(1, steps // 10) == 0 or step == steps:
+            print(f"sft step {step}/{steps}: loss {float(loss):.4f}", flush=True)
+    out = Path(out_dir or Path("runs") / f"{cfg.run_name or 'sft'}-{task_component.name}" / "model")
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(out))
+    tokenizer.save_pretrained(str(out))
+    return out

@@ -1,0 +1,33 @@
+"""Shared fixtures: a fresh registry per test, plugin injection helpers."""
+
+from __future__ import annotations
+
+import os
+import textwrap
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture
+def registry():
+    """The registry of every installed plugin, built afresh."""
+    from rlzoo.plugins import build_registry, make_plugin_manager
+
+    return build_registry(make_plugin_manager())
+
+
+@pytest.fixture
+def plugin_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Write a Python module into a temp dir on sys.path; returns its import name."""
+    counter = iter(range(10_000))
+
+    def write(source: str, name: str | None = None) -> str:
+        name = name or f"rlzoo_test_plugin_{next(counter)}"
+        (tmp_path / f"{name}.py").write_text(textwrap.dedent(source))
+        monkeypatch.syspath_prepend(str(tmp_path))
+        return name
+
+    return write

@@ -1,0 +1,196 @@
+"""The CLI: listing, config resolution and every user-error path (exit code 2, one message)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rlzoo.cli import main
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_usage_error(code: int, out: str, err: str, *fragments: str) -> None:
+    assert code == 2, (out, err)
+    assert "Traceback" not in err and "Traceback" not in out
+    errors = [line for line in err.splitlines() if line.startswith("rlzoo: error:")]
+    assert len(errors) == 1, err
+    for fragment in fragments:
+        assert fragment in errors[0], (fragment, errors[0])
+
+
+def test_console_script_help_lists_commands() -> None:
+    result = subprocess.run([sys.executable, "-m", "rlzoo", "--help"], capture_output=True, text=True)
+    assert result.returncode == 0
+    for command in ("train", "sft", "list", "config"):
+        assert command in result.stdout
+
+
+def test_list_groups_every_kind_with_package_and_description(capsys) -> None:
+    code, out, err = run_cli(capsys, "list")
+    assert code == 0, err
+    for title in ("Advantage estimators", "Policy losses", "KL penalties", "Loss aggregations",
+                  "Reward functions", "Tasks", "Algorithm presets"):
+        assert title in out
+    line = next(line for line in out.splitlines() if line.strip().startswith("seq-mean-token-sum-norm"))
+    assert "rlzoo" in line and "Dr.GRPO" in line
+
+
+def test_list_json_entries(capsys) -> None:
+    code, out, _ = run_cli(capsys, "list", "--json")
+    assert code == 0
+    data = json.loads(out)
+    entries = data["components"]
+    assert data["errors"] == []
+    for entry in entries:
+        assert {"kind", "name", "package", "description"} <= set(entry)
+    names = {(e["kind"], e["name"]) for e in entries}
+    assert ("loss_agg", "token-mean") in names and ("algorithm", "grpo") in names
+    assert all(e["package"] == "rlzoo" for e in entries)
+
+
+def test_config_resolves_layers_and_exits_zero(capsys, tmp_path: Path) -> None:
+    user = tmp_path / "run.yaml"
+    user.write_text("trainer:\n  lr: 0.0005\nrollout:\n  n: 4\n")
+    code, out, err = run_cli(capsys, "config", "--config", str(user), "algo=grpo",
+                             "loss_agg=seq-mean-token-mean", "rollout.n=6")
+    assert code == 0, err
+    cfg = yaml.safe_load(out)
+    assert cfg["loss_agg"] == {"name": "seq-mean-token-mean"}
+    assert cfg["trainer"]["lr"] == 0.0005        # file over defaults
+    assert cfg["rollout"]["n"] == 6              # CLI over file
+    assert cfg["advantage"]["name"] == "grpo"    # from the preset
+
+
+def test_preset_then_cli_component_replacement(capsys) -> None:
+    code, out, _ = run_cli(capsys, "config", "algo=dapo", "policy_loss.clip_high=0.3")
+    assert code == 0
+    cfg = yaml.safe_load(out)
+    assert cfg["policy_loss"]["clip_low"] == 0.2 and cfg["policy_loss"]["clip_high"] == 0.3
+    code, out, _ = run_cli(capsys, "config", "algo=dapo", "policy_loss=vanilla_pg")
+    assert code == 0
+    assert yaml.safe_load(out)["policy_loss"] == {"name": "vanilla_pg"}
+
+
+@pytest.mark.parametrize(
+    "override, fragments",
+    [
+        ("algo=grpoo", ["unknown algorithm 'grpoo'", "ppo", "dapo", "Did you mean 'grpo'?"]),
+        ("loss_agg=token-meen", ["unknown loss_agg 'token-meen'", "seq-mean-token-sum-norm",
+                                 "Did you mean 'token-mean'?"]),
+        ("advantage=gea", ["unknown advantage 'gea'", "grpo", "Did you mean 'gae'?"]),
+        ("policy_loss=ppo_clipp", ["unknown policy_loss 'ppo_clipp'", "dual_clip",
+                                   "Did you mean 'ppo_clip'?"]),
+        ("kl.penalty=k5", ["unknown kl_penalty 'k5'", "k3", "low_var_kl"]),
+        ("trainer.lrr=0.1", ["unknown config key 'trainer.lrr'", "Did you mean 'trainer.lr'?"]),
+        ("rollout.nn=3", ["unknown config key 'rollout.nn'", "Did you mean 'rollout.n'?"]),
+        ("trainer.lr=abc", ["trainer.lr", "'abc'", "float"]),
+        ("rollout.n=two", ["rollout.n", "'two'", "int"]),
+        ("trainer.lr_schedule=cosin", ["trainer.lr_schedule", "cosine"]),
+        ("rollout.n=0", ["rollout.n", "> 0"]),
+        ("policy_loss.clip_hihg=0.3", ["unknown parameter 'clip_hihg'", "ppo_clip",
+                                       "Did you mean 'clip_high'?"]),
+        ("notakey", ["notakey", "key=value"]),
+    ],
+)
+def test_bad_input_exits_2_with_one_clear_message(capsys, override: str, fragments: list[str]) -> None:
+    code, out, err = run_cli(capsys, "config", override)
+    assert_usage_error(code, out, err, *fragments)
+
+
+def test_bad_input_in_train_fails_before_any_model_is_built(capsys, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    code, out, err = run_cli(capsys, "train", "algo=nope", f"run_dir={run_dir}")
+    assert_usage_error(code, out, err, "unknown algorithm 'nope'")
+    assert not run_dir.exists()
+
+
+def test_dual_clip_parameter_range_checked_at_load(capsys) -> None:
+    code, out, err = run_cli(capsys, "config", "policy_loss={name: dual_clip, clip_ratio_c: 0.5}")
+    assert_usage_error(code, out, err, "clip_ratio_c", "0.5")
+
+
+def test_missing_config_file(capsys, tmp_path: Path) -> None:
+    code, out, err = run_cli(capsys, "config", "--config", str(tmp_path / "nope.yaml"))
+    assert_usage_error(code, out, err, "nope.yaml", "does not exist")
+
+
+@pytest.mark.parametrize("text, fragment", [("trainer: [unclosed", "not valid YAML"),
+                                            ("- a\n- b\n", "must hold a mapping")])
+def test_malformed_config_file(capsys, tmp_path: Path, text: str, fragment: str) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    code, out, err = run_cli(capsys, "config", "--config", str(path))
+    assert_usage_error(code, out, err, "bad.yaml", fragment)
+
+
+def test_unknown_key_in_config_file(capsys, tmp_path: Path) -> None:
+    path = tmp_path / "run.yaml"
+    path.write_text("trainer:\n  total_step: 10\n")
+    code, out, err = run_cli(capsys, "config", "--config", str(path))
+    assert_usage_error(code, out, err, "trainer.total_step", "Did you mean 'trainer.total_steps'?")
+
+
+def test_two_plugins_registering_one_name_names_both(capsys, plugin_module) -> None:
+    name = plugin_module(
+        """
+        from rlzoo import hookimpl
+
+        def token_mean(loss, mask, counts=None):
+            return (loss * mask).sum()
+
+        @hookimpl
+        def rlzoo_register_loss_aggregations(register):
+            register("token-mean", token_mean, description="a clash")
+        """
+    )
+    code, out, err = run_cli(capsys, "config", f"plugins=[{name}]")
+    assert_usage_error(code, out, err, "'token-mean' is registered twice", "rlzoo:aggregation",
+                       f"module:{name}")
+
+
+def test_missing_plugin_module_from_config_is_named(capsys) -> None:
+    code, out, err = run_cli(capsys, "config", "plugins=[no_such_rlzoo_plugin]")
+    assert_usage_error(code, out, err, "no_such_rlzoo_plugin", "failed to import")
+
+
+def _fake_distribution(root: Path, module: str) -> None:
+    dist = root / "broken_rlzoo_plugin-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-rlzoo-plugin\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text(f"[rlzoo]\nbroken = {module}\n")
+
+
+def test_plugin_that_fails_to_import_is_named_and_the_rest_still_listed(
+    capsys, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "broken_rlzoo_mod.py").write_text("raise RuntimeError('boom at import')\n")
+    _fake_distribution(tmp_path, "broken_rlzoo_mod")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code, out, err = run_cli(capsys, "list")
+    assert code == 2
+    assert "broken-rlzoo-plugin:broken" in err and "broken_rlzoo_mod" in err and "boom at import" in err
+    assert "Traceback" not in err
+    assert "token-mean" in out and "grpo" in out
+    # other commands still work, warning about the broken plugin
+    code, out, err = run_cli(capsys, "config", "algo=grpo")
+    assert code == 0 and "warning" in err and "broken-rlzoo-plugin:broken" in err
+
+
+def test_incompatible_plugin_api_version_is_refused(capsys, plugin_module) -> None:
+    name = plugin_module(
+        """
+        RLZOO_API_VERSION = "2"
+        """
+    )
+    code, out, err = run_cli(capsys, "config", f"plugins=[{name}]")
+    assert_usage_error(code, out, err, "plugin API 2", "provides API 1")
