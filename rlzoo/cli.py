@@ -1,4 +1,4 @@
-"""The ``rlzoo`` command line: train, sft, list, config.
+"""The ``rlzoo`` command line: train, sft, sweep, compare, config, list.
 
 Every user error (:class:`rlzoo.errors.RlzooError`) prints one line ``rlzoo: error: ...``
 and exits with code 2, before any model is built.
@@ -47,6 +47,27 @@ def _parser() -> argparse.ArgumentParser:
                      "(a format-only warm-up that leaves the skill to RL)")
     sft.add_argument("--batch-size", type=int, default=64, help="examples per step")
 
+    sweep = sub.add_parser("sweep", help="run the cartesian product of comma-separated values",
+                           description="Run one training per combination of comma-separated "
+                           "override values (e.g. algo=grpo,rloo seed=0,1,2), each in "
+                           "runs/<sweep-name>/<run-name>/. Completed runs are skipped and "
+                           "interrupted ones resumed when the sweep is run again.")
+    with_config(sweep)
+    sweep.add_argument("--name", help="sweep name (default: sweep-<timestamp>)")
+    sweep.add_argument("--dir", metavar="DIR", help="sweep directory (default: runs/<name>)")
+    sweep.add_argument("--jobs", type=int, default=1, help="runs at a time (default 1)")
+
+    compare = sub.add_parser("compare", help="table + reward-curve PNG + Markdown report of runs",
+                             description="Compare runs (a sweep directory or run directories): "
+                             "runs differing only in seed form a group; prints a table and "
+                             "writes compare.png and compare.md.")
+    compare.add_argument("paths", nargs="+", metavar="DIR", help="sweep or run directories")
+    compare.add_argument("--threshold", type=float, default=0.5,
+                         help="reward level for 'steps to threshold' (default 0.5)")
+    compare.add_argument("--window", type=int, default=25, help="moving-average window (steps)")
+    compare.add_argument("--out", metavar="DIR", help="where to write compare.png/.md "
+                         "(default: the first path)")
+
     config = sub.add_parser("config", help="print the fully resolved config and exit")
     with_config(config)
 
@@ -70,15 +91,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
 
 
-def _resolve(args: argparse.Namespace):
-    from rlzoo.config import load_config, plugin_modules
+def _resolve_registry(args: argparse.Namespace):
+    from rlzoo.config import plugin_modules
     from rlzoo.plugins import build_registry, make_plugin_manager
 
-    modules = plugin_modules(args.overrides, args.config)
-    pm = make_plugin_manager(modules=modules)
+    pm = make_plugin_manager(modules=plugin_modules(args.overrides, args.config))
     registry = build_registry(pm)
     for error in registry.load_errors:
         print(f"rlzoo: warning: {error}", file=sys.stderr)
+    return pm, registry, None
+
+
+def _resolve(args: argparse.Namespace):
+    from rlzoo.config import load_config
+
+    pm, registry, _ = _resolve_registry(args)
     resolved = load_config(registry, args.overrides, args.config)
     return pm, registry, resolved
 
@@ -113,6 +140,34 @@ def _cmd_sft(args: argparse.Namespace) -> int:
     out = run_sft(resolved, registry, steps=args.steps, out_dir=args.out, target=args.target,
                   batch_size=args.batch_size)
     print(f"saved the SFT model to {out}; train from it with model.path={out}")
+    return 0
+
+
+def _cmd_sweep(args: argparse.Namespace) -> int:
+    from datetime import datetime
+    from pathlib import Path
+
+    from rlzoo.sweep import run_sweep
+
+    _, registry, _ = _resolve_registry(args)
+    name = args.name or f"sweep-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+    sweep_dir = Path(args.dir) if args.dir else Path("runs") / name
+    results = run_sweep(sweep_dir, args.overrides, registry, args.config, args.jobs)
+    failed = [run.name for run, outcome in results if outcome.startswith("failed")]
+    print(f"sweep {sweep_dir}: {len(results) - len(failed)} of {len(results)} runs done; compare "
+          f"with `rlzoo compare {sweep_dir}` or `tensorboard --logdir {sweep_dir}`")
+    if failed:
+        print(f"rlzoo: error: failed runs: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    from rlzoo.compare import compare
+
+    text, png, report = compare(args.paths, args.out, args.threshold, args.window)
+    print(text)
+    print(f"\nwrote {png} and {report}")
     return 0
 
 
@@ -161,4 +216,5 @@ def _cmd_list(args: argparse.Namespace) -> int:
     return EXIT_USAGE if errors else 0
 
 
-_COMMANDS = {"train": _cmd_train, "sft": _cmd_sft, "config": _cmd_config, "list": _cmd_list}
+_COMMANDS = {"train": _cmd_train, "sft": _cmd_sft, "sweep": _cmd_sweep, "compare": _cmd_compare,
+             "config": _cmd_config, "list": _cmd_list}

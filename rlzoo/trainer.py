@@ -559,6 +559,7 @@ class Trainer:
             if in_main_thread:
                 signal.signal(signal.SIGINT, previous)
             self.pm.hook.rlzoo_run_end(ctx=self.ctx, status=status)
+            write_status(self.run_dir, status, self.step, cfg.trainer.total_steps)
             for name, plugin in self.extensions:
                 self.pm.unregister(plugin)
         if status == "interrupted":
@@ -606,6 +607,26 @@ class Trainer:
         metrics["throughput/tokens_per_s"] = tokens / max(metrics["timing/step_s"], 1e-9)
         metrics.update(self.ctx.metrics)
         return metrics
+
+
+STATUS_FILE = "status.json"
+
+
+def write_status(run_dir: Path, status: str, step: int, total_steps: int) -> None:
+    """Record how the run ended (``rlzoo sweep`` skips completed runs)."""
+    import json
+
+    tmp = run_dir / f".{STATUS_FILE}.tmp"
+    tmp.write_text(json.dumps({"status": status, "step": step, "total_steps": total_steps}))
+    tmp.replace(run_dir / STATUS_FILE)
+
+
+def read_status(run_dir: Path) -> dict[str, Any] | None:
+    """The run's ``status.json`` (``status``, ``step``, ``total_steps``), or ``None``."""
+    import json
+
+    path = Path(run_dir) / STATUS_FILE
+    return json.loads(path.read_text()) if path.is_file() else None
 
 
 def _check_finite(value: torch.Tensor, stage: str, component: str) -> None:

@@ -1,0 +1,147 @@
+"""``rlzoo sweep``: the cartesian product of comma-separated override values, one run each.
+
+``rlzoo sweep algo=grpo,dr_grpo,rloo seed=0,1,2 trainer.total_steps=200`` runs 9
+trainings, each in ``runs/<sweep-name>/<run-name>/`` with a run name built from the swept
+values (``algo-grpo_seed-0``). Every combination's config is resolved before the first
+run starts, so a typo fails at once. Runs are separate processes (``python -m rlzoo
+train``), sequential or ``--jobs N`` at a time; re-running the sweep skips completed runs
+and resumes interrupted ones from their last checkpoint.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import re
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from rlzoo.checkpoint import latest_checkpoint
+from rlzoo.config import load_config
+from rlzoo.errors import ConfigError
+from rlzoo.registry import Registry
+from rlzoo.trainer import read_status
+
+
+@dataclass(frozen=True)
+class SweepRun:
+    """One combination: its name, directory and the overrides that define it."""
+
+    name: str
+    run_dir: Path
+    overrides: tuple[str, ...]
+
+
+def split_values(value: str) -> list[str]:
+    """Split ``a,b,[c,d],{e: f}`` on top-level commas (not inside brackets or braces)."""
+    parts, depth, current = [], 0, ""
+    for ch in value:
+        if ch in "[{(":
+            depth += 1
+        elif ch in "]})":
+            depth -= 1
+        if ch == "," and depth == 0:
+            parts.append(current)
+            current = ""
+        else:
+            current += ch
+    parts.append(current)
+    return [p.strip() for p in parts]
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9.+-]+", "-", text).strip("-") or "x"
+
+
+def expand(overrides: list[str]) -> tuple[list[str], list[tuple[str, list[str]]]]:
+    """Separate fixed overrides from swept ones (``key=v1,v2``)."""
+    fixed, swept = [], []
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} is not of the form key=value")
+        key, value = item.split("=", 1)
+        values = split_values(value)
+        if len(values) > 1:
+            if any(v == "" for v in values):
+                raise ConfigError(f"sweep values of {key!r} contain an empty item: {value!r}")
+            swept.append((key, values))
+        else:
+            fixed.append(item)
+    return fixed, swept
+
+
+def plan(sweep_dir: Path, overrides: list[str]) -> list[SweepRun]:
+    """All runs of the sweep, in a stable order."""
+    fixed, swept = expand(overrides)
+    for key in ("run_dir", "run_name", "resume"):
+        if any(item.split("=", 1)[0] == key for item in fixed) or any(k == key for k, _ in swept):
+            raise ConfigError(f"{key} is set by rlzoo sweep for each run; do not pass it")
+    runs = []
+    combos = itertools.product(*[[(key, v) for v in values] for key, values in swept]) if swept else [()]
+    for combo in combos:
+        name = "_".join(f"{_slug(key.split('.')[-1])}-{_slug(value)}" for key, value in combo) or "run"
+        items = tuple(fixed) + tuple(f"{key}={value}" for key, value in combo)
+        runs.append(SweepRun(name=name, run_dir=sweep_dir / name, overrides=items))
+    if len({r.name for r in runs}) != len(runs):
+        raise ConfigError("two sweep combinations map to the same run name; use distinct values")
+    return runs
+
+
+def validate(runs: list[SweepRun], registry: Registry, config_file: str | None) -> None:
+    """Resolve every combination's config (raises :class:`ConfigError` on the first bad one)."""
+    for run in runs:
+        try:
+            load_config(registry, list(run.overrides), config_file)
+        except ConfigError as exc:
+            raise ConfigError(f"sweep run {run.name!r}: {exc}") from exc
+
+
+def _command(run: SweepRun, config_file: str | None) -> list[str]:
+    cmd = [sys.executable, "-m", "rlzoo", "train"]
+    if config_file:
+        cmd += ["--config", config_file]
+    if latest_checkpoint(run.run_dir) is not None:
+        return cmd + [f"resume={run.run_dir}", "logging.progress=false"]
+    return cmd + [*run.overrides, f"run_dir={run.run_dir}", f"run_name={run.name}",
+                  "logging.progress=false"]
+
+
+def run_sweep(sweep_dir: Path, overrides: list[str], registry: Registry, config_file: str | None = None,
+              jobs: int = 1) -> list[tuple[SweepRun, str]]:
+    """Run (or skip, or resume) every combination; returns ``(run, outcome)`` pairs.
+
+    Outcomes: ``skipped`` (already completed), ``completed``, ``failed (exit N)``.
+    """
+    if jobs < 1:
+        raise ConfigError(f"--jobs must be >= 1, got {jobs}")
+    runs = plan(sweep_dir, overrides)
+    validate(runs, registry, config_file)
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    (sweep_dir / "sweep.txt").write_text(" ".join(overrides) + "\n")
+
+    def execute(run: SweepRun) -> tuple[SweepRun, str]:
+        status = read_status(run.run_dir)
+        if status and status["status"] == "completed":
+            return run, "skipped"
+        run.run_dir.mkdir(parents=True, exist_ok=True)
+        log = run.run_dir / "train.log"
+        start = time.perf_counter()
+        with open(log, "a") as handle:
+            env = {**os.environ}
+            if jobs > 1:
+                env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // jobs)))
+            code = subprocess.call(_command(run, config_file), stdout=handle, stderr=subprocess.STDOUT,
+                                   env=env)
+        outcome = "completed" if code == 0 else f"failed (exit {code}, see {log})"
+        print(f"[{run.name}] {outcome} in {time.perf_counter() - start:.0f} s", flush=True)
+        return run, outcome
+
+    print(f"sweep: {len(runs)} runs in {sweep_dir}", flush=True)
+    if jobs == 1:
+        return [execute(run) for run in runs]
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        return list(pool.map(execute, runs))
