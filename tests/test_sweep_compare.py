@@ -1,0 +1,127 @@
+"""rlzoo sweep, rlzoo compare and the TensorBoard view of a sweep."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from rlzoo.cli import main
+from rlzoo.errors import ConfigError
+from rlzoo.sweep import plan, split_values
+
+TINY = ["model.hidden_size=32", "model.intermediate_size=64", "model.num_layers=1",
+        "model.num_heads=2", "model.num_kv_heads=1", "task.num_digits=3",
+        "rollout.prompts_per_step=4", "rollout.n=4", "rollout.max_new_tokens=5",
+        "trainer.threads=1", "trainer.total_steps=3"]
+
+
+def test_split_values_respects_brackets() -> None:
+    assert split_values("grpo,rloo") == ["grpo", "rloo"]
+    assert split_values("[a,b],[c]") == ["[a,b]", "[c]"]
+    assert split_values("{name: ppo_clip, clip_high: 0.3}") == ["{name: ppo_clip, clip_high: 0.3}"]
+
+
+def test_plan_is_the_cartesian_product_with_readable_names(tmp_path: Path) -> None:
+    runs = plan(tmp_path, ["algo=grpo,rloo", "seed=0,1,2", "trainer.lr=1e-3"])
+    assert [r.name for r in runs] == [f"algo-{a}_seed-{s}" for a in ("grpo", "rloo") for s in range(3)]
+    assert runs[0].overrides == ("trainer.lr=1e-3", "algo=grpo", "seed=0")
+    assert runs[0].run_dir == tmp_path / "algo-grpo_seed-0"
+    with pytest.raises(ConfigError, match="run_dir is set by rlzoo sweep"):
+        plan(tmp_path, ["run_dir=x"])
+
+
+def test_sweep_validates_every_combination_before_running(capsys, tmp_path: Path) -> None:
+    code = main(["sweep", "--dir", str(tmp_path / "s"), "algo=grpo,grpoo", *TINY])
+    err = capsys.readouterr().err
+    assert code == 2 and "sweep run 'algo-grpoo'" in err and "Did you mean 'grpo'?" in err
+    assert not (tmp_path / "s").exists()
+
+
+@pytest.fixture(scope="module")
+def sweep_dir(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("sweep") / "s"
+    cmd = [sys.executable, "-m", "rlzoo", "sweep", "--dir", str(root), "--jobs", "2",
+           "algo=grpo,rloo", "seed=0,1", *TINY]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.count("completed in") == 4
+    return root
+
+
+def test_sweep_reruns_skip_completed_runs(sweep_dir: Path) -> None:
+    cmd = [sys.executable, "-m", "rlzoo", "sweep", "--dir", str(sweep_dir), "algo=grpo,rloo",
+           "seed=0,1", *TINY]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "completed in" not in done.stdout
+    assert "4 of 4 runs done" in done.stdout
+
+
+def test_compare_table_png_and_report(capsys, sweep_dir: Path, tmp_path: Path) -> None:
+    code = main(["compare", str(sweep_dir), "--threshold", "0.01", "--out", str(tmp_path)])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    lines = [line for line in out.splitlines() if line.startswith("| algo=")]
+    assert [line.split("|")[1].strip() for line in lines] == ["algo=grpo", "algo=rloo"]
+    for line in lines:
+        cells = [c.strip() for c in line.split("|")[1:-1]]
+        assert cells[1] == "2"                               # two seeds per group
+        assert "±" in cells[2]                               # final reward mean ± std
+        assert cells[4].endswith("(2/2)")                    # both reached the tiny threshold
+    png = tmp_path / "compare.png"
+    assert png.stat().st_size > 10_000 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    report = (tmp_path / "compare.md").read_text()
+    assert "| algo=grpo |" in report and "compare.png" in report
+
+
+def test_compare_without_runs_is_a_clear_error(capsys, tmp_path: Path) -> None:
+    assert main(["compare", str(tmp_path)]) == 2
+    assert "no runs" in capsys.readouterr().err
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_tensorboard_server_lists_every_run_tags_and_hparams(sweep_dir: Path) -> None:
+    port = _free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "tensorboard.main", "--logdir", str(sweep_dir), "--host", "127.0.0.1",
+         "--port", str(port), "--load_fast=false", "--reload_interval=1"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 90
+        runs: list[str] = []
+        while time.time() < deadline:
+            try:
+                runs = json.loads(urllib.request.urlopen(f"{base}/data/runs", timeout=5).read())
+                if len(runs) == 4:
+                    break
+            except OSError:
+                pass
+            time.sleep(1)
+        assert sorted(runs) == sorted(f"algo-{a}_seed-{s}" for a in ("grpo", "rloo") for s in (0, 1))
+        tags = json.loads(urllib.request.urlopen(f"{base}/data/plugin/scalars/tags", timeout=10).read())
+        expected = {"reward/mean", "reward/std", "policy/loss", "kl/coef", "entropy", "grad_norm", "lr",
+                    "timing/rollout_s", "throughput/tokens_per_s"}
+        for run in runs:
+            assert expected <= set(tags[run]), (run, expected - set(tags[run]))
+        request = urllib.request.Request(f"{base}/data/plugin/hparams/experiment",
+                                         data=json.dumps({"experimentName": ""}).encode(),
+                                         headers={"Content-Type": "application/json"})
+        experiment = json.loads(urllib.request.urlopen(request, timeout=10).read())
+        names = {info["name"]: info for info in experiment["hparamInfos"]}
+        assert names["algo"]["differs"] is True and names["seed"]["differs"] is True
+        assert "advantage.name" in names and "trainer.lr" in names
+    finally:
+        server.terminate()
+        server.wait(timeout=20)
