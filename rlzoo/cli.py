@@ -200,6 +200,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
             if not rows:
                 print("  (none)")
             width = max((len(r["name"]) for r in rows), default=0)
+            pkg_width = max((len(r["package"]) for r in entries), default=0)
             for row in rows:
                 extra = []
                 if row["aliases"]:
@@ -209,7 +210,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
                 if row["paper"]:
                     extra.append(row["paper"])
                 tail = f" [{'; '.join(extra)}]" if extra else ""
-                print(f"  {row['name']:<{width}}  {row['package']:<10} {row['description']}{tail}")
+                print(f"  {row['name']:<{width}}  {row['package']:<{pkg_width}}  {row['description']}{tail}")
             print()
     for error in errors:
         print(f"rlzoo: error: {error}", file=sys.stderr)

@@ -140,7 +140,7 @@ def build_registry(pm: PluginManager) -> Registry:
     registry.load_errors.extend(pm.load_errors)
     for kind, hook_name in hookspecs.REGISTRATION_HOOKS.items():
         caller = getattr(pm.hook, hook_name)
-        for impl in reversed(caller.get_hookimpls()):  # registration order
+        for impl in caller.get_hookimpls():  # registration order (pluggy calls them LIFO)
             plugin_name = impl.plugin_name
             package = pm.packages.get(plugin_name, plugin_name)
 

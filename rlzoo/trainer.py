@@ -573,7 +573,7 @@ class Trainer:
         self.ctx.metrics = {}
         start = time.perf_counter()
         batch = self._rollout(cfg.rollout.prompts_per_step)
-        for impl in reversed(self.pm.hook.rlzoo_after_rollout.get_hookimpls()):
+        for impl in self.pm.hook.rlzoo_after_rollout.get_hookimpls():  # registration order
             result = impl.function(batch=batch, ctx=self.ctx)  # each sees the previous result
             if result is not None:
                 batch = result

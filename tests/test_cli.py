@@ -55,7 +55,7 @@ def test_list_json_entries(capsys) -> None:
         assert {"kind", "name", "package", "description"} <= set(entry)
     names = {(e["kind"], e["name"]) for e in entries}
     assert ("loss_agg", "token-mean") in names and ("algorithm", "grpo") in names
-    assert all(e["package"] == "rlzoo" for e in entries)
+    assert all(e["package"] == "rlzoo" for e in entries if e["plugin"].startswith("rlzoo:"))
 
 
 def test_config_resolves_layers_and_exits_zero(capsys, tmp_path: Path) -> None:
