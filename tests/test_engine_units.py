@@ -121,3 +121,38 @@ def test_batch_select_and_concat_pad_correctly() -> None:
     sub = merged.select([3, 0])
     assert sub.group_ids.tolist() == [1, 0] and sub.references == [2, 1]
     assert torch.equal(sub.rewards, sub.scores)
+
+
+def _saved_bytes(fn) -> int:
+    """Bytes of tensors autograd keeps for backward while ``fn`` runs (unique storages)."""
+    storages: dict[int, int] = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        storages[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    return sum(storages.values())
+
+
+def test_chunked_head_keeps_memory_sublinear_in_vocab_times_length() -> None:
+    """The chunked head saves O(B·T·H + chunk·V) for backward; naive log_softmax saves
+    O(B·T·V) float32. Growing V·T by 16x must grow the chunked figure far less."""
+    torch.manual_seed(0)
+    hidden_size, batch = 64, 4
+    figures = {}
+    for vocab, length in ((1000, 32), (4000, 128)):
+        head = torch.nn.Linear(hidden_size, vocab, bias=False)
+        hidden = torch.randn(batch, length, hidden_size, requires_grad=True)
+        targets = torch.randint(0, vocab, (batch, length))
+        mask = torch.ones(batch, length)
+        chunked = _saved_bytes(lambda: token_logprobs(hidden, head, targets, mask, chunk_size=64,
+                                                      with_entropy=True))
+        naive = _saved_bytes(lambda: _naive(hidden, head, targets))
+        figures[(vocab, length)] = (chunked, naive)
+    (small_c, small_n), (big_c, big_n) = figures[(1000, 32)], figures[(4000, 128)]
+    assert big_n >= 12 * small_n                        # naive: ~linear in V·T (16x)
+    assert big_c < 4.5 * small_c                        # chunked: grows with T (4x), not V·T
+    assert big_c < big_n / 20                           # and much smaller outright
