@@ -530,9 +530,7 @@ class Trainer:
         metrics: dict[str, float] = {}
         try:
             while self.step < cfg.trainer.total_steps:
-                self.step += 1
-                self.ctx.step = self.step
-                metrics = self._train_step()
+                metrics = self.train_step()
                 self.pm.hook.rlzoo_step_end(step=self.step, metrics=metrics, ctx=self.ctx)
                 if self.step % cfg.logging.log_every == 0 or self.step == cfg.trainer.total_steps:
                     tracker.log_scalars(self.step, metrics)
@@ -565,9 +563,15 @@ class Trainer:
         if status == "interrupted":
             print(f"rlzoo: checkpoint written at step {self.step}; continue with "
                   f"`rlzoo train resume={self.run_dir}`", flush=True)
+        elif status == "completed":
+            print(summary_line(self.run_dir), flush=True)
         return metrics
 
-    def _train_step(self) -> dict[str, float]:
+    def train_step(self) -> dict[str, float]:
+        """Run one training step (rollout → update) and return its metrics; no logging,
+        checkpointing or lifecycle ``step_end`` (``run`` does those)."""
+        self.step += 1
+        self.ctx.step = self.step
         cfg = self.cfg
         metrics: dict[str, float] = {}
         self.ctx.metrics = {}
@@ -607,6 +611,21 @@ class Trainer:
         metrics["throughput/tokens_per_s"] = tokens / max(metrics["timing/step_s"], 1e-9)
         metrics.update(self.ctx.metrics)
         return metrics
+
+
+def summary_line(run_dir: Path) -> str:
+    """One line about a finished run: steps, time, mean reward of the first and last 10%."""
+    from rlzoo.events import read_scalars
+
+    curves = read_scalars(run_dir)
+    rewards = [v for _, v in curves.get("reward/mean", [])]
+    if not rewards:
+        return f"rlzoo: run finished; logs in {run_dir}"
+    tail = max(1, len(rewards) // 10)
+    seconds = sum(v for _, v in curves.get("timing/step_s", []))
+    return (f"rlzoo: {len(rewards)} steps in {seconds:.0f} s of training; reward/mean "
+            f"{np.mean(rewards[:tail]):.3f} (first 10%) -> {np.mean(rewards[-tail:]):.3f} (last 10%); "
+            f"logs: tensorboard --logdir {run_dir}")
 
 
 STATUS_FILE = "status.json"
