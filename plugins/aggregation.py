@@ -64,10 +64,11 @@ def seq_mean_token_sum_norm(
     """Dr.GRPO: (1/B')·Σ_i Σ_t L·M / T_max with T_max the configured max response length.
 
     Without ``counts``, T_max is the tensor width ``T`` (pass counts for padding-free
-    results).
+    results). T_max is floored at 1 so a zero-width batch gives 0, not 0/0 = NaN.
     """
     counts = counts or local_counts(mask)
-    return masked_sum(loss, mask) / (max(counts.sequences, 1.0) * counts.max_response_length)
+    t_max = max(counts.max_response_length, 1)
+    return masked_sum(loss, mask) / (max(counts.sequences, 1.0) * t_max)
 
 
 @hookimpl

@@ -183,10 +183,24 @@ def parse_overrides(overrides: list[str]) -> dict[str, Any]:
         raise ConfigError(
             f"override {bad[0]!r} is not of the form key=value (e.g. trainer.lr=1e-3)"
         )
-    try:
-        return OmegaConf.to_container(OmegaConf.from_dotlist(list(overrides)))  # type: ignore[return-value]
-    except OmegaConfBaseException as exc:
-        raise ConfigError(f"cannot parse overrides {overrides}: {exc}") from exc
+    result: dict[str, Any] = {}
+    for item in overrides:
+        try:
+            parsed = OmegaConf.to_container(OmegaConf.from_dotlist([item]))
+        except OmegaConfBaseException as exc:
+            raise ConfigError(f"cannot parse override {item!r}: {exc}") from exc
+        key = item.split("=", 1)[0]
+        _, value = _get_path(parsed, key)
+        node = result
+        parts = key.split(".")
+        for part in parts[:-1]:
+            if isinstance(node.get(part), str):
+                node[part] = {"name": node[part]}  # `x=name x.param=v`: keep the name
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {item!r} sets a key below a non-mapping value")
+        node[parts[-1]] = value
+    return result
 
 
 def plugin_modules(overrides: list[str] | None, config_file: str | Path | None) -> list[str]:

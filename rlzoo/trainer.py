@@ -341,7 +341,8 @@ class Trainer:
         if self.kl_fn is not None and self.cfg.kl.apply == "reward":
             if "logits" in self.resolved.components["kl.penalty"].needs:
                 raise ConfigError("kl.penalty 'full' needs logits and works only with kl.apply=loss")
-            batch.kl = self.kl_fn(batch.old_logp, batch.ref_logp) * mask
+            kl = self.kl_fn(batch.old_logp, batch.ref_logp)
+            batch.kl = torch.where(mask.bool(), kl, torch.zeros_like(kl))
             token_rewards = token_rewards - beta * batch.kl
             current_kl = float(masked_mean(batch.kl.sum(-1), has_tokens.float()))
             metrics["kl/value"] = current_kl

@@ -1,0 +1,482 @@
+"""Advantage estimators: from token rewards (and values / groups / greedy baselines) to
+per-token advantages and returns.
+
+Formulas: ../docs/algorithms/advantages.md (from ALGORITHMS.md "Advantage estimators",
+following verl ``core_algos.py`` ``compute_*_advantage*``; GRPO's ``scale`` follows TRL's
+``scale_rewards``).
+
+Every estimator has the engine's signature
+``fn(token_rewards, response_mask, group_ids, values, baseline_scores, params=...)`` with
+
+- ``token_rewards`` ``(B, T)``: outcome reward on the last valid token (KL folded in);
+- ``response_mask`` ``(B, T)`` in {0, 1};
+- ``group_ids`` ``(B,)`` long: the prompt of each sequence, in any order, any values;
+- ``values`` ``(B, T)`` or ``None``; ``baseline_scores`` ``(B,)`` or ``None``;
+
+and returns ``(advantages, returns)``, both ``(B, T)``, zero on padding, without gradient.
+
+Shared conventions:
+
+- the sequence score is ``s_i = Σ_t r[i,t]·M[i,t]`` (padding zeroed with ``where``, so
+  NaN/inf there cannot leak);
+- group statistics are vectorised with a one-hot ``(B, G)`` matrix of the group ids (no
+  loop over groups or sequences) and computed in float64 on scores shifted by the group
+  minimum, so all-equal scores give exactly 0;
+- an empty response (all-zero mask row) is a member of its group with score 0, as in verl,
+  and receives no advantage (it has no valid token);
+- a group of size 1 has mean 0 (and std 1 where a std is used): its advantage is its raw
+  score, as verl's reference loops do (``grpo_passk`` gives it 0; see there).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from rlzoo import hookimpl
+from rlzoo.masked import masked_sum, masked_var, masked_whiten
+
+RLZOO_API_VERSION = "1"
+
+GRPO_SCALES = ("group", "batch", "none")
+
+
+# ------------------------------------------------------------------------------ parameters
+
+
+def _check_unit_interval(name: str, value: float) -> None:
+    if not 0.0 <= value <= 1.0:  # also rejects NaN
+        raise ValueError(f"{name} must be in [0, 1], got {value}")
+
+
+def _check_positive(name: str, value: float) -> None:
+    if not value > 0.0:
+        raise ValueError(f"{name} must be > 0, got {value}")
+
+
+@dataclass
+class GAEParams:
+    """Parameters of ``gae``.
+
+    :ivar gamma: discount γ in [0, 1].
+    :ivar lam: GAE λ in [0, 1] (λ=1: Monte-Carlo returns minus values; λ=0: one-step TD).
+    :ivar whiten: whiten the advantages over the valid tokens of the batch (verl always does).
+    """
+
+    gamma: float = 1.0
+    lam: float = 1.0
+    whiten: bool = True
+
+    def __post_init__(self) -> None:
+        _check_unit_interval("gamma", self.gamma)
+        _check_unit_interval("lam", self.lam)
+
+
+@dataclass
+class GRPOParams:
+    """Parameters of ``grpo``.
+
+    :ivar epsilon: added to the std before dividing (> 0).
+    :ivar scale: ``"group"`` divide by the group's unbiased std (original GRPO);
+        ``"batch"`` divide by the unbiased std of all scores of the batch (mean still per
+        group); ``"none"`` no division (= ``dr_grpo``). TRL's ``scale_rewards``.
+    """
+
+    epsilon: float = 1e-6
+    scale: str = "group"
+
+    def __post_init__(self) -> None:
+        _check_positive("epsilon", self.epsilon)
+        if self.scale not in GRPO_SCALES:
+            choices = ", ".join(repr(choice) for choice in GRPO_SCALES)
+            raise ValueError(f"scale must be one of {choices}, got {self.scale!r}")
+
+
+@dataclass
+class ReinforcePPParams:
+    """Parameters of ``reinforce_pp``.
+
+    :ivar gamma: discount γ in [0, 1] of the returns-to-go.
+    """
+
+    gamma: float = 1.0
+
+    def __post_init__(self) -> None:
+        _check_unit_interval("gamma", self.gamma)
+
+
+@dataclass
+class GRPOPassKParams:
+    """Parameters of ``grpo_passk``.
+
+    :ivar epsilon: added to the group std before dividing (> 0).
+    :ivar norm_by_std: divide r_max − r_second by the group's unbiased std + ε (verl's
+        ``norm_adv_by_std_in_grpo``).
+    """
+
+    epsilon: float = 1e-6
+    norm_by_std: bool = True
+
+    def __post_init__(self) -> None:
+        _check_positive("epsilon", self.epsilon)
+
+
+# ------------------------------------------------------------------------------- helpers
+
+
+def sequence_scores(token_rewards: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """s_i = Σ_t r[i,t]·M[i,t]: ``(B, T)`` -> ``(B,)``; padding cannot leak (``where``)."""
+    return masked_sum(token_rewards, response_mask, dim=-1)
+
+
+@dataclass(frozen=True)
+class _Groups:
+    """The group structure of a batch, for vectorised per-group statistics.
+
+    :ivar inverse: ``(B,)`` long, the group of each sequence renumbered 0..G−1.
+    :ivar onehot: ``(B, G)`` float64, ``onehot[i, g] = 1`` when sequence i is in group g.
+    :ivar size: ``(B,)`` float64, the size of each sequence's group.
+    """
+
+    inverse: torch.Tensor
+    onehot: torch.Tensor
+    size: torch.Tensor
+
+    @classmethod
+    def of(cls, group_ids: torch.Tensor, device: torch.device) -> "_Groups":
+        ids = torch.as_tensor(group_ids, device=device).reshape(-1)
+        _, inverse = torch.unique(ids, return_inverse=True)           # (B,) in 0..G-1
+        n_groups = int(inverse.max()) + 1 if inverse.numel() else 0
+        onehot = (inverse[:, None] == torch.arange(n_groups, device=device)[None, :]).double()
+        return cls(inverse=inverse, onehot=onehot, size=onehot.sum(0)[inverse])
+
+    def total(self, x: torch.Tensor) -> torch.Tensor:
+        """Σ_{j in g(i)} x_j for each i: ``(B,)`` float64 -> ``(B,)``."""
+        return (self.onehot.T @ x)[self.inverse]
+
+    def max(self, x: torch.Tensor) -> torch.Tensor:
+        """max_{j in g(i)} x_j for each i: ``(B,)`` float64 -> ``(B,)`` (may be −inf)."""
+        outside = torch.full_like(self.onehot, -torch.inf)
+        return torch.where(self.onehot.bool(), x[:, None], outside).amax(0)[self.inverse]
+
+    def min(self, x: torch.Tensor) -> torch.Tensor:
+        """min_{j in g(i)} x_j for each i: ``(B,)`` float64 -> ``(B,)``."""
+        return -self.max(-x)
+
+    def centered(self, scores: torch.Tensor) -> torch.Tensor:
+        """s_i − mean_g(s) in float64; a group of size 1 has mean 0 (keeps s_i).
+
+        Shifted by the group minimum first, so all-equal scores give exactly 0.
+        """
+        shifted = scores - self.min(scores)
+        centered = shifted - self.total(shifted) / self.size
+        return torch.where(self.size > 1, centered, scores)
+
+    def std(self, centered: torch.Tensor) -> torch.Tensor:
+        """Unbiased std of the group of each sequence from its centered scores; 1 for size 1."""
+        var = self.total(centered.square()) / (self.size - 1).clamp(min=1)
+        return torch.where(self.size > 1, var.sqrt(), torch.ones_like(var))
+
+
+def _broadcast(per_sequence: torch.Tensor, response_mask: torch.Tensor,
+               dtype: torch.dtype) -> torch.Tensor:
+    """``(B,)`` -> ``(B, T)`` of ``dtype``: the value on every valid token, 0 on padding."""
+    full = per_sequence.to(dtype)[:, None].expand(response_mask.shape)
+    return torch.where(response_mask.bool(), full, torch.zeros_like(full))
+
+
+def _scores64(token_rewards: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    return sequence_scores(token_rewards, response_mask).double()
+
+
+def returns_to_go(token_rewards: torch.Tensor, response_mask: torch.Tensor,
+                  gamma: float = 1.0) -> torch.Tensor:
+    """G_t = r_t + γ·G_{t'} over the valid tokens, t' the next valid token; ``(B, T)``.
+
+    Masked steps are skipped (their reward ignored), the running return carried across
+    them undiscounted, exactly as ``gae`` carries values and advantages; 0 on padding.
+    For right-padded responses this is verl's ``compute_reinforce_plus_plus_outcome_
+    advantage`` loop; verl resets the running return at masked steps instead, which only
+    differs for masked steps inside a response (multi-turn tool output).
+    """
+    valid = response_mask.bool()
+    rewards = torch.where(valid, token_rewards, torch.zeros_like(token_rewards))
+    running = torch.zeros_like(rewards[:, 0])
+    out = torch.zeros_like(rewards)
+    for t in reversed(range(rewards.shape[1])):
+        running = torch.where(valid[:, t], rewards[:, t] + gamma * running, running)
+        out[:, t] = torch.where(valid[:, t], running, torch.zeros_like(running))
+    return out
+
+
+# ---------------------------------------------------------------------------- estimators
+
+
+@torch.no_grad()
+def gae(token_rewards: torch.Tensor, response_mask: torch.Tensor, group_ids: torch.Tensor,
+        values: Optional[torch.Tensor], baseline_scores: Optional[torch.Tensor],
+        params: Optional[GAEParams] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalised advantage estimation (Schulman et al. 2015, arXiv:1506.02438; PPO).
+
+    δ_t = r_t + γ·V_{t'} − V_t,  A_t = δ_t + γλ·A_{t'}, with t' the next *valid* token
+    (V and A beyond the last valid token are 0); masked steps inside a response are
+    skipped, the next value and advantage carried across them. returns = A + V (before
+    whitening); then A is whitened over the valid tokens of the batch when ``whiten``.
+
+    Follows verl ``compute_gae_advantage_return`` (the version that skips observation
+    tokens), with ``torch.where`` instead of products with the mask so that NaN/inf in
+    padded rewards or values cannot leak. Shapes: ``(B, T)`` in and out.
+
+    :raises ValueError: ``values`` is ``None`` (gae needs the critic).
+    """
+    params = params or GAEParams()
+    if values is None:
+        raise ValueError("advantage 'gae' needs critic values (values=None was given)")
+    valid = response_mask.bool()
+    zeros = torch.zeros_like(token_rewards)
+    rewards = torch.where(valid, token_rewards, zeros)
+    values = torch.where(valid, values.to(token_rewards.dtype), zeros)
+    next_value = torch.zeros_like(rewards[:, 0])
+    next_advantage = torch.zeros_like(rewards[:, 0])
+    advantages = torch.zeros_like(rewards)
+    for t in reversed(range(rewards.shape[1])):
+        delta = rewards[:, t] + params.gamma * next_value - values[:, t]
+        advantage_t = delta + params.gamma * params.lam * next_advantage
+        next_value = torch.where(valid[:, t], values[:, t], next_value)
+        next_advantage = torch.where(valid[:, t], advantage_t, next_advantage)
+        advantages[:, t] = torch.where(valid[:, t], advantage_t, torch.zeros_like(advantage_t))
+    returns = torch.where(valid, advantages + values, zeros)
+    if params.whiten:
+        advantages = masked_whiten(advantages, response_mask)
+    return advantages, returns
+
+
+@torch.no_grad()
+def grpo(token_rewards: torch.Tensor, response_mask: torch.Tensor, group_ids: torch.Tensor,
+         values: Optional[torch.Tensor], baseline_scores: Optional[torch.Tensor],
+         params: Optional[GRPOParams] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """GRPO outcome advantages (Shao et al. 2024, arXiv:2402.03300, §4.1.2).
+
+    A_i = (s_i − mean_g(s)) / (std_g(s) + ε), broadcast over the valid tokens; std is the
+    unbiased sample std; returns = advantages. ``scale`` as TRL's ``scale_rewards``:
+    ``"batch"`` divides by the unbiased std of all B scores instead (0 when B < 2),
+    ``"none"`` does not divide. A group of size 1 has mean 0 and std 1 whatever ``scale``
+    is, so its advantage is its raw score s/(1 + ε) (s with ``"none"``), as verl's.
+    Follows verl ``compute_grpo_outcome_advantage`` and TRL ``GRPOTrainer``
+    (``scale_rewards``). Shapes: ``(B, T)`` in and out.
+    """
+    params = params or GRPOParams()
+    scores = _scores64(token_rewards, response_mask)
+    groups = _Groups.of(group_ids, scores.device)
+    centered = groups.centered(scores)
+    if params.scale == "none":
+        advantage = centered
+    else:
+        if params.scale == "group":
+            std = groups.std(centered)
+        else:  # "batch": unbiased std of all B scores (0 when B < 2), as TRL
+            batch_std = masked_var(scores, torch.ones_like(scores)).sqrt()
+            std = torch.where(groups.size > 1, batch_std, torch.ones_like(scores))
+        advantage = centered / (std + params.epsilon)
+    advantages = _broadcast(advantage, response_mask, token_rewards.dtype)
+    return advantages, advantages
+
+
+@torch.no_grad()
+def dr_grpo(token_rewards: torch.Tensor, response_mask: torch.Tensor, group_ids: torch.Tensor,
+            values: Optional[torch.Tensor], baseline_scores: Optional[torch.Tensor]
+            ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dr. GRPO advantages (Liu et al. 2025, arXiv:2503.20783): A_i = s_i − mean_g(s).
+
+    No std division; broadcast over valid tokens; returns = advantages. A group of size 1
+    has mean 0. verl: ``compute_grpo_outcome_advantage(norm_adv_by_std_in_grpo=False)``.
+    Shapes: ``(B, T)`` in and out.
+    """
+    scores = _scores64(token_rewards, response_mask)
+    centered = _Groups.of(group_ids, scores.device).centered(scores)
+    advantages = _broadcast(centered, response_mask, token_rewards.dtype)
+    return advantages, advantages
+
+
+@torch.no_grad()
+def rloo(token_rewards: torch.Tensor, response_mask: torch.Tensor, group_ids: torch.Tensor,
+         values: Optional[torch.Tensor], baseline_scores: Optional[torch.Tensor]
+         ) -> tuple[torch.Tensor, torch.Tensor]:
+    """REINFORCE leave-one-out (Ahmadian et al. 2024, arXiv:2402.14740).
+
+    A_i = s_i − (1/(n−1))·Σ_{j≠i in g} s_j = n/(n−1)·(s_i − mean_g(s)); a group of
+    size 1 keeps its raw score. Broadcast over valid tokens; returns = advantages. verl
+    ``compute_rloo_outcome_advantage``. Shapes: ``(B, T)`` in and out.
+    """
+    scores = _scores64(token_rewards, response_mask)
+    groups = _Groups.of(group_ids, scores.device)
+    centered = groups.centered(scores)
+    n = groups.size
+    advantage = torch.where(n > 1, centered * n / (n - 1).clamp(min=1), scores)
+    advantages = _broadcast(advantage, response_mask, token_rewards.dtype)
+    return advantages, advantages
+
+
+@torch.no_grad()
+def reinforce_pp(token_rewards: torch.Tensor, response_mask: torch.Tensor, group_ids: torch.Tensor,
+                 values: Optional[torch.Tensor], baseline_scores: Optional[torch.Tensor],
+                 params: Optional[ReinforcePPParams] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """REINFORCE++ (Hu 2025, arXiv:2501.03262): whitened returns-to-go.
+
+    G_t = Σ_{k≥t} γ^{k−t} r_k over the valid tokens (see :func:`returns_to_go`), then
+    A = whiten(G) over the valid tokens of the batch; returns = G (before whitening).
+    verl ``compute_reinforce_plus_plus_outcome_advantage``. Shapes: ``(B, T)`` in and out.
+    """
+    params = params or ReinforcePPParams()
+    returns = returns_to_go(token_rewards, response_mask, params.gamma)
+    return masked_whiten(returns, response_mask), returns
+
+
+@torch.no_grad()
+def reinforce_pp_baseline(token_rewards: torch.Tensor, response_mask: torch.Tensor,
+                          group_ids: torch.Tensor, values: Optional[torch.Tensor],
+                          baseline_scores: Optional[torch.Tensor]
+                          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """REINFORCE++ with a group baseline (Hu 2025, arXiv:2501.03262).
+
+    A = whiten(s_i − mean_g(s) broadcast over valid tokens) over the valid tokens of the
+    batch (a group of size 1 has mean 0); returns = advantages. verl
+    ``compute_reinforce_plus_plus_baseline_outcome_advantage``. Shapes: ``(B, T)``.
+    """
+    scores = _scores64(token_rewards, response_mask)
+    centered = _Groups.of(group_ids, scores.device).centered(scores)
+    centered = _broadcast(centered, response_mask, token_rewards.dtype)
+    advantages = masked_whiten(centered, response_mask)
+    return advantages, advantages
+
+
+@torch.no_grad()
+def remax(token_rewards: torch.Tensor, response_mask: torch.Tensor, group_ids: torch.Tensor,
+          values: Optional[torch.Tensor], baseline_scores: Optional[torch.Tensor]
+          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """ReMax (Li et al. 2023, arXiv:2310.10505): A_t = G_t − b_i.
+
+    G_t the undiscounted returns-to-go over the valid tokens, b_i = ``baseline_scores[i]``
+    the score of the greedy completion of the same prompt; returns = G. verl
+    ``compute_remax_outcome_advantage``. Shapes: ``(B, T)`` in and out, ``baseline_scores``
+    ``(B,)``.
+
+    :raises ValueError: ``baseline_scores`` is ``None`` (remax needs greedy rollouts).
+    """
+    if baseline_scores is None:
+        raise ValueError("advantage 'remax' needs baseline_scores, the scores of greedy "
+                         "completions (needs=('greedy',)); got None")
+    returns = returns_to_go(token_rewards, response_mask, 1.0)
+    baseline = torch.as_tensor(baseline_scores, device=returns.device).reshape(-1)
+    baseline = _broadcast(baseline, response_mask, returns.dtype)
+    advantages = torch.where(response_mask.bool(), returns - baseline, torch.zeros_like(returns))
+    return advantages, returns
+
+
+@torch.no_grad()
+def opo(token_rewards: torch.Tensor, response_mask: torch.Tensor, group_ids: torch.Tensor,
+        values: Optional[torch.Tensor], baseline_scores: Optional[torch.Tensor]
+        ) -> tuple[torch.Tensor, torch.Tensor]:
+    """On-policy RL with the optimal (length-weighted) baseline (Hao et al. 2025,
+    arXiv:2505.23585).
+
+    b_g = Σ_{j in g} |o_j|·s_j / Σ_{j in g} |o_j| with |o_j| the number of valid tokens;
+    A_i = s_i − b_g(i), broadcast over valid tokens; returns = advantages. A group of size
+    1 (or whose responses are all empty) has b = 0, as verl
+    ``compute_opo_outcome_advantage``. Shapes: ``(B, T)`` in and out.
+    """
+    scores = _scores64(token_rewards, response_mask)
+    groups = _Groups.of(group_ids, scores.device)
+    lengths = response_mask.sum(-1).double()
+    weight = groups.total(lengths)
+    # shifted by the group minimum so that all-equal scores give exactly 0
+    shift = groups.min(scores)
+    baseline = shift + groups.total(lengths * (scores - shift)) / weight.clamp(min=1)
+    use_baseline = (groups.size > 1) & (weight > 0)
+    advantage = torch.where(use_baseline, scores - baseline, scores)
+    advantages = _broadcast(advantage, response_mask, token_rewards.dtype)
+    return advantages, advantages
+
+
+@torch.no_grad()
+def grpo_passk(token_rewards: torch.Tensor, response_mask: torch.Tensor, group_ids: torch.Tensor,
+               values: Optional[torch.Tensor], baseline_scores: Optional[torch.Tensor],
+               params: Optional[GRPOPassKParams] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pass@k-style GRPO (arXiv:2503.19595): only the best response of each group learns.
+
+    For each group: the best response (the first index among equal maxima) gets
+    A = r_max − r_second (÷ (unbiased group std + ε) when ``norm_by_std``); every other
+    response gets 0. Broadcast over valid tokens; returns = advantages. verl
+    ``compute_grpo_passk_outcome_advantage`` raises for a group of size 1; here such a
+    group gets advantage 0 (there is no second response to compare with).
+    Shapes: ``(B, T)`` in and out.
+    """
+    params = params or GRPOPassKParams()
+    scores = _scores64(token_rewards, response_mask)
+    groups = _Groups.of(group_ids, scores.device)
+    batch = scores.numel()
+    index = torch.arange(batch, device=scores.device, dtype=torch.float64)
+    best_score = groups.max(scores)
+    # first index among the group's maxima: min over members of (index if at max else B)
+    best_index = groups.min(torch.where(scores == best_score, index, torch.full_like(index, batch)))
+    is_best = index == best_index
+    second = groups.max(torch.where(is_best, torch.full_like(scores, -torch.inf), scores))
+    gap = torch.where(groups.size > 1, best_score - second, torch.zeros_like(scores))
+    if params.norm_by_std:
+        gap = gap / (groups.std(groups.centered(scores)) + params.epsilon)
+    advantage = torch.where(is_best & (groups.size > 1), gap, torch.zeros_like(gap))
+    advantages = _broadcast(advantage, response_mask, token_rewards.dtype)
+    return advantages, advantages
+
+
+@torch.no_grad()
+def gpg(token_rewards: torch.Tensor, response_mask: torch.Tensor, group_ids: torch.Tensor,
+        values: Optional[torch.Tensor], baseline_scores: Optional[torch.Tensor]
+        ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Group Policy Gradient advantages (Chu et al. 2025, arXiv:2504.02546).
+
+    A_i = α·(s_i − mean_g(s)) with α = B / #{i: s_i ≠ 0} (α = 1 when every score is 0),
+    F_norm = 1; a group of size 1 has mean 0. Broadcast over valid tokens; returns =
+    advantages. Follows verl ``compute_gpg_outcome_advantage`` (``count_nonzero(scores)``);
+    the paper's α = B/(B − M) counts instead the M samples whose advantage is 0 (groups
+    with all-equal rewards). Shapes: ``(B, T)`` in and out.
+    """
+    scores = _scores64(token_rewards, response_mask)
+    nonzero = torch.count_nonzero(scores)
+    alpha = torch.where(nonzero > 0, scores.numel() / nonzero.clamp(min=1).double(),
+                        torch.ones((), dtype=torch.float64, device=scores.device))
+    centered = _Groups.of(group_ids, scores.device).centered(scores)
+    advantages = _broadcast(alpha * centered, response_mask, token_rewards.dtype)
+    return advantages, advantages
+
+
+# -------------------------------------------------------------------------- registration
+
+
+@hookimpl
+def rlzoo_register_advantage_estimators(register) -> None:
+    register("gae", gae, params=GAEParams, needs=("critic",), paper="arXiv:1506.02438",
+             description="generalised advantage estimation with a critic, whitened (PPO)")
+    register("grpo", grpo, params=GRPOParams, needs=("groups",), paper="arXiv:2402.03300",
+             description="(s − group mean) / (group std + ε), broadcast over tokens")
+    register("dr_grpo", dr_grpo, needs=("groups",), paper="arXiv:2503.20783",
+             description="s − group mean, no std division (Dr. GRPO)")
+    register("rloo", rloo, needs=("groups",), paper="arXiv:2402.14740",
+             description="s − mean of the other n−1 scores of the group (leave-one-out)")
+    register("reinforce_pp", reinforce_pp, params=ReinforcePPParams,
+             aliases=("reinforce_plus_plus",), paper="arXiv:2501.03262",
+             description="returns-to-go whitened over the batch (REINFORCE++)")
+    register("reinforce_pp_baseline", reinforce_pp_baseline, needs=("groups",),
+             aliases=("reinforce_plus_plus_baseline",), paper="arXiv:2501.03262",
+             description="s − group mean, whitened over the batch (REINFORCE++ baseline)")
+    register("remax", remax, needs=("greedy",), paper="arXiv:2310.10505",
+             description="returns-to-go minus the greedy completion's score (ReMax)")
+    register("opo", opo, needs=("groups",), paper="arXiv:2505.23585",
+             description="s − length-weighted group mean (optimal baseline)")
+    register("grpo_passk", grpo_passk, params=GRPOPassKParams, needs=("groups",),
+             paper="arXiv:2503.19595",
+             description="only each group's best response learns: r_max − r_second (÷ std)")
+    register("gpg", gpg, needs=("groups",), paper="arXiv:2504.02546",
+             description="α·(s − group mean), α = B / #non-zero scores (GPG)")
