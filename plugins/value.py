@@ -67,7 +67,9 @@ def clipped_value_loss(
     v_old = torch.where(valid, old_values.detach(), zeros)
     ret = torch.where(valid, returns.detach(), zeros)
     eps = params.clip_range
-    v_clipped = v_old + torch.clamp(v - v_old, min=-eps, max=eps)
+    delta = v - v_old
+    # inside the range V itself (not V_old + (V - V_old), which rounds differently)
+    v_clipped = torch.where(delta.abs() <= eps, v, v_old + torch.clamp(delta, min=-eps, max=eps))
     loss_unclipped = (v - ret).square()
     loss_clipped = (v_clipped - ret).square()
     loss = 0.5 * torch.maximum(loss_unclipped, loss_clipped)
