@@ -179,7 +179,10 @@ class Registry:
         component = self._owner(kind, str(name))
         if component is None:
             choices = self.names(kind, aliases=True)
-            listed = ", ".join(self.names(kind)) or "(none registered)"
+            listed = ", ".join(
+                f"{c.name} [{', '.join(c.aliases)}]" if c.aliases else c.name
+                for c in sorted(self._components[kind].values(), key=lambda c: c.name)
+            ) or "(none registered)"
             raise UnknownComponentError(
                 f"unknown {kind} {name!r}; registered: {listed}.{did_you_mean(name, choices)}"
             )
