@@ -316,7 +316,14 @@ def load_config(
     cli_layer = parse_overrides(overrides or [])
     resume = cli_layer.get("resume", file_layer.get("resume"))
     if base is None and resume:
-        base = _read_yaml(Path(str(resume)) / "config.yaml", f"resume={resume}: run config")
+        from rlzoo.checkpoint import latest_checkpoint
+
+        run_dir = Path(str(resume))
+        if not (run_dir / "config.yaml").is_file():
+            raise ConfigError(f"resume={resume!r} is not a run directory (no config.yaml)")
+        if latest_checkpoint(run_dir) is None:
+            raise ConfigError(f"resume={resume!r}: no checkpoint found in {run_dir / 'checkpoints'}")
+        base = _read_yaml(run_dir / "config.yaml", f"resume={resume}: run config")
         base["resume"] = str(resume)
     defaults = base if base is not None else _read_yaml(default_config_path(), "default config")
 

@@ -43,8 +43,11 @@ class Tracker:
         self.writer = SummaryWriter(log_dir=log_dir, purge_step=purge_step)
 
     def log_hparams(self, cfg: DictConfig) -> None:
-        exp, ssi, sei = hparams(flatten_config(cfg), {tag: 0.0 for tag in HPARAM_METRICS})
-        for summary in (exp, ssi, sei):
+        """Write the run's session summaries. No explicit experiment summary: TensorBoard
+        then infers the experiment over all runs under its logdir, including which
+        hyperparameters differ between them (what the HParams dashboard is for)."""
+        _, session_start, session_end = hparams(flatten_config(cfg), {tag: 0.0 for tag in HPARAM_METRICS})
+        for summary in (session_start, session_end):
             self.writer.file_writer.add_summary(summary)
 
     def log_scalars(self, step: int, metrics: dict[str, float]) -> None:

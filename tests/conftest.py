@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import textwrap
+import uuid
 from pathlib import Path
 
 import pytest
@@ -22,10 +23,8 @@ def registry():
 @pytest.fixture
 def plugin_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """Write a Python module into a temp dir on sys.path; returns its import name."""
-    counter = iter(range(10_000))
-
     def write(source: str, name: str | None = None) -> str:
-        name = name or f"rlzoo_test_plugin_{next(counter)}"
+        name = name or f"rlzoo_test_plugin_{uuid.uuid4().hex[:12]}"   # unique: sys.modules caches
         (tmp_path / f"{name}.py").write_text(textwrap.dedent(source))
         monkeypatch.syspath_prepend(str(tmp_path))
         return name
