@@ -44,6 +44,7 @@ class ModelConfig:
     num_kv_heads: int = MISSING
     dtype: str = MISSING
     gradient_checkpointing: bool = MISSING
+    chat_template: Optional[bool] = MISSING
 
 
 @dataclass

@@ -208,8 +208,20 @@ class Trainer:
 
     # -------------------------------------------------------------- rollout and scoring
 
+    def format_prompt(self, prompt: str) -> str:
+        """The prompt as the model sees it: a user turn of the tokenizer's chat template
+        when ``model.chat_template`` is true (or null and the tokenizer has one)."""
+        mode = self.cfg.model.chat_template
+        has_template = bool(getattr(self.tokenizer, "chat_template", None))
+        if mode is True and not has_template:
+            raise ConfigError("model.chat_template=true but the tokenizer has no chat template")
+        if mode is False or not has_template:
+            return prompt
+        return self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
+                                                  tokenize=False, add_generation_prompt=True)
+
     def _encode(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
-        ids = [self.tokenizer(p, add_special_tokens=False).input_ids for p in prompts]
+        ids = [self.tokenizer(self.format_prompt(p), add_special_tokens=False).input_ids for p in prompts]
         prompt_ids, prompt_mask = left_pad(ids, self.tokenizer.pad_token_id)
         return prompt_ids.to(self.device), prompt_mask.to(self.device)
 

@@ -249,3 +249,24 @@ def test_sft_writes_a_model_usable_by_train(capsys, tmp_path: Path) -> None:
     assert (out / "model.safetensors").is_file()
     code, err = train(capsys, tmp_path / "r", f"model.path={out}", "trainer.total_steps=1")
     assert code == 0, err
+
+
+def test_chat_template_of_a_local_model_is_applied(capsys, tmp_path: Path) -> None:
+    from rlzoo.config import load_config
+    from rlzoo.models import load_tokenizer
+    from rlzoo.plugins import build_registry, make_plugin_manager
+    from rlzoo.trainer import Trainer
+
+    first = tmp_path / "first"
+    assert train(capsys, first, "trainer.total_steps=1")[0] == 0
+    model_dir = first / "init_model"
+    tokenizer = load_tokenizer(model_dir)
+    tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}={% endfor %}"
+    tokenizer.save_pretrained(model_dir)
+    pm = make_plugin_manager()
+    registry = build_registry(pm)
+    for mode, expected in (("null", "123=="), ("false", "123=")):
+        resolved = load_config(registry, [*TINY, f"model.path={model_dir}", f"model.chat_template={mode}"])
+        assert Trainer(resolved, registry, pm).format_prompt("123=") == expected
+    code, err = train(capsys, tmp_path / "second", f"model.path={model_dir}", "trainer.total_steps=1")
+    assert code == 0, err
