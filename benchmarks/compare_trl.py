@@ -296,7 +296,8 @@ def measure(args: argparse.Namespace, kl: float, model_dir: Path, data: Path) ->
 
 def table(setting: str, results: dict[float, dict[str, dict]]) -> str:
     lines = [f"### {setting}", "",
-             "| KL | system | median s/step | vs TRL | vs floor | peak RSS (MB) | RSS vs TRL | rollout tok/s | update tok/s |",
+             "| KL | system | median s/step | vs TRL | vs floor | peak RSS (MB) | RSS vs TRL "
+             "| rollout tok/s | update tok/s |",
              "|---|---|---|---|---|---|---|---|---|"]
     for kl, summary in results.items():
         trl = summary.get("trl")

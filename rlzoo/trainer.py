@@ -571,7 +571,7 @@ class Trainer:
                 signal.signal(signal.SIGINT, previous)
             self.pm.hook.rlzoo_run_end(ctx=self.ctx, status=status)
             write_status(self.run_dir, status, self.step, cfg.trainer.total_steps)
-            for name, plugin in self.extensions:
+            for _, plugin in self.extensions:
                 self.pm.unregister(plugin)
         if status == "interrupted":
             print(f"rlzoo: checkpoint written at step {self.step}; continue with "

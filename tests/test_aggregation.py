@@ -212,7 +212,7 @@ def _expected(mode: str, loss: list[list[float]], mask: list[list[float]], t_max
     """The ALGORITHMS.md formula with plain Python loops."""
     total, tokens, seqs, seq_means = 0.0, 0, 0, 0.0
     for row_loss, row_mask in zip(loss, mask):
-        row_sum = sum(l for l, m in zip(row_loss, row_mask) if m)
+        row_sum = sum(value for value, m in zip(row_loss, row_mask) if m)
         row_tokens = sum(1 for m in row_mask if m)
         total += row_sum
         tokens += row_tokens

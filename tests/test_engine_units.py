@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 from omegaconf import OmegaConf
 
@@ -148,9 +150,9 @@ def test_chunked_head_keeps_memory_sublinear_in_vocab_times_length() -> None:
         hidden = torch.randn(batch, length, hidden_size, requires_grad=True)
         targets = torch.randint(0, vocab, (batch, length))
         mask = torch.ones(batch, length)
-        chunked = _saved_bytes(lambda: token_logprobs(hidden, head, targets, mask, chunk_size=64,
-                                                      with_entropy=True))
-        naive = _saved_bytes(lambda: _naive(hidden, head, targets))
+        chunked = _saved_bytes(partial(token_logprobs, hidden, head, targets, mask, chunk_size=64,
+                                       with_entropy=True))
+        naive = _saved_bytes(partial(_naive, hidden, head, targets))
         figures[(vocab, length)] = (chunked, naive)
     (small_c, small_n), (big_c, big_n) = figures[(1000, 32)], figures[(4000, 128)]
     assert big_n >= 12 * small_n                        # naive: ~linear in V·T (16x)

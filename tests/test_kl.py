@@ -408,10 +408,10 @@ def test_adaptive_controller_params_and_errors(reg) -> None:
     assert component.paper == "arXiv:1909.08593"
     defaults = build_params(component, {})
     assert (defaults.target, defaults.horizon) == (6.0, 10000)
-    for given, message in (({"target": 0.0}, "target must be > 0"), ({"target": -1.0}, "target must be > 0"),
-                           ({"horizon": 0}, "horizon must be > 0"), ({"horizon": -10}, "horizon must be > 0")):
+    for bad, message in (({"target": 0.0}, "target must be > 0"), ({"target": -1.0}, "target must be > 0"),
+                         ({"horizon": 0}, "horizon must be > 0"), ({"horizon": -10}, "horizon must be > 0")):
         with pytest.raises(ConfigError, match=message):
-            build_params(component, given)
+            build_params(component, bad)
     with pytest.raises(ConfigError, match="horizon"):
         build_params(component, {"horizon": "soon"})
     ctrl = component.fn(0.1, defaults)

@@ -35,6 +35,11 @@ def ppo_py(lp, old, a, lo=0.2, hi=0.2, delta=None) -> float:
     return max(-a * unclipped_r, -a * min(max(r, 1 - lo), 1 + hi))
 
 
+def sapo_py(lp, old, a, tau_pos, tau_neg) -> float:
+    tau = tau_pos if a > 0 else tau_neg
+    return -a * (4 / tau) / (1 + math.exp(-tau * (ratio_py(lp, old) - 1)))
+
+
 def random_inputs(seed: int, b: int = 5, t: int = 7):
     gen = torch.Generator().manual_seed(seed)
     old = -torch.rand(b, t, generator=gen, dtype=torch.float64) * 3
@@ -204,8 +209,7 @@ def test_clip_cov_detaches_only_covariance_candidates() -> None:
     ("cispo", {"clip_low": 0.5, "clip_high": 0.2},
      lambda lp, o, a: -min(max(ratio_py(lp, o), 0.5), 1.2) * a * lp),
     ("vanilla_pg", {}, lambda lp, o, a: -a * lp),
-    ("sapo", {"tau_pos": 1.0, "tau_neg": 2.0},
-     lambda lp, o, a: -a * (4 / (1.0 if a > 0 else 2.0)) / (1 + math.exp(-(1.0 if a > 0 else 2.0) * (ratio_py(lp, o) - 1)))),
+    ("sapo", {"tau_pos": 1.0, "tau_neg": 2.0}, lambda lp, o, a: sapo_py(lp, o, a, 1.0, 2.0)),
 ])
 def test_token_losses_match_per_element_formula(seed: int, name: str, params: dict, formula) -> None:
     logp, old, adv, mask = random_inputs(seed)
