@@ -170,7 +170,7 @@ def test_estimators_finite_and_signs(x: float, base: float) -> None:
     with torch.no_grad():
         assert float(kl_module.kl_abs(logp, ref)) >= 0
         assert float(kl_module.kl_k2(logp, ref)) >= 0
-        assert 0 <= float(kl_module.kl_k3(logp, ref)) <= 10
+        assert -1e-6 <= float(kl_module.kl_k3(logp, ref)) <= 10   # >= 0 up to float32 rounding
 
 
 @pytest.mark.parametrize("name", ESTIMATORS)
