@@ -131,7 +131,7 @@ def table(groups: list[Group], threshold: float) -> str:
         lines.append(
             f"| {group.label} | {len(group.runs)} | {_mean_std([r.final_reward for r in group.runs])} | "
             f"{_mean_std([r.best_reward for r in group.runs])} | {steps} | "
-            f"{_mean_std([r.wall_s for r in group.runs]).split(' ±')[0]} | "
+            f"{np.mean([r.wall_s for r in group.runs]):.0f} | "
             f"{np.mean([r.tokens_per_s for r in group.runs]):.0f} |"
         )
     return "\n".join(lines)
