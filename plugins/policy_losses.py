@@ -1,13 +1,23 @@
-"""Policy losses: per-token surrogate losses, aggregated by the engine with ``loss_agg``.
+"""Policy losses: per-token surrogate losses; the engine aggregates them with ``loss_agg``.
 
-Every loss takes ``(logp, old_logp, advantages, response_mask)``, all ``(B, T)``, with the
-gradient flowing through ``logp`` only, and returns the per-token loss ``(B, T)`` (zero on
-padding) and detached scalar metrics: ``clipfrac`` (share of valid tokens where clipping
-changed the loss), ``approx_kl`` (masked mean of old_logp − logp) and loss-specific ones.
-The ratio is ρ = exp(logp − old_logp) with the log-ratio clamped to [−20, 20]
-(ALGORITHMS.md). Formulas follow ALGORITHMS.md and verl's ``core_algos.py``
-(``compute_policy_loss_vanilla``, ``_gspo``, ``_geo_mean``, ``_clip_cov``, ``_kl_cov``);
-docs/algorithms/policy_losses.md gives each with its paper.
+Formulas: ../docs/algorithms/policy_losses.md (from ALGORITHMS.md "Policy losses", following
+verl ``verl/trainer/ppo/core_algos.py``: ``compute_policy_loss_vanilla``, ``_gspo``,
+``_gpg``, ``_clip_cov``, ``_kl_cov``, ``_geo_mean``, ``_sapo``, ``_cispo``).
+
+Every loss is called as ``fn(logp, old_logp, advantages, response_mask, params=...)``, all
+``(B, T)``, and returns ``(loss, metrics)``:
+
+- ``loss``: the per-token loss ``(B, T)``, exactly 0 on padding, *not* aggregated;
+- ``metrics``: detached scalar tensors, masked means over the valid tokens: ``clipfrac``
+  (share of valid tokens where clipping changed the loss), ``approx_kl`` (mean of
+  ``old_logp − logp``) and loss-specific extras.
+
+The gradient flows through ``logp`` only: ``old_logp`` and ``advantages`` are detached here
+whatever the caller passes. Padded positions are replaced by 0 before any arithmetic, so
+NaN/inf there can reach neither a valid output nor a gradient. Every importance ratio is
+``_ratio(log_ratio) = exp(clamp(log_ratio, −20, 20))`` (ALGORITHMS.md; as verl's
+``compute_policy_loss_vanilla``), for token ratios and for the sequence ratios of GSPO and
+GMPO alike.
 """
 
 from __future__ import annotations
@@ -18,398 +28,548 @@ from typing import Optional
 import torch
 
 from rlzoo import hookimpl
-from rlzoo.masked import masked_mean, masked_sum
+from rlzoo.masked import masked_mean
 
 RLZOO_API_VERSION = "1"
+
 LOG_RATIO_CLAMP = 20.0
+"""|log ρ| is clamped to this before exp: ρ ∈ [e^−20, e^20], finite in float32 and bf16."""
 
 Metrics = dict[str, torch.Tensor]
 
 
-def _log_ratio(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """logp − old_logp clamped to [−20, 20]; 0 on padding (so garbage there cannot leak)."""
-    diff = (logp - old_logp.detach()).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-    return torch.where(mask.bool(), diff, torch.zeros_like(diff))
+# ---------------------------------------------------------------------------- shared pieces
 
 
-def _valid(loss: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    return torch.where(mask.bool(), loss, torch.zeros_like(loss))
+def _ratio(log_ratio: torch.Tensor) -> torch.Tensor:
+    """ρ = exp(clamp(log_ratio, −20, 20)): the one importance-ratio helper of this module.
+
+    Outside the clamp range the gradient is 0 (the clamp is flat there), as in verl.
+    """
+    return torch.exp(log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
+
+
+def _prepare(
+    logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, response_mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(logp, old_logp, advantages, valid, mask) with padding zeroed and the inputs detached.
+
+    ``logp`` keeps its gradient at valid positions (``where`` sends 0 to padding);
+    ``old_logp`` and ``advantages`` are detached. ``valid`` is the boolean mask, ``mask``
+    the same as a float tensor of ``logp``'s dtype for the masked reductions.
+    """
+    valid = response_mask.bool()
+    logp = torch.where(valid, logp, torch.zeros_like(logp))
+    old_logp = torch.where(valid, old_logp.detach(), torch.zeros_like(old_logp))
+    advantages = torch.where(valid, advantages.detach(), torch.zeros_like(advantages))
+    return logp, old_logp, advantages, valid, valid.to(logp.dtype)
+
+
+def _on_valid(loss: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """``loss`` on valid tokens, exactly 0 on padding."""
+    return torch.where(valid, loss, torch.zeros_like(loss))
 
 
 def _share(condition: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    return masked_mean(condition.float(), mask).detach()
+    """Detached share of valid tokens where ``condition`` holds (0 for an empty mask)."""
+    return masked_mean(condition.to(mask.dtype), mask).detach()
 
 
-def _approx_kl(log_ratio: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    return masked_mean(-log_ratio, mask).detach()
+def _approx_kl(logp: torch.Tensor, old_logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Detached masked mean of ``old_logp − logp`` (verl's ``ppo_kl``)."""
+    return masked_mean(old_logp - logp, mask).detach()
 
 
-def _check_clip(params: object) -> None:
-    low, high = params.clip_low, params.clip_high  # type: ignore[attr-defined]
-    if not 0 < low <= 1:
-        raise ValueError(f"clip_low must be in (0, 1], got {low}")
-    if high <= 0:
-        raise ValueError(f"clip_high must be > 0, got {high}")
+def _clipped_surrogate(
+    ratio: torch.Tensor,
+    advantages: torch.Tensor,
+    clip_low: float,
+    clip_high: float,
+    delta: Optional[float] = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO surrogate max(−A·ρ', −A·clip(ρ, 1 − ε_low, 1 + ε_high)) and where the clip won.
 
-
-def _clipped_surrogate(ratio: torch.Tensor, advantages: torch.Tensor, clip_low: float,
-                       clip_high: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """(max(−A·ρ, −A·clip(ρ)), clipped) — the PPO surrogate and where the clip won."""
-    unclipped = -advantages * ratio
+    ρ' = ρ, or min(ρ, δ) where A < 0 when ``delta`` is given (INTELLECT-2). "Won" is
+    verl's ``pg_losses2 > pg_losses1``: the clipped term is strictly larger, so the loss
+    differs from the unclipped one (and its gradient through ρ is 0).
+    """
+    unclipped_ratio = ratio
+    if delta is not None:
+        unclipped_ratio = torch.where(advantages < 0, ratio.clamp(max=delta), ratio)
+    unclipped = -advantages * unclipped_ratio
     clipped = -advantages * ratio.clamp(1 - clip_low, 1 + clip_high)
     return torch.maximum(unclipped, clipped), clipped > unclipped
 
 
-# ------------------------------------------------------------------------------ ppo_clip
+def _check_ppo_clip_range(clip_low: float, clip_high: float) -> None:
+    if not 0 < clip_low < 1:
+        raise ValueError(f"clip_low must be in (0, 1), got {clip_low}")
+    if not clip_high > 0:
+        raise ValueError(f"clip_high must be > 0, got {clip_high}")
+
+
+def _centred_covariance(advantages: torch.Tensor, logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """(A − mean A)·(logp − mean logp) per token, means over the valid tokens; detached.
+
+    The token-level covariance term of Cui et al. 2025 (arXiv:2505.22617), as verl's
+    ``compute_policy_loss_clip_cov`` / ``_kl_cov`` compute it (means over the whole
+    (micro-)batch given to the loss).
+    """
+    adv, lp = advantages.detach(), logp.detach()
+    return (adv - masked_mean(adv, mask)) * (lp - masked_mean(lp, mask))
+
+
+# ---------------------------------------------------------------------------- ppo_clip
 
 
 @dataclass
 class PPOClipParams:
+    """Parameters of ``ppo_clip``."""
+
     clip_low: float = 0.2
-    """ε_low: the ratio is clipped below at 1 − ε_low, in (0, 1]."""
+    """ε_low: ρ is clipped below at 1 − ε_low; in (0, 1)."""
     clip_high: float = 0.2
-    """ε_high: clipped above at 1 + ε_high (> ε_low is DAPO's clip-higher)."""
+    """ε_high: ρ is clipped above at 1 + ε_high; > 0 (ε_high > ε_low is DAPO's clip-higher)."""
     delta: Optional[float] = None
-    """INTELLECT-2 two-sided clip: for A < 0 the ratio is also capped at δ (> 1 + ε_high)."""
+    """INTELLECT-2 two-sided clip: for A < 0 the unclipped ratio is capped at δ; > 1 + clip_high."""
 
     def __post_init__(self) -> None:
-        _check_clip(self)
-        if self.delta is not None and self.delta <= 1 + self.clip_high:
+        _check_ppo_clip_range(self.clip_low, self.clip_high)
+        if self.delta is not None and not self.delta > 1 + self.clip_high:
             raise ValueError(f"delta must be > 1 + clip_high = {1 + self.clip_high}, got {self.delta}")
 
 
-def ppo_clip(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
-             response_mask: torch.Tensor, params: Optional[PPOClipParams] = None
-             ) -> tuple[torch.Tensor, Metrics]:
+def ppo_clip(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    params: Optional[PPOClipParams] = None,
+) -> tuple[torch.Tensor, Metrics]:
     """PPO clipped surrogate: L = max(−A·ρ, −A·clip(ρ, 1 − ε_low, 1 + ε_high)).
 
-    With ``delta``: for A < 0 the unclipped term uses min(ρ, δ), bounding the loss of a
-    token whose ratio explodes (INTELLECT-2, arXiv:2505.07291). Shapes ``(B, T)``.
-    Schulman et al. 2017 (arXiv:1707.06347); verl ``compute_policy_loss_vanilla``.
+    With ``delta`` (INTELLECT-2, arXiv:2505.07291, as TRL's ``GRPOConfig.delta``): the
+    unclipped term uses min(ρ, δ), which for A < 0 caps the loss at −A·δ (for A > 0 it
+    changes nothing because δ > 1 + ε_high). Schulman et al. 2017 (arXiv:1707.06347);
+    clip-higher: DAPO (arXiv:2503.14476); verl ``compute_policy_loss_vanilla``.
+
+    :param logp: ``(B, T)`` log-probs of the sampled tokens under the trained policy.
+    :param old_logp: ``(B, T)`` log-probs under the rollout policy (no gradient).
+    :param advantages: ``(B, T)`` advantages (no gradient).
+    :param response_mask: ``(B, T)``, 1 on valid tokens.
+    :return: loss ``(B, T)``; metrics ``clipfrac``, ``approx_kl`` and, with ``delta``,
+        ``clipfrac_delta`` (share of valid tokens where the δ cap was active).
     """
     params = params or PPOClipParams()
-    advantages = advantages.detach()
-    log_ratio = _log_ratio(logp, old_logp, response_mask)
-    ratio = torch.exp(log_ratio)
+    logp, old_logp, advantages, valid, mask = _prepare(logp, old_logp, advantages, response_mask)
+    ratio = _ratio(logp - old_logp)
+    loss, clipped = _clipped_surrogate(ratio, advantages, params.clip_low, params.clip_high,
+                                       params.delta)
+    metrics = {"clipfrac": _share(clipped, mask), "approx_kl": _approx_kl(logp, old_logp, mask)}
     if params.delta is not None:
-        ratio = torch.where(advantages < 0, ratio.clamp(max=params.delta), ratio)
-    loss, clipped = _clipped_surrogate(ratio, advantages, params.clip_low, params.clip_high)
-    return _valid(loss, response_mask), {
-        "clipfrac": _share(clipped, response_mask),
-        "approx_kl": _approx_kl(log_ratio, response_mask),
-    }
+        metrics["clipfrac_delta"] = _share((advantages < 0) & (ratio > params.delta), mask)
+    return _on_valid(loss, valid), metrics
 
 
-# ------------------------------------------------------------------------------ dual_clip
+# ---------------------------------------------------------------------------- dual_clip
 
 
 @dataclass
 class DualClipParams:
+    """Parameters of ``dual_clip``."""
+
     clip_low: float = 0.2
+    """ε_low; in (0, 1)."""
     clip_high: float = 0.2
+    """ε_high; > 0."""
     clip_ratio_c: float = 3.0
     """c: for A < 0 the loss is at most −c·A; must be > 1."""
 
     def __post_init__(self) -> None:
-        _check_clip(self)
-        if self.clip_ratio_c <= 1:
+        _check_ppo_clip_range(self.clip_low, self.clip_high)
+        if not self.clip_ratio_c > 1:
             raise ValueError(f"clip_ratio_c must be > 1, got {self.clip_ratio_c}")
 
 
-def dual_clip(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
-              response_mask: torch.Tensor, params: Optional[DualClipParams] = None
-              ) -> tuple[torch.Tensor, Metrics]:
-    """Dual-clip PPO: for A < 0, min(ppo_clip, −c·A); for A ≥ 0, ppo_clip.
+def dual_clip(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    params: Optional[DualClipParams] = None,
+) -> tuple[torch.Tensor, Metrics]:
+    """Dual-clip PPO: L = min(ppo_clip, −c·A) for A < 0; L = ppo_clip for A ≥ 0.
 
     Ye et al. 2019 (arXiv:1912.09729); verl ``compute_policy_loss_vanilla`` with
-    ``clip_ratio_c``. Metric ``clipfrac_lower``: share of valid tokens where the −c·A
-    bound was active. Shapes ``(B, T)``.
+    ``clip_ratio_c``. All tensors ``(B, T)``.
+
+    :return: loss ``(B, T)``; metrics ``clipfrac`` (the ε clip), ``clipfrac_lower`` (share
+        of valid tokens with A < 0 where the −c·A bound was active, verl's
+        ``pg_clipfrac_lower``) and ``approx_kl``.
     """
     params = params or DualClipParams()
-    advantages = advantages.detach()
-    log_ratio = _log_ratio(logp, old_logp, response_mask)
-    ratio = torch.exp(log_ratio)
-    clip_loss, clipped = _clipped_surrogate(ratio, advantages, params.clip_low, params.clip_high)
-    lower_bound = -advantages * params.clip_ratio_c
-    lower_active = (clip_loss > lower_bound) & (advantages < 0)
-    loss = torch.where(advantages < 0, torch.minimum(clip_loss, lower_bound), clip_loss)
-    return _valid(loss, response_mask), {
-        "clipfrac": _share(clipped, response_mask),
-        "clipfrac_lower": _share(lower_active, response_mask),
-        "approx_kl": _approx_kl(log_ratio, response_mask),
+    logp, old_logp, advantages, valid, mask = _prepare(logp, old_logp, advantages, response_mask)
+    ratio = _ratio(logp - old_logp)
+    ppo_loss, clipped = _clipped_surrogate(ratio, advantages, params.clip_low, params.clip_high)
+    lower_bound = -params.clip_ratio_c * advantages
+    negative = advantages < 0
+    loss = torch.where(negative, torch.minimum(ppo_loss, lower_bound), ppo_loss)
+    return _on_valid(loss, valid), {
+        "clipfrac": _share(clipped, mask),
+        "clipfrac_lower": _share(negative & (ppo_loss > lower_bound), mask),
+        "approx_kl": _approx_kl(logp, old_logp, mask),
     }
 
 
-# ------------------------------------------------------------------------------ gspo
+# ---------------------------------------------------------------------------- gspo
 
 
 @dataclass
 class GSPOParams:
+    """Parameters of ``gspo`` (the paper's clip ranges are tiny: sequence ratios stay near 1)."""
+
     clip_low: float = 3e-4
+    """ε_low on the sequence ratio; in (0, 1)."""
     clip_high: float = 4e-4
+    """ε_high on the sequence ratio; > 0."""
 
     def __post_init__(self) -> None:
-        _check_clip(self)
+        _check_ppo_clip_range(self.clip_low, self.clip_high)
 
 
-def gspo(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
-         response_mask: torch.Tensor, params: Optional[GSPOParams] = None
-         ) -> tuple[torch.Tensor, Metrics]:
-    """GSPO: PPO clipping of the sequence ratio s_i = exp(mean_t(logp − old_logp)).
+def gspo(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    params: Optional[GSPOParams] = None,
+) -> tuple[torch.Tensor, Metrics]:
+    """GSPO: PPO clipping of the length-normalised sequence ratio.
 
-    The per-token ratio is s_{i,t} = exp(sg(log s_i) + logp_t − sg(logp_t)): its value is
-    the sequence ratio and its gradient flows through each token. The exponent is capped
-    at 10 as in verl ``compute_policy_loss_gspo``. Zheng et al. 2025 (arXiv:2507.18071).
-    Registered with ``loss_agg="seq-mean-token-mean"``. Shapes ``(B, T)``.
+    log s_i = masked mean over t of (logp − old_logp); per token
+    s_{i,t} = exp(sg(log s_i) + logp_t − sg(logp_t)): its value is s_i, its gradient
+    s_i·∇logp_t; L = max(−A·s_{i,t}, −A·clip(s_{i,t}, 1 − ε_low, 1 + ε_high)).
+    Zheng et al. 2025 (arXiv:2507.18071); verl ``compute_policy_loss_gspo`` (same
+    ordering ``logp − sg(logp) + sg(log s_i)``; verl caps the exponent at 10 above, rlzoo
+    clamps it to ±20 with ``_ratio`` like every other ratio). Registered with
+    ``loss_agg="seq-mean-token-mean"``. All tensors ``(B, T)``.
     """
     params = params or GSPOParams()
-    advantages = advantages.detach()
-    log_ratio = _log_ratio(logp, old_logp, response_mask)
-    lengths = response_mask.sum(-1, keepdim=True).clamp(min=1)
-    seq_log_ratio = masked_sum(log_ratio, response_mask, dim=-1).unsqueeze(-1) / lengths
-    safe_logp = torch.where(response_mask.bool(), logp, torch.zeros_like(logp))
-    token_log_ratio = (seq_log_ratio.detach() + safe_logp - safe_logp.detach()).clamp(max=10.0)
-    ratio = torch.exp(token_log_ratio)
+    logp, old_logp, advantages, valid, mask = _prepare(logp, old_logp, advantages, response_mask)
+    seq_log_ratio = masked_mean(logp - old_logp, mask, dim=-1)                  # (B,)
+    token_log_ratio = logp - logp.detach() + seq_log_ratio.detach().unsqueeze(-1)
+    ratio = _ratio(token_log_ratio)
     loss, clipped = _clipped_surrogate(ratio, advantages, params.clip_low, params.clip_high)
-    return _valid(loss, response_mask), {
-        "clipfrac": _share(clipped, response_mask),
-        "approx_kl": _approx_kl(log_ratio, response_mask),
+    return _on_valid(loss, valid), {
+        "clipfrac": _share(clipped, mask),
+        "approx_kl": _approx_kl(logp, old_logp, mask),
     }
 
 
-# ------------------------------------------------------------------------------ cispo
+# ---------------------------------------------------------------------------- cispo
 
 
 @dataclass
 class CISPOParams:
+    """Parameters of ``cispo``: the bounds of the (stop-gradient) IS weight."""
+
     clip_low: float = 1.0
-    """ε_low; 1.0 means no lower bound on the IS weight (as MiniMax-M1)."""
-    clip_high: float = 0.28
-    """ε_high: the IS weight is capped at 1 + ε_high."""
+    """ε_low: weight ≥ 1 − ε_low; in [0, 1]. 1.0 = no lower bound (MiniMax-M1)."""
+    clip_high: float = 4.0
+    """ε_high: weight ≤ 1 + ε_high; > 0. 4.0 caps it at 5 (ScaleRL's ε_max, TRL's recommendation)."""
 
     def __post_init__(self) -> None:
-        _check_clip(self)
+        if not 0 <= self.clip_low <= 1:
+            raise ValueError(f"clip_low must be in [0, 1], got {self.clip_low}")
+        if not self.clip_high > 0:
+            raise ValueError(f"clip_high must be > 0, got {self.clip_high}")
 
 
-def cispo(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
-          response_mask: torch.Tensor, params: Optional[CISPOParams] = None
-          ) -> tuple[torch.Tensor, Metrics]:
+def cispo(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    params: Optional[CISPOParams] = None,
+) -> tuple[torch.Tensor, Metrics]:
     """CISPO: L = −sg(clip(ρ, 1 − ε_low, 1 + ε_high))·A·logp.
 
-    Every token keeps a gradient (REINFORCE through logp), weighted by the clipped,
-    stop-gradient importance ratio. MiniMax-M1 2025 (arXiv:2506.13585). Shapes ``(B, T)``.
+    A REINFORCE loss weighted by the clipped importance weight under a stop-gradient, so
+    every token keeps its gradient −w·A·∇logp (PPO would zero it once clipped). MiniMax-M1
+    2025 (arXiv:2506.13585); verl ``compute_policy_loss_cispo``.
+
+    :return: loss ``(B, T)``; metrics ``clipfrac`` (share of valid tokens whose weight was
+        clipped: ρ outside [1 − ε_low, 1 + ε_high]) and ``approx_kl``.
     """
     params = params or CISPOParams()
-    advantages = advantages.detach()
-    log_ratio = _log_ratio(logp, old_logp, response_mask)
-    ratio = torch.exp(log_ratio)
-    weight = ratio.clamp(1 - params.clip_low, 1 + params.clip_high).detach()
-    safe_logp = torch.where(response_mask.bool(), logp, torch.zeros_like(logp))
-    loss = -weight * advantages * safe_logp
-    clipped = (ratio > 1 + params.clip_high) | (ratio < 1 - params.clip_low)
-    return _valid(loss, response_mask), {
-        "clipfrac": _share(clipped, response_mask),
-        "approx_kl": _approx_kl(log_ratio, response_mask),
+    logp, old_logp, advantages, valid, mask = _prepare(logp, old_logp, advantages, response_mask)
+    ratio = _ratio(logp - old_logp).detach()
+    low, high = 1 - params.clip_low, 1 + params.clip_high
+    weight = ratio.clamp(low, high)
+    loss = -weight * advantages * logp
+    return _on_valid(loss, valid), {
+        "clipfrac": _share((ratio < low) | (ratio > high), mask),
+        "approx_kl": _approx_kl(logp, old_logp, mask),
     }
 
 
-# ------------------------------------------------------------------------------ vanilla_pg
+# ---------------------------------------------------------------------------- vanilla_pg
 
 
-def vanilla_pg(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
-               response_mask: torch.Tensor) -> tuple[torch.Tensor, Metrics]:
-    """On-policy REINFORCE: L = −A·logp (GPG, arXiv:2504.02546). No ratio, no clip."""
-    log_ratio = _log_ratio(logp, old_logp, response_mask)
-    safe_logp = torch.where(response_mask.bool(), logp, torch.zeros_like(logp))
-    loss = -advantages.detach() * safe_logp
-    return _valid(loss, response_mask), {
-        "clipfrac": torch.zeros((), device=logp.device),
-        "approx_kl": _approx_kl(log_ratio, response_mask),
+def vanilla_pg(
+    logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, response_mask: torch.Tensor
+) -> tuple[torch.Tensor, Metrics]:
+    """On-policy REINFORCE: L = −A·logp; no ratio, no clip.
+
+    GPG (arXiv:2504.02546); verl ``compute_policy_loss_gpg``. All tensors ``(B, T)``.
+
+    :return: loss ``(B, T)``; metrics ``clipfrac`` (always 0) and ``approx_kl``.
+    """
+    logp, old_logp, advantages, valid, mask = _prepare(logp, old_logp, advantages, response_mask)
+    return _on_valid(-advantages * logp, valid), {
+        "clipfrac": torch.zeros((), dtype=mask.dtype, device=mask.device),
+        "approx_kl": _approx_kl(logp, old_logp, mask),
     }
 
 
-# ------------------------------------------------------------------------------ geo_mean
+# ---------------------------------------------------------------------------- geo_mean
 
 
 @dataclass
 class GeoMeanParams:
+    """Parameters of ``geo_mean`` (GMPO): clip bounds in log space."""
+
     clip_low: float = 0.4
-    """Log-space clip: the log-ratio is clipped below at −clip_low."""
+    """The token log-ratio is clipped below at −clip_low (for A < 0); > 0."""
     clip_high: float = 0.4
-    """Log-space clip: the log-ratio is clipped above at +clip_high."""
+    """The token log-ratio is clipped above at +clip_high (for A > 0); > 0."""
 
     def __post_init__(self) -> None:
-        if self.clip_low <= 0 or self.clip_high <= 0:
-            raise ValueError(f"clip_low and clip_high must be > 0, got {self.clip_low}, {self.clip_high}")
+        if not self.clip_low > 0:
+            raise ValueError(f"clip_low must be > 0 (a log-ratio bound), got {self.clip_low}")
+        if not self.clip_high > 0:
+            raise ValueError(f"clip_high must be > 0 (a log-ratio bound), got {self.clip_high}")
 
 
-def geo_mean(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
-             response_mask: torch.Tensor, params: Optional[GeoMeanParams] = None
-             ) -> tuple[torch.Tensor, Metrics]:
-    """GMPO: maximise the geometric mean of token ratios, clipped in log space by sign(A).
+def geo_mean(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    params: Optional[GeoMeanParams] = None,
+) -> tuple[torch.Tensor, Metrics]:
+    """GMPO: maximise the geometric mean of the token ratios, clipped in log space.
 
-    r_t = logp − old_logp; r̃_t = sign(A)·min(sign(A)·r_t, sign(A)·clip(r_t, −ε_low, ε_high));
-    ratio_i = exp(mean_t r̃_t); Ā_i = mean_t A; L_i = −Ā_i·ratio_i, written on every valid
-    token of sequence i (so ``seq-mean-token-mean`` gives the mean over sequences).
+    r_t = logp − old_logp; r̃_t = sign(A_t)·min(sign(A_t)·r_t, sign(A_t)·clip(r_t, −ε_low,
+    ε_high)); ratio_i = exp(masked mean_t r̃_t); Ā_i = masked mean_t A_t;
+    L_i = −Ā_i·ratio_i, written on every valid token of sequence i so that
+    ``seq-mean-token-mean`` gives the mean of L_i over the non-empty sequences.
     Zhao et al. 2025 (arXiv:2507.20673); verl ``compute_policy_loss_geo_mean``.
-    Registered with ``loss_agg="seq-mean-token-mean"``. Shapes ``(B, T)``.
+    Registered with ``loss_agg="seq-mean-token-mean"``. Tensors ``(B, T)``.
+
+    :return: loss ``(B, T)``; metrics ``clipfrac`` (share of valid tokens whose log-ratio
+        was replaced by its bound: A > 0 and r > ε_high, or A < 0 and r < −ε_low) and
+        ``approx_kl``.
     """
     params = params or GeoMeanParams()
-    advantages = advantages.detach()
-    log_ratio = _log_ratio(logp, old_logp, response_mask)
+    logp, old_logp, advantages, valid, mask = _prepare(logp, old_logp, advantages, response_mask)
+    log_ratio = logp - old_logp
     sign = torch.sign(advantages)
-    clamped = log_ratio.clamp(-params.clip_low, params.clip_high)
-    pessimistic = sign * torch.minimum(sign * log_ratio, sign * clamped)
-    lengths = response_mask.sum(-1).clamp(min=1)
-    seq_ratio = torch.exp(masked_sum(pessimistic, response_mask, dim=-1) / lengths)
-    seq_advantage = masked_sum(advantages, response_mask, dim=-1) / lengths
+    bounded = log_ratio.clamp(-params.clip_low, params.clip_high)
+    pessimistic = sign * torch.minimum(sign * log_ratio, sign * bounded)
+    seq_ratio = _ratio(masked_mean(pessimistic, mask, dim=-1))                   # (B,)
+    seq_advantage = masked_mean(advantages, mask, dim=-1)                         # (B,)
     per_sequence = -seq_advantage * seq_ratio
-    loss = per_sequence[:, None].expand_as(logp)
-    return _valid(loss, response_mask), {
-        "clipfrac": _share(pessimistic != log_ratio, response_mask),
-        "approx_kl": _approx_kl(log_ratio, response_mask),
+    loss = per_sequence.unsqueeze(-1).expand_as(log_ratio)
+    clipped = ((advantages > 0) & (log_ratio > params.clip_high)) | (
+        (advantages < 0) & (log_ratio < -params.clip_low))
+    return _on_valid(loss, valid), {
+        "clipfrac": _share(clipped, mask),
+        "approx_kl": _approx_kl(logp, old_logp, mask),
     }
 
 
-# ------------------------------------------------------------------------------ sapo
+# ---------------------------------------------------------------------------- sapo
 
 
 @dataclass
 class SAPOParams:
+    """Parameters of ``sapo``: temperatures of the soft gate."""
+
     tau_pos: float = 1.0
-    """Gate temperature for A > 0."""
+    """τ for tokens with A > 0; > 0."""
     tau_neg: float = 1.05
-    """Gate temperature for A ≤ 0."""
+    """τ for tokens with A ≤ 0; > 0 (larger: the gate closes faster for negative tokens)."""
 
     def __post_init__(self) -> None:
-        if self.tau_pos <= 0 or self.tau_neg <= 0:
-            raise ValueError(f"tau_pos and tau_neg must be > 0, got {self.tau_pos}, {self.tau_neg}")
+        if not self.tau_pos > 0:
+            raise ValueError(f"tau_pos must be > 0, got {self.tau_pos}")
+        if not self.tau_neg > 0:
+            raise ValueError(f"tau_neg must be > 0, got {self.tau_neg}")
 
 
-def sapo(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
-         response_mask: torch.Tensor, params: Optional[SAPOParams] = None
-         ) -> tuple[torch.Tensor, Metrics]:
-    """SAPO: a soft gate instead of a clip: L = −A·(4/τ)·sigmoid(τ·(ρ − 1)), τ by sign(A).
+def sapo(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    params: Optional[SAPOParams] = None,
+) -> tuple[torch.Tensor, Metrics]:
+    """SAPO: a soft gate instead of a hard clip: L = −A·(4/τ)·sigmoid(τ·(ρ − 1)).
 
-    At ρ = 1 the gradient equals the policy gradient (4σ(0)(1 − σ(0)) = 1); it decays
-    smoothly as ρ leaves 1. arXiv:2511.20347 (formula as in ALGORITHMS.md). Metric
-    ``clipfrac``: share of valid tokens whose gate weight 4σ(1 − σ) fell below 0.5, i.e.
-    whose gradient was damped by more than half. Shapes ``(B, T)``.
+    τ = τ_pos where A > 0, τ_neg elsewhere. The gradient wrt ρ is −A·w with
+    w = 4σ(1 − σ): w = 1 at ρ = 1 (the plain policy gradient there), decaying smoothly as ρ
+    moves away. SAPO (arXiv:2511.20347); the gate as verl ``compute_policy_loss_sapo`` and
+    TRL ``get_sapo_token_loss``. Tensors ``(B, T)``.
+
+    :return: loss ``(B, T)``; metrics ``clipfrac`` (always 0: nothing is clipped),
+        ``gate_weight`` (masked mean of w: 1 undamped, → 0 fully damped) and ``approx_kl``.
     """
     params = params or SAPOParams()
-    advantages = advantages.detach()
-    log_ratio = _log_ratio(logp, old_logp, response_mask)
-    ratio = torch.exp(log_ratio)
+    logp, old_logp, advantages, valid, mask = _prepare(logp, old_logp, advantages, response_mask)
+    ratio = _ratio(logp - old_logp)
     tau = torch.where(advantages > 0, torch.full_like(ratio, params.tau_pos),
                       torch.full_like(ratio, params.tau_neg))
     gate = torch.sigmoid(tau * (ratio - 1))
     loss = -advantages * (4 / tau) * gate
-    weight = 4 * gate * (1 - gate)
-    return _valid(loss, response_mask), {
-        "clipfrac": _share(weight.detach() < 0.5, response_mask),
-        "approx_kl": _approx_kl(log_ratio, response_mask),
+    gate = gate.detach()
+    return _on_valid(loss, valid), {
+        "clipfrac": torch.zeros((), dtype=mask.dtype, device=mask.device),
+        "gate_weight": masked_mean(4 * gate * (1 - gate), mask).detach(),
+        "approx_kl": _approx_kl(logp, old_logp, mask),
     }
 
 
-# ------------------------------------------------------------------------------ clip_cov / kl_cov
-
-
-def _centred_covariance(advantages: torch.Tensor, logp: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """(A − mean A)·(logp − mean logp) per token, means over the valid tokens; detached."""
-    adv = advantages.detach()
-    lp = logp.detach()
-    return (adv - masked_mean(adv, mask)) * (lp - masked_mean(lp, mask))
+# ---------------------------------------------------------------------------- clip_cov
 
 
 @dataclass
 class ClipCovParams:
+    """Parameters of ``clip_cov`` (names as verl's ``policy_loss`` config)."""
+
     clip_low: float = 0.2
+    """ε_low of the PPO clip; in (0, 1)."""
     clip_high: float = 0.2
+    """ε_high of the PPO clip; > 0."""
     clip_ratio: float = 2e-4
-    """Share of valid tokens (at least one) whose gradient is detached."""
+    """Share of valid tokens (⌊share·N⌋, at least 1) whose gradient is cut; in (0, 1]."""
     clip_cov_lb: float = 1.0
-    """Only tokens with covariance in (lb, ub) are candidates."""
+    """Only tokens with covariance strictly between lb and ub are candidates."""
     clip_cov_ub: float = 5.0
+    """Upper covariance bound; > clip_cov_lb."""
 
     def __post_init__(self) -> None:
-        _check_clip(self)
+        _check_ppo_clip_range(self.clip_low, self.clip_high)
         if not 0 < self.clip_ratio <= 1:
             raise ValueError(f"clip_ratio must be in (0, 1], got {self.clip_ratio}")
-        if self.clip_cov_lb >= self.clip_cov_ub:
-            raise ValueError(f"clip_cov_lb must be < clip_cov_ub, got {self.clip_cov_lb} >= {self.clip_cov_ub}")
+        if not self.clip_cov_ub > self.clip_cov_lb:
+            raise ValueError(
+                f"clip_cov_ub must be > clip_cov_lb = {self.clip_cov_lb}, got {self.clip_cov_ub}")
 
 
-def clip_cov(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
-             response_mask: torch.Tensor, params: Optional[ClipCovParams] = None
-             ) -> tuple[torch.Tensor, Metrics]:
-    """Clip-Cov: PPO-clip, then detach (zero the loss of) a random ``clip_ratio`` share of
-    the valid, not-already-clipped tokens whose centred covariance of logp and A lies in
-    (clip_cov_lb, clip_cov_ub). Cui et al. 2025 (arXiv:2505.22617); verl
-    ``compute_policy_loss_clip_cov``. The random pick uses torch's global RNG (seeded by
-    the trainer, so runs are reproducible). Shapes ``(B, T)``.
+def clip_cov(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    params: Optional[ClipCovParams] = None,
+) -> tuple[torch.Tensor, Metrics]:
+    """Clip-Cov: PPO-clip, with the loss (and gradient) of a few high-covariance tokens cut.
+
+    cov_t = (A_t − mean A)·(logp_t − mean logp) (means over the valid tokens). Candidates:
+    valid tokens not already PPO-clipped with clip_cov_lb < cov_t < clip_cov_ub. Of them,
+    k = min(max(⌊clip_ratio·N_valid⌋, 1), N_candidates) are picked at random and their
+    loss is multiplied by 0. Cui et al. 2025 (arXiv:2505.22617); verl
+    ``compute_policy_loss_clip_cov``, step for step.
+
+    The pick is deterministic given torch's global RNG: the candidates are listed in
+    row-major order and the first k of ``torch.randperm(N_candidates)`` (drawn on the CPU
+    generator, as verl does) are taken, so a seeded run (the trainer calls
+    ``torch.manual_seed(seed)``) repeats exactly, on CPU and GPU alike. One draw is
+    consumed per call that has candidates. Tensors ``(B, T)``.
+
+    :return: loss ``(B, T)``; metrics ``clipfrac`` (the PPO clip), ``cov_detached_frac``
+        (share of valid tokens cut by the covariance rule, verl's ``pg_clipfrac`` for this
+        loss) and ``approx_kl``.
     """
     params = params or ClipCovParams()
-    advantages = advantages.detach()
-    log_ratio = _log_ratio(logp, old_logp, response_mask)
-    ratio = torch.exp(log_ratio)
+    logp, old_logp, advantages, valid, mask = _prepare(logp, old_logp, advantages, response_mask)
+    ratio = _ratio(logp - old_logp)
     loss, clipped = _clipped_surrogate(ratio, advantages, params.clip_low, params.clip_high)
-    valid = response_mask.bool()
-    cov = _centred_covariance(advantages, logp, response_mask)
-    candidates = (valid & ~clipped & (cov > params.clip_cov_lb) & (cov < params.clip_cov_ub)).flatten()
-    n_detach = max(int(params.clip_ratio * float(response_mask.sum())), 1)
-    index = candidates.nonzero().flatten()
-    chosen = index[torch.randperm(len(index), device=index.device)[:n_detach]]
-    keep = torch.ones(loss.numel(), dtype=loss.dtype, device=loss.device)
-    keep[chosen] = 0.0
-    keep = keep.view_as(loss)
-    return _valid(loss * keep, response_mask), {
-        "clipfrac": _share(clipped, response_mask),
-        "cov_detached_frac": _share(keep == 0, response_mask),
-        "approx_kl": _approx_kl(log_ratio, response_mask),
+    cov = _centred_covariance(advantages, logp, mask)
+    candidates = valid & ~clipped & (cov > params.clip_cov_lb) & (cov < params.clip_cov_ub)
+    candidate_index = candidates.flatten().nonzero().squeeze(-1)                  # row-major
+    n_cut = max(int(params.clip_ratio * int(valid.sum())), 1)
+    cut = torch.zeros(loss.numel(), dtype=torch.bool, device=loss.device)
+    if candidate_index.numel() > 0:
+        order = torch.randperm(candidate_index.numel())[:n_cut].to(candidate_index.device)
+        cut[candidate_index[order]] = True
+    cut = cut.view_as(loss)
+    loss = torch.where(cut, torch.zeros_like(loss), loss)
+    return _on_valid(loss, valid), {
+        "clipfrac": _share(clipped, mask),
+        "cov_detached_frac": _share(cut, mask),
+        "approx_kl": _approx_kl(logp, old_logp, mask),
     }
+
+
+# ---------------------------------------------------------------------------- kl_cov
 
 
 @dataclass
 class KLCovParams:
+    """Parameters of ``kl_cov`` (names as verl's ``policy_loss`` config)."""
+
     kl_cov_ratio: float = 2e-4
-    """Share of valid tokens (at least one), those with the largest covariance, penalised."""
+    """Share of valid tokens (⌊share·N⌋, at least 1), those with the largest covariance, penalised; in (0, 1]."""
     ppo_kl_coef: float = 1.0
-    """Weight of the |logp − old_logp| penalty on those tokens."""
+    """Weight of the |logp − old_logp| penalty on those tokens; ≥ 0."""
 
     def __post_init__(self) -> None:
         if not 0 < self.kl_cov_ratio <= 1:
             raise ValueError(f"kl_cov_ratio must be in (0, 1], got {self.kl_cov_ratio}")
-        if self.ppo_kl_coef < 0:
+        if not self.ppo_kl_coef >= 0:
             raise ValueError(f"ppo_kl_coef must be >= 0, got {self.ppo_kl_coef}")
 
 
-def kl_cov(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor,
-           response_mask: torch.Tensor, params: Optional[KLCovParams] = None
-           ) -> tuple[torch.Tensor, Metrics]:
-    """KL-Cov: unclipped surrogate −A·ρ, plus ppo_kl_coef·|logp − old_logp| on the top
-    ``kl_cov_ratio`` share of valid tokens by centred covariance of logp and A.
-    Cui et al. 2025 (arXiv:2505.22617); verl ``compute_policy_loss_kl_cov``.
-    Shapes ``(B, T)``.
+def kl_cov(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    params: Optional[KLCovParams] = None,
+) -> tuple[torch.Tensor, Metrics]:
+    """KL-Cov: unclipped surrogate −A·ρ, plus ppo_kl_coef·|logp − old_logp| on the
+    k = max(⌊kl_cov_ratio·N_valid⌋, 1) valid tokens with the largest centred covariance
+    (A_t − mean A)·(logp_t − mean logp).
+
+    Cui et al. 2025 (arXiv:2505.22617); verl ``compute_policy_loss_kl_cov`` (``topk`` over
+    the valid tokens). Deterministic. Tensors ``(B, T)``.
+
+    :return: loss ``(B, T)``; metrics ``clipfrac`` (share of valid tokens penalised: KL-Cov's
+        counterpart of clipping; verl logs 0) and ``approx_kl``.
     """
     params = params or KLCovParams()
-    advantages = advantages.detach()
-    log_ratio = _log_ratio(logp, old_logp, response_mask)
-    ratio = torch.exp(log_ratio)
-    loss = -advantages * ratio
-    valid = response_mask.bool().flatten()
-    cov = _centred_covariance(advantages, logp, response_mask).flatten()
-    n_valid = int(valid.sum())
-    penalised = torch.zeros_like(valid)
-    if n_valid:
-        k = max(1, int(n_valid * params.kl_cov_ratio))
-        masked_cov = torch.where(valid, cov, torch.full_like(cov, -torch.inf))
-        penalised[torch.topk(masked_cov, k).indices] = True
+    logp, old_logp, advantages, valid, mask = _prepare(logp, old_logp, advantages, response_mask)
+    log_ratio = logp - old_logp
+    loss = -advantages * _ratio(log_ratio)
+    flat_valid = valid.flatten()
+    n_valid = int(flat_valid.sum())
+    penalised = torch.zeros_like(flat_valid)
+    if n_valid > 0:
+        k = max(int(params.kl_cov_ratio * n_valid), 1)
+        cov = _centred_covariance(advantages, logp, mask).flatten()
+        cov = torch.where(flat_valid, cov, torch.full_like(cov, -torch.inf))
+        penalised[torch.topk(cov, k).indices] = True
     penalised = penalised.view_as(loss)
     loss = torch.where(penalised, loss + params.ppo_kl_coef * log_ratio.abs(), loss)
-    return _valid(loss, response_mask), {
-        "clipfrac": _share(penalised, response_mask),
-        "approx_kl": _approx_kl(log_ratio, response_mask),
+    return _on_valid(loss, valid), {
+        "clipfrac": _share(penalised, mask),
+        "approx_kl": _approx_kl(logp, old_logp, mask),
     }
+
+
+# ---------------------------------------------------------------------------- registration
 
 
 @hookimpl
@@ -418,19 +578,26 @@ def rlzoo_register_policy_losses(register) -> None:
              description="PPO clipped surrogate (clip-higher via clip_high, INTELLECT-2 delta)",
              paper="arXiv:1707.06347")
     register("dual_clip", dual_clip, params=DualClipParams,
-             description="PPO with a lower bound -c*A for negative advantages", paper="arXiv:1912.09729")
+             description="PPO with the loss of negative advantages bounded by -c*A",
+             paper="arXiv:1912.09729")
     register("gspo", gspo, params=GSPOParams, loss_agg="seq-mean-token-mean",
-             description="sequence-level importance ratio and clipping", paper="arXiv:2507.18071")
+             description="sequence-level (length-normalised) importance ratio and clipping",
+             paper="arXiv:2507.18071")
     register("cispo", cispo, params=CISPOParams,
-             description="clipped stop-gradient IS weight on a REINFORCE loss", paper="arXiv:2506.13585")
-    register("vanilla_pg", vanilla_pg, description="on-policy REINFORCE: -A*logp",
-             paper="arXiv:2504.02546")
-    register("geo_mean", geo_mean, params=GeoMeanParams, loss_agg="seq-mean-token-mean",
-             description="GMPO: geometric mean of token ratios, log-space clip", paper="arXiv:2507.20673")
-    register("sapo", sapo, params=SAPOParams, description="soft sigmoid gate instead of a hard clip",
+             description="REINFORCE weighted by the clipped, stop-gradient importance ratio",
+             paper="arXiv:2506.13585")
+    register("vanilla_pg", vanilla_pg, aliases=("gpg",),
+             description="on-policy REINFORCE: -A*logp", paper="arXiv:2504.02546")
+    register("geo_mean", geo_mean, params=GeoMeanParams, aliases=("gmpo",),
+             loss_agg="seq-mean-token-mean",
+             description="GMPO: geometric mean of token ratios, sign-aware log-space clip",
+             paper="arXiv:2507.20673")
+    register("sapo", sapo, params=SAPOParams,
+             description="soft sigmoid gate on the ratio instead of a hard clip",
              paper="arXiv:2511.20347")
     register("clip_cov", clip_cov, params=ClipCovParams,
-             description="detach a few high-covariance tokens (entropy collapse)", paper="arXiv:2505.22617")
+             description="PPO clip, plus cut the gradient of a few high-covariance tokens",
+             paper="arXiv:2505.22617")
     register("kl_cov", kl_cov, params=KLCovParams,
              description="KL-penalise the highest-covariance tokens (entropy collapse)",
              paper="arXiv:2505.22617")
