@@ -103,7 +103,7 @@ def worker_rlzoo(model_dir: Path, data: Path, spec: dict, kl: float, steps: int)
         "algo=grpo", f"model.path={model_dir}", f"task={{name: file, path: {data}}}", "reward=exact_match",
         f"rollout.prompts_per_step={spec['prompts']}", f"rollout.n={spec['n']}",
         f"rollout.max_new_tokens={spec['new_tokens']}", f"trainer.lr={LR}", f"kl.coef={kl}",
-        "kl.penalty=k3", f"trainer.total_steps={steps}", "trainer.micro_batch_size=64",
+        "kl.penalty=k3", f"trainer.total_steps={steps}", "trainer.micro_batch_size=16",
         "trainer.logprob_chunk_size=512", "logging.progress=false",
     ]
     trainer = Trainer(load_config(registry, overrides), registry, pm)

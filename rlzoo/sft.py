@@ -77,7 +77,7 @@ def run_sft(resolved: ResolvedConfig, registry: Registry, steps: int = 100,
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.trainer.max_grad_norm)
         optimizer.step()
         if step == 1 or step % max(1, steps // 10) == 0 or step == steps:
-            print(f"sft step {step}/{steps}: loss {float(loss):.4f}", flush=True)
+            print(f"sft step {step}/{steps}: loss {float(loss.detach()):.4f}", flush=True)
     out = Path(out_dir or Path("runs") / f"{cfg.run_name or 'sft'}-{task_component.name}" / "model")
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(out))
