@@ -36,6 +36,7 @@ from typing import Optional
 import torch
 
 from rlzoo import hookimpl
+from rlzoo.distributed import batch_sum
 from rlzoo.masked import masked_sum, masked_var, masked_whiten
 
 RLZOO_API_VERSION = "1"
@@ -444,8 +445,9 @@ def gpg(token_rewards: torch.Tensor, response_mask: torch.Tensor, group_ids: tor
     with all-equal rewards). Shapes: ``(B, T)`` in and out.
     """
     scores = _scores64(token_rewards, response_mask)
-    nonzero = torch.count_nonzero(scores)
-    alpha = torch.where(nonzero > 0, scores.numel() / nonzero.clamp(min=1).double(),
+    nonzero = batch_sum(torch.count_nonzero(scores))
+    total = batch_sum(torch.tensor(scores.numel(), device=scores.device))
+    alpha = torch.where(nonzero > 0, total.double() / nonzero.clamp(min=1).double(),
                         torch.ones((), dtype=torch.float64, device=scores.device))
     centered = _Groups.of(group_ids, scores.device).centered(scores)
     advantages = _broadcast(alpha * centered, response_mask, token_rewards.dtype)

@@ -124,12 +124,33 @@ def _quiet_transformers() -> None:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
+    from rlzoo.distributed import launched_by_torchrun
     from rlzoo.trainer import train
 
     pm, registry, resolved = _resolve(args)
+    nproc = int(resolved.cfg.launcher.nproc)
+    if nproc > 1 and not launched_by_torchrun():
+        return _launch_torchrun(args, nproc, int(resolved.cfg.rollout.prompts_per_step))
     _quiet_transformers()
     train(resolved, registry, pm)
     return 0
+
+
+def _launch_torchrun(args: argparse.Namespace, nproc: int, prompts_per_step: int) -> int:
+    """Re-run this ``rlzoo train`` under ``torchrun --standalone`` with ``nproc`` processes."""
+    import subprocess
+
+    from rlzoo.errors import ConfigError
+
+    if prompts_per_step % nproc:
+        raise ConfigError(f"rollout.prompts_per_step={prompts_per_step} must be divisible by "
+                          f"launcher.nproc={nproc}: each process takes whole groups")
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+               "-m", "rlzoo", "train", *args.overrides]
+    if args.config:
+        command += ["--config", args.config]
+    print("rlzoo: launching " + " ".join(command[1:]), file=sys.stderr, flush=True)
+    return subprocess.call(command)
 
 
 def _cmd_sft(args: argparse.Namespace) -> int:

@@ -97,6 +97,18 @@ class CheckpointConfig:
 
 
 @dataclass
+class DistributedConfig:
+    strategy: str = MISSING
+    backend: str = MISSING
+    timeout_s: float = MISSING
+
+
+@dataclass
+class LauncherConfig:
+    nproc: int = MISSING
+
+
+@dataclass
 class RunConfig:
     algo: Optional[str] = MISSING
     seed: int = MISSING
@@ -117,6 +129,8 @@ class RunConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    launcher: LauncherConfig = field(default_factory=LauncherConfig)
 
 
 COMPONENT_FIELDS: dict[str, str] = {
@@ -137,6 +151,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "kl.apply": ("loss", "reward"),
     "trainer.lr_schedule": ("constant", "linear", "cosine"),
     "trainer.device": ("cpu", "cuda", "auto"),
+    "distributed.strategy": ("ddp",),
+    "distributed.backend": ("auto", "gloo", "nccl"),
 }
 
 POSITIVE: tuple[str, ...] = (
@@ -144,7 +160,7 @@ POSITIVE: tuple[str, ...] = (
     "trainer.ppo_epochs", "trainer.mini_batches", "trainer.micro_batch_size",
     "trainer.logprob_chunk_size", "model.hidden_size", "model.intermediate_size",
     "model.num_layers", "model.num_heads", "model.num_kv_heads", "logging.log_every",
-    "checkpoint.keep",
+    "checkpoint.keep", "distributed.timeout_s", "launcher.nproc",
 )
 NON_NEGATIVE: tuple[str, ...] = (
     "trainer.lr", "trainer.critic_lr", "trainer.weight_decay", "trainer.warmup_steps",

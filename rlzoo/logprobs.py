@@ -105,3 +105,25 @@ def response_forward(model: PreTrainedModel, prompt_ids: torch.Tensor, prompt_ma
     logp, entropy = token_logprobs(hidden, head, response_ids, response_mask, chunk_size, with_entropy)
     logits = head(hidden).float() if with_logits else None
     return SequenceOutput(logp=logp, entropy=entropy, logits=logits)
+
+
+class ResponseForward(torch.nn.Module):
+    """The policy's training forward as one module: what DDP or FSDP wrap.
+
+    ``forward`` runs :func:`response_forward` on the wrapped causal LM, so the decoder and
+    the chunked head both run inside the wrapper's forward (data-parallel wrappers
+    synchronise gradients of, and FSDP gathers, exactly the parameters used there).
+    Returns ``(logp, entropy, logits)``, each ``(B, T)`` (``logits`` ``(B, T, V)``) or ``None``.
+    """
+
+    def __init__(self, model: PreTrainedModel) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, response_ids: torch.Tensor,
+                response_mask: torch.Tensor, chunk_size: int = 1024, with_entropy: bool = False,
+                with_logits: bool = False
+                ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        out = response_forward(self.model, prompt_ids, prompt_mask, response_ids, response_mask,
+                               chunk_size=chunk_size, with_entropy=with_entropy, with_logits=with_logits)
+        return out.logp, out.entropy, out.logits

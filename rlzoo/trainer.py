@@ -11,8 +11,10 @@ update epoch, no reference forward without KL).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
+import os
 import random
 import signal
 import time
@@ -25,11 +27,12 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
+from rlzoo import distributed
 from rlzoo.batch import BatchCounts, RolloutBatch
 from rlzoo.checkpoint import latest_checkpoint, load_state, save_checkpoint
 from rlzoo.config import ResolvedConfig, needs_of
 from rlzoo.errors import ConfigError, TrainingError
-from rlzoo.logprobs import full_sequence, response_forward
+from rlzoo.logprobs import ResponseForward, full_sequence, response_forward
 from rlzoo.masked import masked_mean
 from rlzoo.models import DTYPES, ValueModel, build_char_tokenizer, build_tiny_model, load_pretrained
 from rlzoo.plugins import PluginManager
@@ -103,14 +106,29 @@ class Trainer:
         if cfg.trainer.device == "cuda" and not torch.cuda.is_available():
             raise ConfigError("trainer.device=cuda but no CUDA device is available")
         auto = "cuda" if torch.cuda.is_available() else "cpu"
-        self.device = torch.device(auto if cfg.trainer.device == "auto" else cfg.trainer.device)
+        device_type = auto if cfg.trainer.device == "auto" else cfg.trainer.device
         if cfg.trainer.threads:
             torch.set_num_threads(int(cfg.trainer.threads))
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        if cfg.rollout.prompts_per_step % world:
+            raise ConfigError(f"rollout.prompts_per_step={cfg.rollout.prompts_per_step} must be divisible "
+                              f"by the number of processes ({world}): each rank takes whole groups")
+        self.dist = distributed.init(cfg.distributed.backend, device_type, cfg.distributed.timeout_s)
+        self.local_prompts = cfg.rollout.prompts_per_step // self.dist.world
+        self.device = (torch.device(device_type, self.dist.local_rank) if device_type == "cuda"
+                       and self.dist.enabled else torch.device(device_type))
 
         self.resume_from = latest_checkpoint(cfg.resume) if cfg.resume else None
         if cfg.resume and self.resume_from is None:
             raise ConfigError(f"resume={cfg.resume!r}: no checkpoint found in {cfg.resume}/checkpoints")
-        self.run_dir = Path(cfg.resume or cfg.run_dir or Path("runs") / _run_name(cfg))
+        self._resume_state = load_state(self.resume_from) if self.resume_from is not None else None
+        if self._resume_state is not None:
+            saved_world = int(self._resume_state.get("world_size", 1))
+            if saved_world != self.dist.world:
+                raise ConfigError(f"{self.resume_from} was written by {saved_world} process(es); resume "
+                                  f"it with the same number (this job has {self.dist.world})")
+        run_dir = str(cfg.resume or cfg.run_dir or Path("runs") / _run_name(cfg))
+        self.run_dir = Path(distributed.broadcast_object(run_dir, self.dist))
 
         self.task: Task = self._build("task")
         self.reward_component, self.reward_fn = self._reward()
@@ -130,7 +148,8 @@ class Trainer:
         torch.manual_seed(cfg.seed)
         random.seed(cfg.seed)
         np.random.seed(cfg.seed)
-        self.sample_rng = random.Random(cfg.seed)
+        # rank 0 draws what a single process draws; other ranks their own streams
+        self.sample_rng = random.Random(cfg.seed if self.dist.rank == 0 else f"{cfg.seed}/rank{self.dist.rank}")
         self.policy, self.tokenizer = self._policy()
         self.reference = None
         if "reference" in self.needs:
@@ -143,6 +162,14 @@ class Trainer:
             self.reference.to(self.device)
         if cfg.model.gradient_checkpointing:
             self.policy.gradient_checkpointing_enable()
+        self.policy_forward: torch.nn.Module = ResponseForward(self.policy)
+        self.critic_forward: torch.nn.Module | None = self.critic
+        if self.dist.enabled:
+            self.policy_forward = self._wrap(self.policy_forward)
+            if self.critic is not None:
+                self.critic_forward = self._wrap(self.critic)
+            if self.dist.rank:
+                torch.manual_seed(cfg.seed + 1_000_003 * self.dist.rank)  # distinct rollouts per rank
 
         tcfg = cfg.trainer
         self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=tcfg.lr,
@@ -179,6 +206,19 @@ class Trainer:
 
     def _bound(self, path: str) -> Callable[..., Any]:
         return self.resolved.components[path].bind(self.resolved.params[path])
+
+    def _wrap(self, module: torch.nn.Module) -> torch.nn.Module:
+        """``module`` under the configured data-parallel strategy (called with > 1 rank)."""
+        from torch.nn.parallel import DistributedDataParallel
+
+        ids = [self.device.index] if self.device.type == "cuda" else None
+        return DistributedDataParallel(module, device_ids=ids)
+
+    def _sync_context(self, module: torch.nn.Module, last: bool) -> Any:
+        """No gradient all-reduce except on a mini-batch's last micro-batch (DDP)."""
+        if not last and hasattr(module, "no_sync"):
+            return module.no_sync()
+        return contextlib.nullcontext()
 
     def _reward(self) -> tuple[Component, Callable[..., Any]]:
         if "reward" in self.resolved.components:
@@ -321,10 +361,10 @@ class Trainer:
             parts.append(self._values(mb))
         return torch.cat(parts)
 
-    def _values(self, mb: RolloutBatch) -> torch.Tensor:
+    def _values(self, mb: RolloutBatch, critic: torch.nn.Module | None = None) -> torch.Tensor:
         input_ids, attention, positions = full_sequence(mb.prompt_ids, mb.prompt_mask,
                                                         mb.response_ids, mb.response_mask)
-        values = self.critic(input_ids, attention, positions)
+        values = (critic or self.critic)(input_ids, attention, positions)
         start = mb.prompt_ids.shape[1] - 1
         return values[:, start:start + mb.response_ids.shape[1]] * mb.response_mask
 
@@ -344,6 +384,11 @@ class Trainer:
         if self.critic is not None:
             self.critic.eval()
             batch.old_values = self._forward_values(batch)
+        with distributed.batch_statistics(self.dist.enabled):
+            self._advantages(batch, metrics)
+
+    def _advantages(self, batch: RolloutBatch, metrics: dict[str, float]) -> None:
+        """KL in the reward, token rewards and advantages (batch statistics over all ranks)."""
         mask = batch.response_mask
         last = (batch.response_lengths.long() - 1).clamp(min=0)
         token_rewards = torch.zeros_like(mask)
@@ -358,7 +403,7 @@ class Trainer:
             token_rewards = token_rewards - beta * batch.kl
             current_kl = float(masked_mean(batch.kl.sum(-1), has_tokens.float()))
             metrics["kl/value"] = current_kl
-            self.kl_controller.update(current_kl, len(batch))
+            self.kl_controller.update(current_kl, len(batch) * self.dist.world)
         batch.token_rewards = token_rewards
         advantages, returns = self.advantage_fn(
             token_rewards, mask, batch.group_ids, batch.old_values, batch.baseline_scores
@@ -386,46 +431,63 @@ class Trainer:
             order = torch.randperm(len(batch))
             for mini_rows in order.chunk(t.mini_batches):
                 mini = batch.select(mini_rows)
-                counts = BatchCounts(
-                    tokens=float(mini.loss_mask.sum()),
-                    sequences=float((mini.loss_mask.sum(-1) > 0).sum()),
-                    max_response_length=int(self.cfg.rollout.max_new_tokens),
-                )
+                counts = self._global_counts(mini)
                 self.policy.train()
                 self.optimizer.zero_grad(set_to_none=True)
-                for rows in self._micro_batches(len(mini), torch.arange(len(mini))):
+                micro = self._micro_batches(len(mini), torch.arange(len(mini)))
+                for index, rows in enumerate(micro):
                     mb = mini.select(rows)
-                    mask = mb.loss_mask
-                    out = response_forward(self.policy, mb.prompt_ids, mb.prompt_mask, mb.response_ids,
-                                           mb.response_mask, chunk_size=t.logprob_chunk_size,
-                                           with_entropy=True, with_logits=need_logits)
-                    old_logp = mb.old_logp if mb.old_logp is not None else out.logp.detach()
-                    token_loss, loss_metrics = self.policy_loss_fn(out.logp, old_logp, mb.advantages, mask)
-                    loss = self.policy_agg_fn(token_loss, mask, counts=counts)
-                    weight = float(mask.sum())
-                    add("policy/loss", float(loss.detach()) * counts.tokens / max(weight, 1.0), weight)
-                    for key, value in loss_metrics.items():
-                        add(f"policy/{key}", float(value), weight)
-                    if kl_as_loss:
-                        extra = {"logits": out.logits, "ref_logits": self._ref_logits(mb)} if need_logits else {}
-                        kl = self.kl_fn(out.logp, mb.ref_logp, **extra)
-                        loss = loss + beta * self.agg_fn(kl, mask, counts=counts)
-                        add("kl/value", float(masked_mean(kl.detach(), mask)), weight)
-                    entropy = self.agg_fn(out.entropy, mask, counts=counts)
-                    add("entropy", float(masked_mean(out.entropy.detach(), mask)), weight)
-                    if t.entropy_coef:
-                        loss = loss - t.entropy_coef * entropy
-                    _check_finite(loss, "policy loss", self.policy_loss_component.name)
-                    loss.backward()
+                    sync = self._sync_context(self.policy_forward, last=index == len(micro) - 1)
+                    with sync:
+                        logp, entropy, logits = self.policy_forward(
+                            mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask,
+                            chunk_size=t.logprob_chunk_size, with_entropy=True, with_logits=need_logits)
+                        loss = self._policy_micro_loss(mb, logp, entropy, logits, counts, beta, add)
+                        (loss * self.dist.world).backward()  # DDP averages over ranks; counts are global
                 norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), t.max_grad_norm)
                 _check_finite(norm, "policy gradient", self.policy_loss_component.name)
                 grad_norms.append(float(norm))
                 self.optimizer.step()
                 if self.critic is not None:
                     self._critic_update(mini, counts, add)
+        sums = distributed.all_reduce_floats(sums, self.dist)
+        weights = distributed.all_reduce_floats(weights, self.dist)
         for name, total in sums.items():
             metrics[name] = total / max(weights[name], 1e-12)
         metrics["grad_norm"] = float(np.mean(grad_norms)) if grad_norms else 0.0
+
+    def _global_counts(self, mini: RolloutBatch) -> BatchCounts:
+        """Token and sequence counts of the mini-batch summed over all ranks."""
+        local = {"tokens": float(mini.loss_mask.sum()),
+                 "sequences": float((mini.loss_mask.sum(-1) > 0).sum())}
+        total = distributed.all_reduce_floats(local, self.dist)
+        return BatchCounts(tokens=total["tokens"], sequences=total["sequences"],
+                           max_response_length=int(self.cfg.rollout.max_new_tokens))
+
+    def _policy_micro_loss(self, mb: RolloutBatch, logp: torch.Tensor, entropy: torch.Tensor,
+                           logits: torch.Tensor | None, counts: BatchCounts, beta: float,
+                           add: Callable[[str, float, float], None]) -> torch.Tensor:
+        """This micro-batch's share of the mini-batch loss (aggregated by global ``counts``)."""
+        t = self.cfg.trainer
+        mask = mb.loss_mask
+        old_logp = mb.old_logp if mb.old_logp is not None else logp.detach()
+        token_loss, loss_metrics = self.policy_loss_fn(logp, old_logp, mb.advantages, mask)
+        loss = self.policy_agg_fn(token_loss, mask, counts=counts)
+        weight = float(mask.sum())
+        add("policy/loss", float(loss.detach()) * counts.tokens / max(weight, 1.0), weight)
+        for key, value in loss_metrics.items():
+            add(f"policy/{key}", float(value), weight)
+        if self.kl_fn is not None and self.cfg.kl.apply == "loss":
+            extra = {"logits": logits, "ref_logits": self._ref_logits(mb)} if logits is not None else {}
+            kl = self.kl_fn(logp, mb.ref_logp, **extra)
+            loss = loss + beta * self.agg_fn(kl, mask, counts=counts)
+            add("kl/value", float(masked_mean(kl.detach(), mask)), weight)
+        entropy_loss = self.agg_fn(entropy, mask, counts=counts)
+        add("entropy", float(masked_mean(entropy.detach(), mask)), weight)
+        if t.entropy_coef:
+            loss = loss - t.entropy_coef * entropy_loss
+        _check_finite(loss, "policy loss", self.policy_loss_component.name)
+        return loss
 
     @torch.no_grad()
     def _ref_logits(self, mb: RolloutBatch) -> torch.Tensor:
@@ -437,13 +499,16 @@ class Trainer:
         t = self.cfg.trainer
         self.critic.train()
         self.critic_optimizer.zero_grad(set_to_none=True)
-        for rows in self._micro_batches(len(mini), torch.arange(len(mini))):
+        micro = self._micro_batches(len(mini), torch.arange(len(mini)))
+        for index, rows in enumerate(micro):
             mb = mini.select(rows)
-            values = self._values(mb)
-            token_loss, value_metrics = self.value_loss_fn(values, mb.old_values, mb.returns, mb.response_mask)
-            loss = self.agg_fn(token_loss, mb.response_mask, counts=counts)
-            _check_finite(loss, "value loss", self.resolved.components["value_loss"].name)
-            loss.backward()
+            with self._sync_context(self.critic_forward, last=index == len(micro) - 1):
+                values = self._values(mb, self.critic_forward)
+                token_loss, value_metrics = self.value_loss_fn(values, mb.old_values, mb.returns,
+                                                               mb.response_mask)
+                loss = self.agg_fn(token_loss, mb.response_mask, counts=counts)
+                _check_finite(loss, "value loss", self.resolved.components["value_loss"].name)
+                (loss * self.dist.world).backward()
             weight = float(mb.response_mask.sum())
             add("value/loss", float(loss.detach()) * counts.tokens / max(weight, 1.0), weight)
             for key, value in value_metrics.items():
@@ -455,33 +520,55 @@ class Trainer:
 
     # -------------------------------------------------------------- checkpoints
 
-    def _trainer_state(self) -> dict[str, Any]:
+    def _rng_state(self) -> dict[str, Any]:
         return {
-            "step": self.step,
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-            "critic_optimizer": self.critic_optimizer.state_dict() if self.critic_optimizer else None,
-            "critic_scheduler": self.critic_scheduler.state_dict() if self.critic_scheduler else None,
-            "kl_controller": self.kl_controller.state_dict(),
             "torch_rng": torch.get_rng_state(),
             "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
             "python_rng": random.getstate(),
             "numpy_rng": np.random.get_state(),
             "sample_rng": self.sample_rng.getstate(),
             "ctx_state": dict(self.ctx.state),
+        }
+
+    def _set_rng_state(self, state: dict[str, Any]) -> None:
+        torch.set_rng_state(state["torch_rng"])
+        if state.get("cuda_rng") is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["cuda_rng"])
+        random.setstate(state["python_rng"])
+        np.random.set_state(state["numpy_rng"])
+        self.sample_rng.setstate(state["sample_rng"])
+        self.ctx.state.update(state["ctx_state"])
+
+    def _trainer_state(self, ranks: list[dict[str, Any]]) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "world_size": self.dist.world,
+            "ranks": ranks,
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "critic_optimizer": self.critic_optimizer.state_dict() if self.critic_optimizer else None,
+            "critic_scheduler": self.critic_scheduler.state_dict() if self.critic_scheduler else None,
+            "kl_controller": self.kl_controller.state_dict(),
+            **ranks[0],
             "extensions": {name: plugin.state_dict() for name, plugin in self.extensions
                            if hasattr(plugin, "state_dict")},
         }
 
     def save(self) -> Path:
-        models: dict[str, Any] = {"policy": self.policy, "policy:tokenizer": self.tokenizer}
-        if self.critic is not None:
-            models["critic"] = self.critic
-        return save_checkpoint(self.run_dir, self.step, models, self._trainer_state(),
-                               keep=self.cfg.checkpoint.keep)
+        """Write a checkpoint of this step (a collective: every rank calls it; rank 0 writes)."""
+        ranks = distributed.gather_objects(self._rng_state(), self.dist)
+        path = self.run_dir / "checkpoints"
+        if self.dist.is_main:
+            models: dict[str, Any] = {"policy": self.policy, "policy:tokenizer": self.tokenizer}
+            if self.critic is not None:
+                models["critic"] = self.critic
+            path = save_checkpoint(self.run_dir, self.step, models, self._trainer_state(ranks),
+                                   keep=self.cfg.checkpoint.keep)
+        distributed.barrier(self.dist)
+        return path
 
     def _restore(self, checkpoint: Path) -> None:
-        state = load_state(checkpoint)
+        state = self._resume_state if checkpoint == self.resume_from else load_state(checkpoint)
         self.step = int(state["step"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
@@ -490,13 +577,7 @@ class Trainer:
             self.critic_optimizer.load_state_dict(state["critic_optimizer"])
             self.critic_scheduler.load_state_dict(state["critic_scheduler"])
         self.kl_controller.load_state_dict(state["kl_controller"])
-        torch.set_rng_state(state["torch_rng"])
-        if state.get("cuda_rng") is not None and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(state["cuda_rng"])
-        random.setstate(state["python_rng"])
-        np.random.set_state(state["numpy_rng"])
-        self.sample_rng.setstate(state["sample_rng"])
-        self.ctx.state.update(state["ctx_state"])
+        self._set_rng_state(state["ranks"][self.dist.rank] if "ranks" in state else state)
         for name, plugin in self.extensions:
             if name in state["extensions"] and hasattr(plugin, "load_state_dict"):
                 plugin.load_state_dict(state["extensions"][name])
@@ -513,20 +594,25 @@ class Trainer:
     def run(self) -> dict[str, float]:
         """Train for ``trainer.total_steps`` steps; returns the last step's metrics."""
         cfg = self.cfg
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        main = self.dist.is_main
         init_dir = self.run_dir / INIT_MODEL_DIR
         if self.resume_from is None:
-            self.policy.save_pretrained(str(init_dir))
-            self.tokenizer.save_pretrained(str(init_dir))
-            (self.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
+            if main:
+                self.run_dir.mkdir(parents=True, exist_ok=True)
+                self.policy.save_pretrained(str(init_dir))
+                self.tokenizer.save_pretrained(str(init_dir))
+                (self.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
+            distributed.barrier(self.dist)
         else:
             if self.reference is not None:
                 init, _ = load_pretrained(init_dir, cfg.model.dtype)
                 self.reference = init.eval().requires_grad_(False).to(self.device)
             self._restore(self.resume_from)
-        tracker = Tracker(str(self.run_dir), purge_step=self.step + 1 if self.resume_from else None)
-        if self.resume_from is None:
-            tracker.log_hparams(cfg)
+        tracker = None
+        if main:
+            tracker = Tracker(str(self.run_dir), purge_step=self.step + 1 if self.resume_from else None)
+            if self.resume_from is None:
+                tracker.log_hparams(cfg)
         previous = signal.getsignal(signal.SIGINT)
         in_main_thread = True
         try:
@@ -534,7 +620,7 @@ class Trainer:
         except ValueError:
             in_main_thread = False
         progress = None
-        if cfg.logging.progress:
+        if cfg.logging.progress and main:
             from tqdm import tqdm
 
             progress = tqdm(total=cfg.trainer.total_steps, initial=self.step, desc="rlzoo train",
@@ -545,18 +631,23 @@ class Trainer:
             while self.step < cfg.trainer.total_steps:
                 metrics = self.train_step()
                 self.pm.hook.rlzoo_step_end(step=self.step, metrics=metrics, ctx=self.ctx)
-                if self.step % cfg.logging.log_every == 0 or self.step == cfg.trainer.total_steps:
+                if tracker is not None and (self.step % cfg.logging.log_every == 0
+                                            or self.step == cfg.trainer.total_steps):
                     tracker.log_scalars(self.step, metrics)
-                if cfg.logging.sample_every and self.step % cfg.logging.sample_every == 0:
+                if tracker is not None and cfg.logging.sample_every and self.step % cfg.logging.sample_every == 0:
                     tracker.log_samples(self.step, self._last_samples)
                 if progress is not None:
                     progress.update(1)
                     progress.set_postfix(reward=f"{metrics['reward/mean']:.3f}",
                                          step_s=f"{metrics['timing/step_s']:.2f}")
                 every = cfg.checkpoint.every
+                if self.dist.enabled:  # every rank stops at the same step (Ctrl-C reaches them apart)
+                    flag = distributed.all_reduce_floats({"stop": float(self._stop_requested)}, self.dist, "max")
+                    self._stop_requested = flag["stop"] > 0
                 if self._stop_requested or (every and self.step % every == 0) \
                         or self.step == cfg.trainer.total_steps:
-                    tracker.flush()
+                    if tracker is not None:
+                        tracker.flush()
                     self.save()
                 if self._stop_requested:
                     status = "interrupted"
@@ -566,17 +657,19 @@ class Trainer:
         finally:
             if progress is not None:
                 progress.close()
-            tracker.close()
+            if tracker is not None:
+                tracker.close()
             if in_main_thread:
                 signal.signal(signal.SIGINT, previous)
             self.pm.hook.rlzoo_run_end(ctx=self.ctx, status=status)
-            write_status(self.run_dir, status, self.step, cfg.trainer.total_steps)
+            if main:
+                write_status(self.run_dir, status, self.step, cfg.trainer.total_steps)
             for _, plugin in self.extensions:
                 self.pm.unregister(plugin)
-        if status == "interrupted":
+        if main and status == "interrupted":
             print(f"rlzoo: checkpoint written at step {self.step}; continue with "
                   f"`rlzoo train resume={self.run_dir}`", flush=True)
-        elif status == "completed":
+        elif main and status == "completed":
             print(summary_line(self.run_dir), flush=True)
         return metrics
 
@@ -585,36 +678,35 @@ class Trainer:
         checkpointing or lifecycle ``step_end`` (``run`` does those)."""
         self.step += 1
         self.ctx.step = self.step
-        cfg = self.cfg
         metrics: dict[str, float] = {}
         self.ctx.metrics = {}
         start = time.perf_counter()
-        batch = self._rollout(cfg.rollout.prompts_per_step)
+        batch = self._rollout(self.local_prompts)
         for impl in self.pm.hook.rlzoo_after_rollout.get_hookimpls():  # registration order
             result = impl.function(batch=batch, ctx=self.ctx)  # each sees the previous result
             if result is not None:
                 batch = result
         self.pm.hook.rlzoo_shape_rewards(batch=batch, ctx=self.ctx)
         rollout_s = time.perf_counter() - start
-        scores = batch.scores
+        scores, rewards, lengths, truncated = self._gather_rows(batch)
         metrics["reward/mean"] = float(scores.mean())
         metrics["reward/std"] = float(scores.std()) if len(scores) > 1 else 0.0
         metrics["reward/max"] = float(scores.max())
-        if not torch.equal(batch.rewards, batch.scores):
-            metrics["reward/shaped_mean"] = float(batch.rewards.mean())
-        metrics["response_length/mean"] = float(batch.response_lengths.mean())
-        metrics["response_length/truncated_frac"] = float(batch.truncated.float().mean())
+        if not torch.equal(rewards, scores):
+            metrics["reward/shaped_mean"] = float(rewards.mean())
+        metrics["response_length/mean"] = float(lengths.mean())
+        metrics["response_length/truncated_frac"] = float(truncated.float().mean())
+        scores = batch.scores
         self._last_samples = [(batch.prompts[i], batch.completions[i], float(scores[i]))
                               for i in range(min(8, len(batch)))]
         update_start = time.perf_counter()
-        self._prepare(batch, metrics)
-        self.pm.hook.rlzoo_before_update(batch=batch, ctx=self.ctx)
-        self._update(batch, metrics)
+        metrics.update(self.learn(batch))
         self.scheduler.step()
         if self.critic_scheduler is not None:
             self.critic_scheduler.step()
         update_s = time.perf_counter() - update_start
-        tokens = float(batch.response_mask.sum() + batch.prompt_mask.sum())
+        tokens = distributed.all_reduce_floats(
+            {"tokens": float(batch.response_mask.sum() + batch.prompt_mask.sum())}, self.dist)["tokens"]
         metrics.setdefault("kl/value", 0.0)
         metrics["kl/coef"] = float(self.kl_controller.value) if self.kl_fn is not None else 0.0
         metrics["lr"] = float(self.scheduler.get_last_lr()[0])
@@ -622,8 +714,27 @@ class Trainer:
         metrics["timing/update_s"] = update_s
         metrics["timing/step_s"] = time.perf_counter() - start
         metrics["throughput/tokens_per_s"] = tokens / max(metrics["timing/step_s"], 1e-9)
-        metrics.update(self.ctx.metrics)
+        metrics.update(distributed.all_reduce_floats(self.ctx.metrics, self.dist, op="mean"))
         return metrics
+
+    def learn(self, batch: RolloutBatch) -> dict[str, float]:
+        """Everything after scoring, on this process's share of the global batch: old /
+        reference log-probs and values as needed, KL, advantages (batch statistics over all
+        ranks), then ``ppo_epochs`` × ``mini_batches`` optimizer steps. Fills ``batch``'s
+        fields and returns the update's metrics (averaged over all ranks).
+        """
+        metrics: dict[str, float] = {}
+        self._prepare(batch, metrics)
+        self.pm.hook.rlzoo_before_update(batch=batch, ctx=self.ctx)
+        self._update(batch, metrics)
+        return metrics
+
+    def _gather_rows(self, batch: RolloutBatch) -> tuple[torch.Tensor, ...]:
+        """``(scores, rewards, lengths, truncated)`` of the global batch (all ranks), on CPU."""
+        local = (batch.scores.cpu(), batch.rewards.cpu(), batch.response_lengths.cpu(),
+                 batch.truncated.cpu())
+        parts = distributed.gather_objects(local, self.dist)
+        return tuple(torch.cat([part[i] for part in parts]) for i in range(4))
 
 
 def summary_line(run_dir: Path) -> str:
@@ -668,5 +779,10 @@ def _check_finite(value: torch.Tensor, stage: str, component: str) -> None:
 
 
 def train(resolved: ResolvedConfig, registry: Registry, pm: PluginManager) -> dict[str, float]:
-    """Build a :class:`Trainer` and run it; returns the last step's metrics."""
-    return Trainer(resolved, registry, pm).run()
+    """Build a :class:`Trainer` and run it; returns the last step's metrics.
+
+    Under ``torchrun`` every process calls this; the process group is left at the end.
+    """
+    metrics = Trainer(resolved, registry, pm).run()
+    distributed.shutdown()  # on an error the process exits instead, and torchrun stops the others
+    return metrics

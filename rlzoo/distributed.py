@@ -1,0 +1,168 @@
+"""Data parallelism on ``torch.distributed``: process group, batch statistics, wrapping.
+
+rlzoo does not launch or connect processes itself: ``torchrun`` starts them and sets
+``RANK`` / ``WORLD_SIZE`` / ``LOCAL_RANK`` / ``MASTER_ADDR``; :func:`init` joins the
+process group it describes. Without those variables (a plain ``rlzoo train``) everything
+here is a no-op and :data:`SINGLE` describes the one process.
+
+What is sharded and what is reduced (docs/scaling.md):
+
+- prompts: each rank samples and generates its own ``prompts_per_step / world`` prompts,
+  whole groups, so group statistics need no communication;
+- batch statistics (whitening, batch reward std, GPG's α, the KL controller's mean KL):
+  the advantage stage runs inside :func:`batch_statistics`, where the full reductions of
+  :mod:`rlzoo.masked` and :func:`batch_sum` sum over all ranks;
+- losses: :class:`rlzoo.batch.BatchCounts` hold the global token / sequence counts and
+  the loss is multiplied by ``world`` to undo DDP's gradient averaging, so N ranks
+  produce the gradient of the single-process global batch;
+- logs and checkpoints: rank 0 only; every rank's RNG state is gathered into the
+  checkpoint so a resumed run (same N) continues exactly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Iterator
+
+import torch
+import torch.distributed as dist
+
+from rlzoo.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    """Where this process stands in the job.
+
+    :ivar rank: global rank (0 for a single process).
+    :ivar world: number of processes.
+    :ivar local_rank: rank on this node (selects the GPU).
+    """
+
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+
+    @property
+    def enabled(self) -> bool:
+        """True when a process group of more than one rank is active."""
+        return self.world > 1
+
+    @property
+    def is_main(self) -> bool:
+        """True on the rank that writes logs and checkpoints."""
+        return self.rank == 0
+
+
+SINGLE = DistInfo()
+
+
+def launched_by_torchrun() -> bool:
+    """True when the environment describes a job of more than one process."""
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+def init(backend: str, device_type: str, timeout_s: float) -> DistInfo:
+    """Join the process group torchrun described, or return :data:`SINGLE`.
+
+    :param backend: ``auto`` (nccl for CUDA, gloo for CPU), ``gloo`` or ``nccl``.
+    :param device_type: ``cpu`` or ``cuda``, the device training runs on.
+    :param timeout_s: seconds a collective may wait before the job fails (a dead or
+        stuck rank then ends the job instead of hanging it).
+    """
+    if not launched_by_torchrun():
+        return SINGLE
+    if backend == "auto":
+        backend = "nccl" if device_type == "cuda" else "gloo"
+    if backend == "nccl" and device_type != "cuda":
+        raise ConfigError("distributed.backend=nccl needs trainer.device=cuda (use gloo on CPU)")
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if device_type == "cuda":
+        torch.cuda.set_device(local_rank)
+    if not dist.is_initialized():
+        dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
+    return DistInfo(rank=dist.get_rank(), world=dist.get_world_size(), local_rank=local_rank)
+
+
+def shutdown() -> None:
+    """Leave the process group (if one was joined), once every rank is done with it."""
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+# ----------------------------------------------------------------------------- statistics
+
+_BATCH_SCOPE: list[bool] = []
+
+
+@contextlib.contextmanager
+def batch_statistics(enabled: bool = True) -> Iterator[None]:
+    """Within this block, full reductions of :mod:`rlzoo.masked` sum over all ranks.
+
+    The engine computes advantages and the KL controller's batch KL inside it, so batch
+    whitening and batch-level scaling see the global batch. Values only: no gradient
+    flows through the reduction.
+    """
+    _BATCH_SCOPE.append(bool(enabled) and dist.is_available() and dist.is_initialized()
+                        and dist.get_world_size() > 1)
+    try:
+        yield
+    finally:
+        _BATCH_SCOPE.pop()
+
+
+def batch_sum(value: torch.Tensor) -> torch.Tensor:
+    """``value`` summed over the data-parallel ranks inside :func:`batch_statistics`;
+    ``value`` itself outside it or in a single process. Any shape; a new tensor.
+
+    Plugin authors use it for a batch-level statistic that is not a full reduction of
+    :mod:`rlzoo.masked` (e.g. a count of non-zero scores).
+    """
+    if not (_BATCH_SCOPE and _BATCH_SCOPE[-1]):
+        return value
+    reduced = value.detach().clone()
+    dist.all_reduce(reduced, op=dist.ReduceOp.SUM)
+    return reduced
+
+
+def all_reduce_floats(values: dict[str, float], info: DistInfo, op: str = "sum") -> dict[str, float]:
+    """Sum (``op="sum"``), mean or max of a ``name -> float`` dict over ranks.
+
+    Every rank must pass the same keys (they are sorted, so order does not matter).
+    """
+    if not info.enabled or not values:
+        return dict(values)
+    keys = sorted(values)
+    tensor = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
+    if op == "mean":
+        tensor /= info.world
+    return dict(zip(keys, tensor.tolist()))
+
+
+def gather_objects(obj: Any, info: DistInfo) -> list[Any]:
+    """Every rank's ``obj`` (picklable), in rank order; ``[obj]`` in a single process."""
+    if not info.enabled:
+        return [obj]
+    out: list[Any] = [None] * info.world
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def broadcast_object(obj: Any, info: DistInfo) -> Any:
+    """Rank 0's ``obj`` on every rank."""
+    if not info.enabled:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def barrier(info: DistInfo) -> None:
+    """Wait for every rank (no-op in a single process)."""
+    if info.enabled:
+        dist.barrier()

@@ -1,0 +1,176 @@
+"""Data parallel under torchrun (gloo on CPU): N ranks equal one process on the global batch."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlzoo.config import load_config
+from rlzoo.plugins import build_registry, make_plugin_manager
+from rlzoo.trainer import Trainer
+
+WORKER = Path(__file__).with_name("dist_worker.py")
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+COMMON = ["task.num_digits=3", "rollout.prompts_per_step=4", "rollout.n=4", "rollout.max_new_tokens=5",
+          "trainer.micro_batch_size=3", "trainer.ppo_epochs=1", "trainer.mini_batches=1",
+          "trainer.lr=0.001", "logging.progress=false", "model.hidden_size=32", "model.intermediate_size=64"]
+CASES = {
+    # name: overrides (loss_agg given explicitly: the denominators under test)
+    "grpo": ["algo=grpo", "loss_agg=seq-mean-token-mean"],
+    "dr_grpo": ["algo=dr_grpo", "loss_agg=seq-mean-token-sum-norm"],
+    # GAE with whitening, a critic, KL in the reward with the adaptive controller
+    "ppo": ["algo=ppo", "loss_agg=token-mean", "advantage.whiten=true"],
+    # batch-level reward std and GPG's alpha are batch statistics too
+    "grpo_batch_std": ["algo=grpo", "advantage.scale=batch", "loss_agg=token-mean"],
+    "gpg": ["algo=grpo", "advantage=gpg", "loss_agg=token-sum"],
+}
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("WORLD_SIZE", None)
+    env["OMP_NUM_THREADS"] = "1"
+    return env
+
+
+def test_two_ranks_equal_one_process_after_one_update(tmp_path: Path) -> None:
+    pm = make_plugin_manager()
+    registry = build_registry(pm)
+    cases, expected = [], {}
+    for name, overrides in CASES.items():
+        args = [*COMMON, *overrides]
+        trainer = Trainer(load_config(registry, [*args, f"run_dir={tmp_path / name}"]), registry, pm)
+        batch = trainer._rollout(4)
+        # a random policy scores ~0 everywhere; varied scores (one group all equal) exercise the math
+        scores = torch.rand(len(batch), generator=torch.Generator().manual_seed(7))
+        scores[:4] = 0.5
+        batch.scores, batch.rewards = scores, scores.clone()
+        torch.save(batch, tmp_path / f"{name}.pt")
+        metrics = trainer.learn(batch)
+        expected[name] = {
+            "params": {k: v.detach().clone() for k, v in trainer.policy.named_parameters()},
+            "grads": {k: v.grad.clone() for k, v in trainer.policy.named_parameters() if v.grad is not None},
+            "critic": ({k: v.detach().clone() for k, v in trainer.critic.named_parameters()}
+                       if trainer.critic is not None else None),
+            "advantages": batch.advantages, "metrics": metrics, "kl_coef": float(trainer.kl_controller.value),
+        }
+        cases.append({"overrides": [*args, f"run_dir={tmp_path / name}-dp"], "batch": str(tmp_path / f"{name}.pt"),
+                      "out": str(tmp_path / f"{name}-dp.out")})
+    spec = tmp_path / "cases.json"
+    spec.write_text(json.dumps(cases))
+    proc = subprocess.run([*TORCHRUN, str(WORKER), str(spec)], capture_output=True, text=True, env=_env(),
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-12000:]
+    for name in CASES:
+        got = torch.load(tmp_path / f"{name}-dp.out", weights_only=False)
+        want = expected[name]
+        torch.testing.assert_close(got["advantages"], want["advantages"], rtol=1e-5, atol=1e-6,
+                                   msg=lambda m, n=name: f"{n}: advantages differ: {m}")
+        assert want["grads"].keys() == got["grads"].keys()
+        for key, grad in want["grads"].items():
+            torch.testing.assert_close(got["grads"][key], grad, rtol=1e-4, atol=1e-7,
+                                       msg=lambda m, n=name, k=key: f"{n}: gradient of {k} differs: {m}")
+        for key, param in want["params"].items():
+            assert (got["params"][key] - param).abs().max() <= 1e-5, f"{name}: {key} differs after the update"
+        if want["critic"] is not None:
+            for key, param in want["critic"].items():
+                assert (got["critic"][key] - param).abs().max() <= 1e-5, f"{name}: critic {key} differs"
+        for key in ("policy/loss", "entropy", "advantages/mean", "kl/value"):
+            if key in want["metrics"]:
+                assert got["metrics"][key] == pytest.approx(want["metrics"][key], rel=1e-4, abs=1e-6), key
+        assert got["kl_coef"] == pytest.approx(want["kl_coef"], rel=1e-6)
+
+
+def _rlzoo(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "rlzoo", *args], capture_output=True, text=True, env=_env(),
+                          timeout=timeout)
+
+
+def test_launcher_trains_logs_on_rank_zero_and_resumes_with_the_same_world(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    args = ["train", *COMMON, "launcher.nproc=2", f"run_dir={run_dir}", "checkpoint.every=0"]
+    proc = _rlzoo(*args, "trainer.total_steps=2")
+    assert proc.returncode == 0, proc.stderr[-12000:]
+    assert "torch.distributed.run --standalone --nproc_per_node=2" in proc.stderr
+    assert proc.stdout.count("rlzoo: 2 steps") == 1  # the summary line, from rank 0 only
+    assert len(list(run_dir.glob("events.out.tfevents.*"))) == 1
+    state = torch.load(run_dir / "checkpoints/step_000002/trainer_state.pt", weights_only=False)
+    assert state["world_size"] == 2 and len(state["ranks"]) == 2
+    assert state["ranks"][0]["sample_rng"] != state["ranks"][1]["sample_rng"]  # ranks draw different prompts
+
+    proc = _rlzoo("train", f"resume={run_dir}", "trainer.total_steps=3")  # the saved launcher.nproc=2
+    assert proc.returncode == 0, proc.stderr[-12000:]
+    assert (run_dir / "checkpoints/step_000003").is_dir()
+    assert json.loads((run_dir / "status.json").read_text())["status"] == "completed"
+
+    proc = _rlzoo("train", f"resume={run_dir}", "trainer.total_steps=4", "launcher.nproc=1")
+    assert proc.returncode == 2
+    assert "written by 2 process(es)" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_launcher_rejects_prompts_not_divisible_by_ranks(tmp_path: Path) -> None:
+    proc = _rlzoo("train", "launcher.nproc=3", "rollout.prompts_per_step=4", f"run_dir={tmp_path}/r")
+    assert proc.returncode == 2
+    assert "rollout.prompts_per_step=4 must be divisible by launcher.nproc=3" in proc.stderr
+    assert not (tmp_path / "r").exists()
+
+
+def _worker_pid(parent: int, rank: int) -> int | None:
+    """The pid of the torchrun worker of ``rank`` among ``parent``'s descendants."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if f"RANK={rank}".encode() in environ and any(v.startswith(b"TORCHELASTIC_RUN_ID=") for v in environ) \
+                and _descends(int(entry.name), parent):
+            return int(entry.name)
+    return None
+
+
+def _descends(pid: int, ancestor: int) -> bool:
+    while pid > 1:
+        if pid == ancestor:
+            return True
+        try:
+            pid = int((Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except OSError:
+            return False
+    return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs /proc to find the worker")
+def test_a_killed_rank_ends_the_job_with_the_rank_named(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    cmd = [*TORCHRUN, "-m", "rlzoo", "train", *COMMON, "trainer.total_steps=100000", f"run_dir={run_dir}",
+           "distributed.timeout_s=30", "checkpoint.every=0"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+    try:
+        deadline = time.monotonic() + 180
+        while not list(run_dir.glob("events.out.tfevents.*")) and time.monotonic() < deadline:
+            assert proc.poll() is None, proc.communicate()[1][-3000:]
+            time.sleep(0.5)
+        time.sleep(2)
+        victim = _worker_pid(proc.pid, rank=1)
+        assert victim is not None, "rank 1's process not found"
+        killed_at = time.monotonic()
+        os.kill(victim, signal.SIGKILL)
+        _, err = proc.communicate(timeout=120)
+        elapsed = time.monotonic() - killed_at
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0
+    assert elapsed < 60
+    assert "rank" in err and "SIGKILL" in err, err[-3000:]
+    assert f"pid: {victim}" in err or f"PID {victim}" in err, err[-3000:]
