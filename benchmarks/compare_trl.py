@@ -36,10 +36,12 @@ from datetime import date
 from pathlib import Path
 
 SETTINGS = {
+    # micro_batch: rlzoo's sequences per forward/backward (all 64 at once where memory is no
+    # concern; 16 in the small setting, where it bounds the activations kept for backward)
     "tiny": dict(hidden=128, layers=2, heads=4, kv_heads=2, vocab=None, prompts=8, n=8, new_tokens=8,
-                 kls=[0.0]),
+                 kls=[0.0], micro_batch=64),
     "small": dict(hidden=512, layers=4, heads=4, kv_heads=4, vocab=32_000, prompts=8, n=8,
-                  new_tokens=64, kls=[0.0, 0.04]),
+                  new_tokens=64, kls=[0.0, 0.04], micro_batch=16),
 }
 LR = 1e-3
 MARK = "@@rlzoo-bench@@"  # prefixes worker replies (libraries print to stdout too)
@@ -103,7 +105,7 @@ def worker_rlzoo(model_dir: Path, data: Path, spec: dict, kl: float, steps: int)
         "algo=grpo", f"model.path={model_dir}", f"task={{name: file, path: {data}}}", "reward=exact_match",
         f"rollout.prompts_per_step={spec['prompts']}", f"rollout.n={spec['n']}",
         f"rollout.max_new_tokens={spec['new_tokens']}", f"trainer.lr={LR}", f"kl.coef={kl}",
-        "kl.penalty=k3", f"trainer.total_steps={steps}", "trainer.micro_batch_size=16",
+        "kl.penalty=k3", f"trainer.total_steps={steps}", f"trainer.micro_batch_size={spec['micro_batch']}",
         "trainer.logprob_chunk_size=512", "logging.progress=false",
     ]
     trainer = Trainer(load_config(registry, overrides), registry, pm)

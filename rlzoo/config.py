@@ -151,7 +151,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "kl.apply": ("loss", "reward"),
     "trainer.lr_schedule": ("constant", "linear", "cosine"),
     "trainer.device": ("cpu", "cuda", "auto"),
-    "distributed.strategy": ("ddp",),
+    "distributed.strategy": ("ddp", "fsdp"),
     "distributed.backend": ("auto", "gloo", "nccl"),
 }
 

@@ -166,3 +166,98 @@ def barrier(info: DistInfo) -> None:
     """Wait for every rank (no-op in a single process)."""
     if info.enabled:
         dist.barrier()
+
+
+# ----------------------------------------------------------------------------- FSDP2
+
+
+def fully_shard_model(module: torch.nn.Module, device: torch.device,
+                      example_inputs: tuple[Any, ...] | None = None) -> torch.nn.Module:
+    """Shard ``module`` with FSDP2 (``torch.distributed.fsdp.fully_shard``), in place.
+
+    Each transformer block (a submodule whose class name ends in ``DecoderLayer``, as in
+    every Hugging Face causal LM) is its own group, gathered only while it runs; the
+    remaining parameters (embeddings, final norm, head, a critic's value head) form the
+    root group. ``example_inputs``, when given, run one no-grad forward through the root
+    so FSDP initialises with it as the root before any submodule is called on its own
+    (generation calls the wrapped causal LM inside :func:`gathered`). Returns ``module``
+    (now an ``FSDPModule``).
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    for sub in list(module.modules()):
+        if sub is not module and type(sub).__name__.endswith("DecoderLayer"):
+            fully_shard(sub, mesh=mesh)
+    # the root reshards after forward too, so a no-grad forward (old log-probs) leaves the
+    # registered parameters sharded: the ones the optimizer holds
+    fully_shard(module, mesh=mesh, reshard_after_forward=True)
+    if example_inputs is not None:
+        with torch.no_grad():
+            module(*example_inputs)
+        module.reshard()
+    return module
+
+
+def is_sharded(module: torch.nn.Module) -> bool:
+    """True when ``module`` was sharded by :func:`fully_shard_model`."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(module, FSDPModule)
+
+
+@contextlib.contextmanager
+def gathered(module: torch.nn.Module) -> Iterator[None]:
+    """Within this block the root parameters of a sharded ``module`` are whole, so its
+    submodules can be called directly (generation); a no-op for other modules."""
+    if not is_sharded(module):
+        yield
+        return
+    module.unshard()
+    try:
+        yield
+    finally:
+        module.reshard()
+
+
+def full_state_dict(module: torch.nn.Module, prefix: str = "") -> dict[str, torch.Tensor]:
+    """The whole (unsharded) state dict of ``module`` on the CPU, keys without ``prefix``.
+
+    A collective for a sharded module: every rank calls it (all receive the tensors).
+    """
+    if is_sharded(module):
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        state = get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    else:
+        state = module.state_dict()
+    return {k[len(prefix):] if k.startswith(prefix) else k: v for k, v in state.items()}
+
+
+def optimizer_state(module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """The optimizer's state dict; for a sharded module the whole state keyed by parameter
+    name (a collective: every rank calls it)."""
+    if not is_sharded(module):
+        return optimizer.state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    return get_optimizer_state_dict(module, optimizer,
+                                    options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def load_optimizer_state(module: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                         state: dict[str, Any]) -> None:
+    """Inverse of :func:`optimizer_state` (every rank calls it with the saved state)."""
+    if not is_sharded(module):
+        optimizer.load_state_dict(state)
+        return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    set_optimizer_state_dict(module, optimizer, optim_state_dict=state,
+                             options=StateDictOptions(full_state_dict=True))
+
+
+def local_value(tensor: torch.Tensor) -> torch.Tensor:
+    """A plain tensor from a possibly sharded one (e.g. FSDP's gradient norm)."""
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor

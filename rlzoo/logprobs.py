@@ -40,9 +40,15 @@ def _head_chunk(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     return logp, entropy
 
 
+CHECKPOINT_MIN_BYTES = 16 * 2**20
+"""Chunks are recomputed in backward only when the float32 logits of all valid tokens
+would take more than this (below it, keeping them costs less than recomputing)."""
+
+
 def token_logprobs(hidden: torch.Tensor, head: torch.nn.Linear, targets: torch.Tensor,
-                   mask: torch.Tensor, chunk_size: int = 1024,
-                   with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+                   mask: torch.Tensor, chunk_size: int = 1024, with_entropy: bool = False,
+                   checkpoint_min_bytes: int = CHECKPOINT_MIN_BYTES
+                   ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs (and entropies) of ``targets`` under ``head(hidden)``.
 
     :param hidden: ``(B, T, H)`` hidden states that predict ``targets``.
@@ -50,13 +56,17 @@ def token_logprobs(hidden: torch.Tensor, head: torch.nn.Linear, targets: torch.T
     :param targets: ``(B, T)`` token ids.
     :param mask: ``(B, T)``; only positions with mask > 0 are computed, the rest are 0.
     :param chunk_size: tokens projected to the vocabulary at a time.
+    :param checkpoint_min_bytes: with gradients on, chunks run under activation
+        checkpointing when (valid tokens × V × 4 bytes) exceeds this.
     :return: ``logp`` ``(B, T)`` and ``entropy`` ``(B, T)`` (nats) or ``None``.
     """
     batch, length = targets.shape
     flat_index = mask.reshape(-1).nonzero().squeeze(-1)
     flat_hidden = hidden.reshape(batch * length, -1).index_select(0, flat_index)
     flat_targets = targets.reshape(-1).index_select(0, flat_index)
-    use_checkpoint = torch.is_grad_enabled() and (hidden.requires_grad or head.weight.requires_grad)
+    logit_bytes = flat_index.numel() * head.weight.shape[0] * 4
+    use_checkpoint = (torch.is_grad_enabled() and (hidden.requires_grad or head.weight.requires_grad)
+                      and logit_bytes > checkpoint_min_bytes)
     logp_parts, entropy_parts = [], []
     for start in range(0, flat_index.numel(), chunk_size):
         args = (flat_hidden[start:start + chunk_size], head.weight, head.bias,

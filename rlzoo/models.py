@@ -147,13 +147,17 @@ class ValueModel(torch.nn.Module):
                                position_ids=position_ids, use_cache=False).last_hidden_state
         return self.value_head(hidden.float()).squeeze(-1)
 
-    def save_pretrained(self, path: str | Path) -> None:
+    def save_pretrained(self, path: str | Path, state_dict: dict[str, torch.Tensor] | None = None) -> None:
+        """Backbone as a Hugging Face model directory plus ``value_head.safetensors``;
+        ``state_dict`` (this module's keys) replaces the live weights (e.g. gathered shards)."""
         from safetensors.torch import save_file
 
         path = Path(path)
-        self.backbone.save_pretrained(str(path))
-        save_file({k: v.contiguous() for k, v in self.value_head.state_dict().items()},
-                  str(path / "value_head.safetensors"))
+        state = state_dict if state_dict is not None else self.state_dict()
+        backbone = {k[len("backbone."):]: v for k, v in state.items() if k.startswith("backbone.")}
+        head = {k[len("value_head."):]: v.contiguous() for k, v in state.items() if k.startswith("value_head.")}
+        self.backbone.save_pretrained(str(path), state_dict=backbone)
+        save_file(head, str(path / "value_head.safetensors"))
 
     def load_from(self, path: str | Path) -> None:
         from safetensors.torch import load_file

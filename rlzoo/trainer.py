@@ -162,6 +162,8 @@ class Trainer:
             self.reference.to(self.device)
         if cfg.model.gradient_checkpointing:
             self.policy.gradient_checkpointing_enable()
+        if self.critic is not None and self.resume_from is not None:
+            self.critic.load_from(self.resume_from / "critic")  # before any sharding
         self.policy_forward: torch.nn.Module = ResponseForward(self.policy)
         self.critic_forward: torch.nn.Module | None = self.critic
         if self.dist.enabled:
@@ -209,6 +211,12 @@ class Trainer:
 
     def _wrap(self, module: torch.nn.Module) -> torch.nn.Module:
         """``module`` under the configured data-parallel strategy (called with > 1 rank)."""
+        if self.cfg.distributed.strategy == "fsdp":
+            example = None
+            if isinstance(module, ResponseForward):  # one token of prompt and of response
+                token = torch.zeros((1, 1), dtype=torch.long, device=self.device)
+                example = (token, torch.ones_like(token), token, torch.ones_like(token))
+            return distributed.fully_shard_model(module, self.device, example)
         from torch.nn.parallel import DistributedDataParallel
 
         ids = [self.device.index] if self.device.type == "cuda" else None
@@ -261,7 +269,8 @@ class Trainer:
                                                   tokenize=False, add_generation_prompt=True)
 
     def _encode(self, prompts: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
-        ids = [self.tokenizer(self.format_prompt(p), add_special_tokens=False).input_ids for p in prompts]
+        """Left-padded ``(len(prompts), P)`` ids and mask (one tokenizer call for the list)."""
+        ids = self.tokenizer([self.format_prompt(p) for p in prompts], add_special_tokens=False).input_ids
         prompt_ids, prompt_mask = left_pad(ids, self.tokenizer.pad_token_id)
         return prompt_ids.to(self.device), prompt_mask.to(self.device)
 
@@ -310,20 +319,24 @@ class Trainer:
         prompts = [e.prompt for e in examples for _ in range(cfg.n)]
         references = [e.reference for e in examples for _ in range(cfg.n)]
         group_ids = torch.arange(group_base, group_base + n_prompts).repeat_interleave(cfg.n)
-        prompt_ids, prompt_mask = self._encode(prompts)
+        prompt_ids, prompt_mask = self._encode([e.prompt for e in examples])  # each prompt once
+        prompt_ids = prompt_ids.repeat_interleave(cfg.n, 0)
+        prompt_mask = prompt_mask.repeat_interleave(cfg.n, 0)
         self.policy.eval()
-        gen = generate(self.policy, prompt_ids, prompt_mask, max_new_tokens=cfg.max_new_tokens,
-                       eos_id=self.tokenizer.eos_token_id, pad_id=self.tokenizer.pad_token_id,
-                       temperature=cfg.temperature, top_p=cfg.top_p)
+        with distributed.gathered(self.policy_forward):
+            gen = generate(self.policy, prompt_ids, prompt_mask, max_new_tokens=cfg.max_new_tokens,
+                           eos_id=self.tokenizer.eos_token_id, pad_id=self.tokenizer.pad_token_id,
+                           temperature=cfg.temperature, top_p=cfg.top_p)
         completions = self._decode(gen.response_ids, gen.response_mask)
         scores = self._score(prompts, completions, references)
         baseline = None
         if "greedy" in self.needs:
             unique_prompts = [e.prompt for e in examples]
             ids, mask = self._encode(unique_prompts)
-            greedy = generate(self.policy, ids, mask, max_new_tokens=cfg.max_new_tokens,
-                              eos_id=self.tokenizer.eos_token_id,
-                              pad_id=self.tokenizer.pad_token_id, greedy=True)
+            with distributed.gathered(self.policy_forward):
+                greedy = generate(self.policy, ids, mask, max_new_tokens=cfg.max_new_tokens,
+                                  eos_id=self.tokenizer.eos_token_id,
+                                  pad_id=self.tokenizer.pad_token_id, greedy=True)
             greedy_scores = self._score(unique_prompts, self._decode(greedy.response_ids, greedy.response_mask),
                                         [e.reference for e in examples])
             baseline = greedy_scores.repeat_interleave(cfg.n)
@@ -341,16 +354,17 @@ class Trainer:
         return list(rows.split(self.cfg.trainer.micro_batch_size)) if size else []
 
     @torch.no_grad()
-    def _forward_logp(self, model: Any, batch: RolloutBatch,
+    def _forward_logp(self, module: torch.nn.Module, batch: RolloutBatch,
                       with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Log-probs (and entropies) of ``batch`` under ``module`` (a :class:`ResponseForward`,
+        possibly wrapped), micro-batch by micro-batch; ``(B, T)`` each."""
         logps, entropies = [], []
         for rows in self._micro_batches(len(batch), torch.arange(len(batch))):
             mb = batch.select(rows)
-            out = response_forward(model, mb.prompt_ids, mb.prompt_mask, mb.response_ids,
-                                   mb.response_mask, chunk_size=self.cfg.trainer.logprob_chunk_size,
-                                   with_entropy=with_entropy)
-            logps.append(out.logp)
-            entropies.append(out.entropy)
+            logp, entropy, _ = module(mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask,
+                                      chunk_size=self.cfg.trainer.logprob_chunk_size, with_entropy=with_entropy)
+            logps.append(logp)
+            entropies.append(entropy)
         return torch.cat(logps), (torch.cat(entropies) if with_entropy else None)
 
     @torch.no_grad()
@@ -378,9 +392,9 @@ class Trainer:
         if self._needs_old_logp():
             self.policy.eval()
             batch.old_logp, batch.old_entropy = self._forward_logp(
-                self.policy, batch, with_entropy="entropy" in self.needs)
+                self.policy_forward, batch, with_entropy="entropy" in self.needs)
         if self.kl_fn is not None:
-            batch.ref_logp, _ = self._forward_logp(self.reference, batch)
+            batch.ref_logp, _ = self._forward_logp(ResponseForward(self.reference), batch)
         if self.critic is not None:
             self.critic.eval()
             batch.old_values = self._forward_values(batch)
@@ -444,7 +458,8 @@ class Trainer:
                             chunk_size=t.logprob_chunk_size, with_entropy=True, with_logits=need_logits)
                         loss = self._policy_micro_loss(mb, logp, entropy, logits, counts, beta, add)
                         (loss * self.dist.world).backward()  # DDP averages over ranks; counts are global
-                norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), t.max_grad_norm)
+                norm = distributed.local_value(
+                    torch.nn.utils.clip_grad_norm_(self.policy.parameters(), t.max_grad_norm))
                 _check_finite(norm, "policy gradient", self.policy_loss_component.name)
                 grad_norms.append(float(norm))
                 self.optimizer.step()
@@ -513,7 +528,7 @@ class Trainer:
             add("value/loss", float(loss.detach()) * counts.tokens / max(weight, 1.0), weight)
             for key, value in value_metrics.items():
                 add(f"value/{key}", float(value), weight)
-        norm = torch.nn.utils.clip_grad_norm_(self.critic.parameters(), t.max_grad_norm)
+        norm = distributed.local_value(torch.nn.utils.clip_grad_norm_(self.critic.parameters(), t.max_grad_norm))
         _check_finite(norm, "value gradient", self.resolved.components["value_loss"].name)
         add("value/grad_norm", float(norm), 1.0)
         self.critic_optimizer.step()
@@ -539,42 +554,56 @@ class Trainer:
         self.sample_rng.setstate(state["sample_rng"])
         self.ctx.state.update(state["ctx_state"])
 
-    def _trainer_state(self, ranks: list[dict[str, Any]]) -> dict[str, Any]:
+    def _trainer_state(self) -> dict[str, Any]:
+        """Everything but the weights; a collective (RNG states gathered, sharded optimizer
+        states unsharded), so every rank calls it."""
+        ranks = distributed.gather_objects(self._rng_state(), self.dist)
         return {
             "step": self.step,
             "world_size": self.dist.world,
             "ranks": ranks,
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": distributed.optimizer_state(self.policy_forward, self.optimizer),
             "scheduler": self.scheduler.state_dict(),
-            "critic_optimizer": self.critic_optimizer.state_dict() if self.critic_optimizer else None,
+            "critic_optimizer": (distributed.optimizer_state(self.critic, self.critic_optimizer)
+                                 if self.critic_optimizer else None),
             "critic_scheduler": self.critic_scheduler.state_dict() if self.critic_scheduler else None,
             "kl_controller": self.kl_controller.state_dict(),
-            **ranks[0],
+            **ranks[0],  # a single process's layout
             "extensions": {name: plugin.state_dict() for name, plugin in self.extensions
                            if hasattr(plugin, "state_dict")},
         }
 
+    def _saveable_models(self) -> dict[str, Any]:
+        """``name -> object with save_pretrained`` for the checkpoint (a collective when
+        the models are sharded: their whole weights are gathered on every rank)."""
+        models: dict[str, Any] = {"policy": self._saveable(self.policy, self.policy_forward, "model."),
+                                  "policy:tokenizer": self.tokenizer}
+        if self.critic is not None:
+            models["critic"] = self._saveable(self.critic, self.critic, "")
+        return models
+
+    @staticmethod
+    def _saveable(model: Any, wrapper: torch.nn.Module, prefix: str) -> Any:
+        if not distributed.is_sharded(wrapper):
+            return model
+        return _WithStateDict(model, distributed.full_state_dict(wrapper, prefix))
+
     def save(self) -> Path:
         """Write a checkpoint of this step (a collective: every rank calls it; rank 0 writes)."""
-        ranks = distributed.gather_objects(self._rng_state(), self.dist)
+        models, state = self._saveable_models(), self._trainer_state()
         path = self.run_dir / "checkpoints"
         if self.dist.is_main:
-            models: dict[str, Any] = {"policy": self.policy, "policy:tokenizer": self.tokenizer}
-            if self.critic is not None:
-                models["critic"] = self.critic
-            path = save_checkpoint(self.run_dir, self.step, models, self._trainer_state(ranks),
-                                   keep=self.cfg.checkpoint.keep)
+            path = save_checkpoint(self.run_dir, self.step, models, state, keep=self.cfg.checkpoint.keep)
         distributed.barrier(self.dist)
         return path
 
     def _restore(self, checkpoint: Path) -> None:
         state = self._resume_state if checkpoint == self.resume_from else load_state(checkpoint)
         self.step = int(state["step"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        distributed.load_optimizer_state(self.policy_forward, self.optimizer, state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         if self.critic is not None:
-            self.critic.load_from(checkpoint / "critic")
-            self.critic_optimizer.load_state_dict(state["critic_optimizer"])
+            distributed.load_optimizer_state(self.critic, self.critic_optimizer, state["critic_optimizer"])
             self.critic_scheduler.load_state_dict(state["critic_scheduler"])
         self.kl_controller.load_state_dict(state["kl_controller"])
         self._set_rng_state(state["ranks"][self.dist.rank] if "ranks" in state else state)
@@ -597,9 +626,10 @@ class Trainer:
         main = self.dist.is_main
         init_dir = self.run_dir / INIT_MODEL_DIR
         if self.resume_from is None:
+            initial = self._saveable(self.policy, self.policy_forward, "model.")
             if main:
                 self.run_dir.mkdir(parents=True, exist_ok=True)
-                self.policy.save_pretrained(str(init_dir))
+                initial.save_pretrained(str(init_dir))
                 self.tokenizer.save_pretrained(str(init_dir))
                 (self.run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
             distributed.barrier(self.dist)
@@ -735,6 +765,16 @@ class Trainer:
                  batch.truncated.cpu())
         parts = distributed.gather_objects(local, self.dist)
         return tuple(torch.cat([part[i] for part in parts]) for i in range(4))
+
+
+class _WithStateDict:
+    """A model's ``save_pretrained`` with given (gathered) weights."""
+
+    def __init__(self, model: Any, state_dict: dict[str, torch.Tensor]) -> None:
+        self.model, self.state_dict = model, state_dict
+
+    def save_pretrained(self, path: str) -> None:
+        self.model.save_pretrained(path, state_dict=self.state_dict)
 
 
 def summary_line(run_dir: Path) -> str:

@@ -3,7 +3,7 @@
 Reads a JSON list of cases ``{"overrides": [...], "batch": PATH, "out": PATH}``; for each,
 builds the trainer, takes this rank's contiguous share of the saved global batch (whole
 groups), runs :meth:`Trainer.learn` once, and on rank 0 saves the parameters, gradients,
-gathered advantages and metrics to ``out``.
+gathered advantages and metrics to ``out`` (whole tensors also under FSDP).
 """
 
 import json
@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 from rlzoo.config import load_config
+from rlzoo.distributed import full_state_dict, is_sharded, local_value
 from rlzoo.plugins import build_registry, make_plugin_manager
 from rlzoo.trainer import Trainer
 
@@ -30,16 +31,23 @@ def main(spec_path: str) -> None:
         metrics = trainer.learn(local)
         advantages = [None] * world
         dist.all_gather_object(advantages, local.advantages)
+        # whole tensors on every rank (collectives when the models are sharded by FSDP)
+        params = full_state_dict(trainer.policy_forward, "model.") if is_sharded(trainer.policy_forward) \
+            else {k: v.detach() for k, v in trainer.policy.named_parameters()}
+        grads = {k: local_value(v.grad) for k, v in trainer.policy.named_parameters() if v.grad is not None}
+        critic = None
+        if trainer.critic is not None:
+            critic = full_state_dict(trainer.critic) if is_sharded(trainer.critic) \
+                else {k: v.detach() for k, v in trainer.critic.named_parameters()}
         if rank == 0:
             torch.save({
-                "params": {k: v.detach().clone() for k, v in trainer.policy.named_parameters()},
-                "grads": {k: v.grad.clone() for k, v in trainer.policy.named_parameters()
-                          if v.grad is not None},
-                "critic": ({k: v.detach().clone() for k, v in trainer.critic.named_parameters()}
-                           if trainer.critic is not None else None),
+                "params": {k: v.clone() for k, v in params.items()},
+                "grads": {k: v.clone() for k, v in grads.items()},
+                "critic": critic,
                 "advantages": torch.cat(advantages),
                 "metrics": metrics,
                 "kl_coef": float(trainer.kl_controller.value),
+                "wrapper": type(trainer.policy_forward).__name__,
             }, case["out"])
         dist.barrier()
     dist.destroy_process_group()

@@ -94,9 +94,10 @@ def test_chunked_logprobs_and_entropy_equal_naive_values_and_gradients() -> None
     expected_logp, expected_entropy = _naive(hidden, head, targets)
     (expected_logp * mask).sum().backward()
     expected_grad = hidden.grad.clone()
-    for chunk in (1, 4, 1000):
+    for chunk, min_bytes in ((1, 0), (4, 0), (1000, 0), (4, 2**30)):   # checkpointed, then not
         hidden.grad = None
-        logp, entropy = token_logprobs(hidden, head, targets, mask, chunk_size=chunk, with_entropy=True)
+        logp, entropy = token_logprobs(hidden, head, targets, mask, chunk_size=chunk, with_entropy=True,
+                                       checkpoint_min_bytes=min_bytes)
         assert torch.allclose(logp, expected_logp * mask, atol=1e-6)
         assert torch.allclose(entropy, expected_entropy * mask, atol=1e-6)
         (logp * mask).sum().backward()
@@ -151,10 +152,26 @@ def test_chunked_head_keeps_memory_sublinear_in_vocab_times_length() -> None:
         targets = torch.randint(0, vocab, (batch, length))
         mask = torch.ones(batch, length)
         chunked = _saved_bytes(partial(token_logprobs, hidden, head, targets, mask, chunk_size=64,
-                                       with_entropy=True))
+                                       with_entropy=True, checkpoint_min_bytes=0))
         naive = _saved_bytes(partial(_naive, hidden, head, targets))
         figures[(vocab, length)] = (chunked, naive)
     (small_c, small_n), (big_c, big_n) = figures[(1000, 32)], figures[(4000, 128)]
     assert big_n >= 12 * small_n                        # naive: ~linear in V·T (16x)
     assert big_c < 4.5 * small_c                        # chunked: grows with T (4x), not V·T
     assert big_c < big_n / 20                           # and much smaller outright
+
+
+def test_small_logits_are_kept_instead_of_recomputed() -> None:
+    """Below ``checkpoint_min_bytes`` the chunk logits are saved for backward (cheaper than
+    recomputing them); above it only the chunk inputs are."""
+    torch.manual_seed(0)
+    head = torch.nn.Linear(16, 300, bias=False)
+    hidden = torch.randn(2, 40, 16, requires_grad=True)
+    targets = torch.randint(0, 300, (2, 40))
+    mask = torch.ones(2, 40)
+    logits_bytes = 2 * 40 * 300 * 4
+    kept = _saved_bytes(partial(token_logprobs, hidden, head, targets, mask, chunk_size=80,
+                                checkpoint_min_bytes=logits_bytes))       # not above: kept
+    recomputed = _saved_bytes(partial(token_logprobs, hidden, head, targets, mask, chunk_size=80,
+                                      checkpoint_min_bytes=logits_bytes - 1))
+    assert kept >= logits_bytes > recomputed
