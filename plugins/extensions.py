@@ -39,7 +39,8 @@ class DynamicSamplingParams:
 class DynamicSampling:
     """DAPO dynamic sampling (arXiv:2503.14476 §3.2): drop groups whose raw scores are all
     equal (they carry no group-relative signal) and refill with fresh groups, up to
-    ``max_rounds`` extra rounds; the batch is cut to ``rollout.prompts_per_step`` groups.
+    ``max_rounds`` extra rounds; the batch is cut to ``rollout.prompts_per_step`` groups
+    (under torchrun each process filters and refills its own share).
     When rounds run out the smaller batch is used (DAPO's recipe keeps generating; a
     bound keeps a step's time predictable). Logs ``dynamic_sampling/kept_groups`` and
     ``dynamic_sampling/rounds``."""
@@ -49,7 +50,7 @@ class DynamicSampling:
 
     @hookimpl
     def rlzoo_after_rollout(self, batch: RolloutBatch, ctx: Any) -> RolloutBatch:
-        wanted = int(ctx.cfg.rollout.prompts_per_step)
+        wanted = int(ctx.prompts)  # this process's share of rollout.prompts_per_step
         kept = batch.select((~_constant_groups(batch)).nonzero().flatten())
         first_kept = len(torch.unique(kept.group_ids))
         rounds = 0
@@ -63,7 +64,7 @@ class DynamicSampling:
         if keep_groups is not None:
             rows = [i for i, g in enumerate(kept.group_ids.tolist()) if g in keep_groups]
             kept = kept.select(rows)
-        ctx.metrics["dynamic_sampling/kept_groups"] = float(first_kept)
+        ctx.counts["dynamic_sampling/kept_groups"] = float(first_kept)
         ctx.metrics["dynamic_sampling/rounds"] = float(rounds)
         if len(kept) == 0:
             return batch  # every group constant even after refills: train on what we have

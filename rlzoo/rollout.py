@@ -69,20 +69,29 @@ def generate(
     temperature: float = 1.0,
     top_p: float = 1.0,
     greedy: bool = False,
+    num_samples: int = 1,
 ) -> Generation:
     """Sample up to ``max_new_tokens`` tokens after each left-padded prompt.
 
     :param prompt_ids: ``(B, P)`` left-padded prompt ids; ``prompt_mask`` ``(B, P)``.
+    :param num_samples: completions per prompt (a group): each prompt is prefilled once and
+        its KV cache repeated, so responses are ``(B · num_samples, T)``, prompt-major
+        (row ``i · num_samples + j`` is the j-th completion of prompt i).
     :return: the responses; sampling uses torch's global RNG (seeded by the trainer).
     """
     device = prompt_ids.device
-    batch = prompt_ids.shape[0]
     attention = prompt_mask.long()
     positions = position_ids_from_mask(attention)
     out = model(input_ids=prompt_ids, attention_mask=attention, position_ids=positions,
                 use_cache=True, logits_to_keep=1)
     past = out.past_key_values
     next_logits = out.logits[:, -1]
+    if num_samples > 1:
+        past.batch_repeat_interleave(num_samples)
+        next_logits = next_logits.repeat_interleave(num_samples, 0)
+        attention = attention.repeat_interleave(num_samples, 0)
+        positions = positions.repeat_interleave(num_samples, 0)
+    batch = attention.shape[0]
     last_position = positions[:, -1]
     tokens = torch.full((batch, max_new_tokens), pad_id, dtype=torch.long, device=device)
     finished = torch.zeros(batch, dtype=torch.bool, device=device)

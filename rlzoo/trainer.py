@@ -55,7 +55,12 @@ class RunContext:
         ``n_prompts`` fresh prompts (used by dynamic sampling to refill a batch).
     :ivar state: per-run scratch space for extensions (saved in checkpoints; keep its
         values picklable).
-    :ivar metrics: this step's extra metrics; hooks add ``name -> float`` to log them.
+    :ivar metrics: this step's extra metrics; hooks add ``name -> float`` to log them
+        (under torchrun: averaged over the processes).
+    :ivar counts: this step's extra metrics that count things in the batch (summed over
+        the processes under torchrun, so they equal a single process's count).
+    :ivar prompts: prompts (groups) this process generates per step:
+        ``rollout.prompts_per_step`` divided by the number of processes.
     """
 
     cfg: Any
@@ -64,6 +69,8 @@ class RunContext:
     resample: Callable[[int], RolloutBatch] | None = None
     state: dict[str, Any] = field(default_factory=dict)
     metrics: dict[str, float] = field(default_factory=dict)
+    counts: dict[str, float] = field(default_factory=dict)
+    prompts: int = 0
 
 
 def _run_name(cfg: Any) -> str:
@@ -185,7 +192,8 @@ class Trainer:
                                                       weight_decay=tcfg.weight_decay)
             self.critic_scheduler = torch.optim.lr_scheduler.LambdaLR(self.critic_optimizer, lam)
 
-        self.ctx = RunContext(cfg=cfg, run_dir=self.run_dir, resample=self._resample)
+        self.ctx = RunContext(cfg=cfg, run_dir=self.run_dir, resample=self._resample,
+                              prompts=self.local_prompts)
         self.extensions = []
         for component, params in resolved.extensions:
             plugin = component.fn(params)
@@ -319,22 +327,21 @@ class Trainer:
         prompts = [e.prompt for e in examples for _ in range(cfg.n)]
         references = [e.reference for e in examples for _ in range(cfg.n)]
         group_ids = torch.arange(group_base, group_base + n_prompts).repeat_interleave(cfg.n)
-        prompt_ids, prompt_mask = self._encode([e.prompt for e in examples])  # each prompt once
-        prompt_ids = prompt_ids.repeat_interleave(cfg.n, 0)
-        prompt_mask = prompt_mask.repeat_interleave(cfg.n, 0)
+        unique_ids, unique_mask = self._encode([e.prompt for e in examples])  # each prompt once
         self.policy.eval()
-        with distributed.gathered(self.policy_forward):
-            gen = generate(self.policy, prompt_ids, prompt_mask, max_new_tokens=cfg.max_new_tokens,
+        with distributed.gathered(self.policy_forward):  # prefilled once per group
+            gen = generate(self.policy, unique_ids, unique_mask, max_new_tokens=cfg.max_new_tokens,
                            eos_id=self.tokenizer.eos_token_id, pad_id=self.tokenizer.pad_token_id,
-                           temperature=cfg.temperature, top_p=cfg.top_p)
+                           temperature=cfg.temperature, top_p=cfg.top_p, num_samples=cfg.n)
+        prompt_ids = unique_ids.repeat_interleave(cfg.n, 0)
+        prompt_mask = unique_mask.repeat_interleave(cfg.n, 0)
         completions = self._decode(gen.response_ids, gen.response_mask)
         scores = self._score(prompts, completions, references)
         baseline = None
         if "greedy" in self.needs:
             unique_prompts = [e.prompt for e in examples]
-            ids, mask = self._encode(unique_prompts)
             with distributed.gathered(self.policy_forward):
-                greedy = generate(self.policy, ids, mask, max_new_tokens=cfg.max_new_tokens,
+                greedy = generate(self.policy, unique_ids, unique_mask, max_new_tokens=cfg.max_new_tokens,
                                   eos_id=self.tokenizer.eos_token_id,
                                   pad_id=self.tokenizer.pad_token_id, greedy=True)
             greedy_scores = self._score(unique_prompts, self._decode(greedy.response_ids, greedy.response_mask),
@@ -709,7 +716,7 @@ class Trainer:
         self.step += 1
         self.ctx.step = self.step
         metrics: dict[str, float] = {}
-        self.ctx.metrics = {}
+        self.ctx.metrics, self.ctx.counts = {}, {}
         start = time.perf_counter()
         batch = self._rollout(self.local_prompts)
         for impl in self.pm.hook.rlzoo_after_rollout.get_hookimpls():  # registration order
@@ -745,6 +752,7 @@ class Trainer:
         metrics["timing/step_s"] = time.perf_counter() - start
         metrics["throughput/tokens_per_s"] = tokens / max(metrics["timing/step_s"], 1e-9)
         metrics.update(distributed.all_reduce_floats(self.ctx.metrics, self.dist, op="mean"))
+        metrics.update(distributed.all_reduce_floats(self.ctx.counts, self.dist, op="sum"))
         return metrics
 
     def learn(self, batch: RolloutBatch) -> dict[str, float]:

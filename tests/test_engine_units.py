@@ -75,6 +75,28 @@ def test_greedy_rollout_is_deterministic_and_matches_full_forward() -> None:
     assert torch.equal(argmax[valid], a.response_ids[valid])
 
 
+def test_group_rollout_prefills_once_and_equals_repeated_prompts() -> None:
+    """num_samples=n reuses each prompt's prefill for its n completions: the same tokens
+    as generating from the prompt repeated n times (greedy, and sampled with one seed),
+    ordered prompt-major, and the sampled completions of a group differ."""
+    torch.manual_seed(0)
+    tok = build_char_tokenizer("0123456789=")
+    model = build_tiny_model(TINY, tok).eval()
+    ids, mask = left_pad([tok(p, add_special_tokens=False).input_ids for p in ["12=", "3456="]], tok.pad_token_id)
+    kwargs = dict(max_new_tokens=6, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id)
+    for greedy in (True, False):
+        torch.manual_seed(1)
+        grouped = generate(model, ids, mask, greedy=greedy, num_samples=3, **kwargs)
+        torch.manual_seed(1)
+        repeated = generate(model, ids.repeat_interleave(3, 0), mask.repeat_interleave(3, 0), greedy=greedy,
+                            **kwargs)
+        assert grouped.response_ids.shape[0] == 6
+        assert torch.equal(grouped.response_ids, repeated.response_ids)
+        assert torch.equal(grouped.response_mask, repeated.response_mask)
+        assert torch.equal(grouped.truncated, repeated.truncated)
+    assert len({tuple(r) for r in grouped.response_ids[:3].tolist()}) > 1
+
+
 def _naive(hidden, head, targets):
     logits = head(hidden).float()
     logp = torch.log_softmax(logits, -1).gather(-1, targets[..., None]).squeeze(-1)

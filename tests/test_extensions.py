@@ -39,7 +39,7 @@ def make_batch(scores: list[float], groups: list[int], lengths: list[int], width
 def ctx(max_new_tokens: int = 6, prompts_per_step: int = 2, resample=None) -> SimpleNamespace:
     cfg = OmegaConf.create({"rollout": {"max_new_tokens": max_new_tokens,
                                         "prompts_per_step": prompts_per_step}})
-    return SimpleNamespace(cfg=cfg, metrics={}, resample=resample, state={})
+    return SimpleNamespace(cfg=cfg, metrics={}, counts={}, resample=resample, state={}, prompts=prompts_per_step)
 
 
 def test_dynamic_sampling_drops_constant_groups_and_refills() -> None:
@@ -49,7 +49,8 @@ def test_dynamic_sampling_drops_constant_groups_and_refills() -> None:
     out = DynamicSampling(DynamicSamplingParams(max_rounds=2)).rlzoo_after_rollout(batch, c)
     assert out.group_ids.tolist() == [1, 1, 4, 4]       # group 0, 2, 3 constant: dropped
     assert out.scores.tolist() == [0, 1, 1, 0]
-    assert c.metrics == {"dynamic_sampling/kept_groups": 1.0, "dynamic_sampling/rounds": 1.0}
+    assert c.counts == {"dynamic_sampling/kept_groups": 1.0}
+    assert c.metrics == {"dynamic_sampling/rounds": 1.0}
 
 
 def test_dynamic_sampling_without_rounds_only_filters_and_never_empties() -> None:
