@@ -60,9 +60,14 @@ class DistInfo:
 SINGLE = DistInfo()
 
 
+def env_world_size() -> int:
+    """The number of processes torchrun's environment describes (1 without torchrun)."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
 def launched_by_torchrun() -> bool:
     """True when the environment describes a job of more than one process."""
-    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+    return env_world_size() > 1
 
 
 def init(backend: str, device_type: str, timeout_s: float) -> DistInfo:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
-import os
 import random
 import signal
 import time
@@ -116,7 +115,7 @@ class Trainer:
         device_type = auto if cfg.trainer.device == "auto" else cfg.trainer.device
         if cfg.trainer.threads:
             torch.set_num_threads(int(cfg.trainer.threads))
-        world = int(os.environ.get("WORLD_SIZE", "1"))
+        world = distributed.env_world_size()
         if cfg.rollout.prompts_per_step % world:
             raise ConfigError(f"rollout.prompts_per_step={cfg.rollout.prompts_per_step} must be divisible "
                               f"by the number of processes ({world}): each rank takes whole groups")
