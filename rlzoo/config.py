@@ -535,9 +535,11 @@ def build_params(component: Component, given: dict[str, Any], where: str | None 
     names = [f.name for f in dataclasses.fields(component.params)]
     for key in given:
         if key not in names:
+            hint = (" (YAML reads `{a:b}` as one key: write `{a: b}`, with a space after the colon)"
+                    if ":" in str(key) else did_you_mean(key, names))
             raise ConfigError(
                 f"unknown parameter {key!r} for {label}; parameters: "
-                f"{', '.join(names) or '(none)'}.{did_you_mean(key, names)}"
+                f"{', '.join(names) or '(none)'}.{hint}"
             )
     try:
         node = OmegaConf.merge(OmegaConf.structured(component.params), given)

@@ -100,6 +100,7 @@ def test_preset_then_cli_component_replacement(capsys) -> None:
         ("policy_loss.clip_hihg=0.3", ["unknown parameter 'clip_hihg'", "ppo_clip",
                                        "Did you mean 'clip_high'?"]),
         ("notakey", ["notakey", "key=value"]),
+        ("policy_loss={name:dual_clip}", ["unknown parameter 'name:dual_clip'", "space after the colon"]),
     ],
 )
 def test_bad_input_exits_2_with_one_clear_message(capsys, override: str, fragments: list[str]) -> None:
