@@ -574,7 +574,6 @@ class Trainer:
                                  if self.critic_optimizer else None),
             "critic_scheduler": self.critic_scheduler.state_dict() if self.critic_scheduler else None,
             "kl_controller": self.kl_controller.state_dict(),
-            **ranks[0],  # a single process's layout
             "extensions": {name: plugin.state_dict() for name, plugin in self.extensions
                            if hasattr(plugin, "state_dict")},
         }
@@ -603,8 +602,9 @@ class Trainer:
         distributed.barrier(self.dist)
         return path
 
-    def _restore(self, checkpoint: Path) -> None:
-        state = self._resume_state if checkpoint == self.resume_from else load_state(checkpoint)
+    def _restore(self) -> None:
+        """Load the trainer state of ``resume_from`` (weights were loaded at construction)."""
+        state = self._resume_state
         self.step = int(state["step"])
         distributed.load_optimizer_state(self.policy_forward, self.optimizer, state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
@@ -612,7 +612,7 @@ class Trainer:
             distributed.load_optimizer_state(self.critic, self.critic_optimizer, state["critic_optimizer"])
             self.critic_scheduler.load_state_dict(state["critic_scheduler"])
         self.kl_controller.load_state_dict(state["kl_controller"])
-        self._set_rng_state(state["ranks"][self.dist.rank] if "ranks" in state else state)
+        self._set_rng_state(state["ranks"][self.dist.rank])
         for name, plugin in self.extensions:
             if name in state["extensions"] and hasattr(plugin, "load_state_dict"):
                 plugin.load_state_dict(state["extensions"][name])
@@ -643,7 +643,7 @@ class Trainer:
             if self.reference is not None:
                 init, _ = load_pretrained(init_dir, cfg.model.dtype)
                 self.reference = init.eval().requires_grad_(False).to(self.device)
-            self._restore(self.resume_from)
+            self._restore()
         tracker = None
         if main:
             tracker = Tracker(str(self.run_dir), purge_step=self.step + 1 if self.resume_from else None)

@@ -6,6 +6,7 @@ groups), runs :meth:`Trainer.learn` once, and on rank 0 saves the parameters, gr
 gathered advantages and metrics to ``out`` (whole tensors also under FSDP).
 """
 
+import gc
 import json
 import sys
 
@@ -49,6 +50,8 @@ def main(spec_path: str) -> None:
                 "kl_coef": float(trainer.kl_controller.value),
                 "wrapper": type(trainer.policy_forward).__name__,
             }, case["out"])
+        del trainer, local, params, grads, critic  # DDP/FSDP state goes while the group is alive
+        gc.collect()
         dist.barrier()
     dist.destroy_process_group()
 
