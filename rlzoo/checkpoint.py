@@ -5,6 +5,12 @@ Layout of ``<run_dir>/checkpoints/step_000050/``: ``policy/`` (model + tokenizer
 KL controller, RNG states, extension states). A checkpoint is written into a temporary
 directory and renamed into place, so a crash or SIGKILL leaves either the complete
 checkpoint or none; the newest complete one is the one resumed from.
+
+Nothing in a checkpoint can run code when it is loaded: weights are safetensors, and
+``trainer_state.pt`` holds only tensors and plain values (dict, list, tuple, str, int,
+float, bool, None). It is written only after :func:`check_plain` accepted it and read with
+``torch.load(weights_only=True)``, which refuses any other object, so a crafted file handed
+to ``resume=`` is an error, never executed.
 """
 
 from __future__ import annotations
@@ -15,7 +21,11 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import pickle
+
 import torch
+
+from rlzoo.errors import ConfigError
 
 CHECKPOINT_DIR = "checkpoints"
 _STEP_DIR = re.compile(r"^step_(\d+)$")
@@ -55,8 +65,11 @@ def save_checkpoint(run_dir: str | Path, step: int, models: dict[str, Any], stat
     """Write checkpoint ``step`` atomically and keep only the newest ``keep``.
 
     :param models: name -> object with ``save_pretrained(path)`` (tokenizers included).
-    :param state: picklable trainer state, saved with ``torch.save``.
+    :param state: trainer state of tensors and plain values (see :func:`check_plain`),
+        saved with ``torch.save``.
+    :raises TypeError: ``state`` holds another kind of object (named by its path).
     """
+    check_plain(state, "trainer_state")
     root = Path(run_dir) / CHECKPOINT_DIR
     root.mkdir(parents=True, exist_ok=True)
     final = root / checkpoint_name(step)
@@ -84,5 +97,38 @@ def save_checkpoint(run_dir: str | Path, step: int, models: dict[str, Any], stat
     return final
 
 
+PLAIN_TYPES = (str, int, float, bool, type(None), torch.Tensor)
+
+
+def check_plain(value: Any, path: str) -> None:
+    """Raise ``TypeError`` naming ``path`` unless ``value`` is built only of tensors, plain
+    scalars and dicts / lists / tuples of them: what ``torch.load(weights_only=True)``
+    reads back without running any code."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, (str, int)):
+                raise TypeError(f"{path} has a key of type {type(key).__name__}; checkpoints take str or int keys")
+            check_plain(item, f"{path}[{key!r}]")
+    elif isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            check_plain(item, f"{path}[{index}]")
+    elif not isinstance(value, PLAIN_TYPES):
+        raise TypeError(f"{path} is a {type(value).__module__}.{type(value).__name__}; checkpoint state holds "
+                        "only tensors, str, int, float, bool, None and dicts / lists / tuples of them")
+
+
 def load_state(checkpoint: Path) -> dict[str, Any]:
-    return torch.load(checkpoint / "trainer_state.pt", weights_only=False)
+    """The trainer state of ``checkpoint``, read with ``weights_only=True``.
+
+    :raises ConfigError: the file holds anything but tensors and plain values (it is not
+        loaded: unpickling it could run code) or cannot be read.
+    """
+    path = Path(checkpoint) / "trainer_state.pt"
+    try:
+        return torch.load(path, weights_only=True, map_location="cpu")
+    except pickle.UnpicklingError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(f"refusing to load {path}: it holds objects other than tensors and plain "
+                          f"values, and unpickling them could run code ({first})") from exc
+    except (OSError, RuntimeError, EOFError) as exc:
+        raise ConfigError(f"cannot read {path}: {type(exc).__name__}: {exc}") from exc

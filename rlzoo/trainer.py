@@ -52,8 +52,8 @@ class RunContext:
     :ivar run_dir: where logs and checkpoints go.
     :ivar resample: ``resample(n_prompts) -> RolloutBatch``: generate and score groups for
         ``n_prompts`` fresh prompts (used by dynamic sampling to refill a batch).
-    :ivar state: per-run scratch space for extensions (saved in checkpoints; keep its
-        values picklable).
+    :ivar state: per-run scratch space for extensions (saved in checkpoints: its values
+        must be tensors, str, int, float, bool, None, or dicts / lists / tuples of them).
     :ivar metrics: this step's extra metrics; hooks add ``name -> float`` to log them
         (under torchrun: averaged over the processes).
     :ivar counts: this step's extra metrics that count things in the batch (summed over
@@ -546,7 +546,7 @@ class Trainer:
             "torch_rng": torch.get_rng_state(),
             "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
             "python_rng": random.getstate(),
-            "numpy_rng": np.random.get_state(),
+            "numpy_rng": _numpy_state_plain(np.random.get_state()),
             "sample_rng": self.sample_rng.getstate(),
             "ctx_state": dict(self.ctx.state),
         }
@@ -556,7 +556,7 @@ class Trainer:
         if state.get("cuda_rng") is not None and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(state["cuda_rng"])
         random.setstate(state["python_rng"])
-        np.random.set_state(state["numpy_rng"])
+        np.random.set_state(_numpy_state_from_plain(state["numpy_rng"]))
         self.sample_rng.setstate(state["sample_rng"])
         self.ctx.state.update(state["ctx_state"])
 
@@ -772,6 +772,18 @@ class Trainer:
                  batch.truncated.cpu())
         parts = distributed.gather_objects(local, self.dist)
         return tuple(torch.cat([part[i] for part in parts]) for i in range(4))
+
+
+def _numpy_state_plain(state: tuple) -> dict[str, Any]:
+    """NumPy's legacy RNG state as plain values and a tensor (loadable with weights_only)."""
+    name, keys, pos, has_gauss, cached = state
+    return {"name": str(name), "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)),
+            "pos": int(pos), "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}
+
+
+def _numpy_state_from_plain(state: dict[str, Any]) -> tuple:
+    return (state["name"], state["keys"].numpy().astype(np.uint32), state["pos"], state["has_gauss"],
+            state["cached_gaussian"])
 
 
 class _WithStateDict:

@@ -109,7 +109,7 @@ def test_launcher_trains_logs_on_rank_zero_and_resumes_with_the_same_world(tmp_p
     assert "torch.distributed.run --standalone --nproc_per_node=2" in proc.stderr
     assert proc.stdout.count("rlzoo: 2 steps") == 1  # the summary line, from rank 0 only
     assert len(list(run_dir.glob("events.out.tfevents.*"))) == 1
-    state = torch.load(run_dir / "checkpoints/step_000002/trainer_state.pt", weights_only=False)
+    state = torch.load(run_dir / "checkpoints/step_000002/trainer_state.pt", weights_only=True)
     assert state["world_size"] == 2 and len(state["ranks"]) == 2
     assert state["ranks"][0]["sample_rng"] != state["ranks"][1]["sample_rng"]  # ranks draw different prompts
 
@@ -139,7 +139,7 @@ def test_fsdp_checkpoints_whole_weights_and_resumes(tmp_path: Path) -> None:
     assert init_params.keys() == trained_params.keys()
     assert all(trained_params[k].shape == v.shape for k, v in init_params.items())
     assert any(not torch.equal(trained_params[k], v) for k, v in init_params.items())  # it trained
-    state = torch.load(checkpoint / "trainer_state.pt", weights_only=False)
+    state = torch.load(checkpoint / "trainer_state.pt", weights_only=True)
     names = set(state["optimizer"]["state"])
     assert "model.model.embed_tokens.weight" in names and len(names) == len(init_params)
     assert (checkpoint / "critic" / "value_head.safetensors").is_file()
