@@ -3,6 +3,7 @@
     pip install -e ".[bench]"
     python benchmarks/compare_trl.py --setting tiny
     python benchmarks/compare_trl.py --setting small --write benchmarks/RESULTS.md
+    python benchmarks/compare_trl.py --setting tiny --baseline ../rlzoo-main   # A/B two rlzoo versions
 
 Each system runs in its own worker process (so peak RSS is its own) and the parent makes
 them alternate, one training step at a time, so slow drifts of the machine hit all three
@@ -105,7 +106,8 @@ def worker_rlzoo(model_dir: Path, data: Path, spec: dict, kl: float, steps: int)
         "algo=grpo", f"model.path={model_dir}", f"task={{name: file, path: {data}}}", "reward=exact_match",
         f"rollout.prompts_per_step={spec['prompts']}", f"rollout.n={spec['n']}",
         f"rollout.max_new_tokens={spec['new_tokens']}", f"trainer.lr={LR}", f"kl.coef={kl}",
-        "kl.penalty=k3", f"trainer.total_steps={steps}", f"trainer.micro_batch_size={spec['micro_batch']}",
+        "kl.estimator=k3", "trainer.update_epochs=1", "trainer.num_mini_batches=1", f"trainer.total_steps={steps}",
+        f"trainer.micro_batch_size={spec['micro_batch']}",
         "trainer.logprob_chunk_size=512", "logging.progress=false",
     ]
     trainer = Trainer(load_config(registry, overrides), registry, pm)
@@ -236,11 +238,19 @@ def worker_main(args: argparse.Namespace) -> None:
 
 # ----------------------------------------------------------------------------- parent
 
+BASELINE = "rlzoo@baseline"
+
+
 class Worker:
     def __init__(self, name: str, args: argparse.Namespace, model_dir: Path, data: Path, kl: float,
                  total: int) -> None:
         self.name = name
-        cmd = [sys.executable, __file__, "--worker", name, "--setting", args.setting, "--kl", str(kl),
+        python, script, worker = sys.executable, __file__, name
+        if name == BASELINE:  # another rlzoo checkout, with its own venv and its own copy of this script
+            root = Path(args.baseline)
+            python, script, worker = str(root / ".venv" / "bin" / "python"), str(root / "benchmarks" /
+                                                                                   "compare_trl.py"), "rlzoo"
+        cmd = [python, script, "--worker", worker, "--setting", args.setting, "--kl", str(kl),
                "--model-dir", str(model_dir), "--data", str(data), "--total-steps", str(total),
                "--threads", str(args.threads)]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
@@ -274,7 +284,8 @@ class Worker:
 
 def measure(args: argparse.Namespace, kl: float, model_dir: Path, data: Path) -> dict[str, dict]:
     total = args.warmup + args.steps
-    workers = [Worker(name, args, model_dir, data, kl, total) for name in args.systems]
+    names = [*args.systems, *([BASELINE] if args.baseline else [])]
+    workers = [Worker(name, args, model_dir, data, kl, total) for name in names]
     records: dict[str, list[dict]] = {w.name: [] for w in workers}
     for i in range(total):
         for worker in workers:
@@ -322,6 +333,9 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3, help="unmeasured steps first")
     parser.add_argument("--kl", type=float, nargs="*", help="KL coefficients (default: the setting's)")
     parser.add_argument("--systems", nargs="+", default=["rlzoo", "trl", "floor"], choices=sorted(WORKERS))
+    parser.add_argument("--baseline", metavar="DIR",
+                        help="also run rlzoo from another checkout DIR (with its venv in DIR/.venv), alternating "
+                        "with the others: an A/B of two rlzoo versions in one run")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--write", metavar="FILE", help="append the table to this Markdown file")
     parser.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)

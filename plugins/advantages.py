@@ -5,13 +5,14 @@ Formulas: ../docs/algorithms/advantages.md (from ALGORITHMS.md "Advantage estima
 following verl ``core_algos.py`` ``compute_*_advantage*``; GRPO's ``scale`` follows TRL's
 ``scale_rewards``).
 
-Every estimator has the engine's signature
-``fn(token_rewards, response_mask, group_ids, values, baseline_scores, params=...)`` with
+Every estimator names the inputs it uses (the engine passes them by name,
+:data:`rlzoo.hookspecs.INPUTS`):
 
 - ``token_rewards`` ``(B, T)``: outcome reward on the last valid token (KL folded in);
 - ``response_mask`` ``(B, T)`` in {0, 1};
 - ``group_ids`` ``(B,)`` long: the prompt of each sequence, in any order, any values;
-- ``values`` ``(B, T)`` or ``None``; ``baseline_scores`` ``(B,)`` or ``None``;
+- ``values`` ``(B, T)``: critic values (naming it makes the run build a critic: ``gae``);
+- ``baseline_scores`` ``(B,)``: greedy-completion scores (a greedy rollout: ``remax``);
 
 and returns ``(advantages, returns)``, both ``(B, T)``, zero on padding, without gradient.
 
@@ -39,7 +40,7 @@ from rlzoo import hookimpl
 from rlzoo.distributed import batch_sum
 from rlzoo.masked import masked_sum, masked_var, masked_whiten
 
-RLZOO_API_VERSION = "1"
+RLZOO_API_VERSION = "2"
 
 GRPO_SCALES = ("group", "batch", "none")
 
@@ -216,8 +217,7 @@ def returns_to_go(token_rewards: torch.Tensor, response_mask: torch.Tensor,
 
 
 @torch.no_grad()
-def gae(token_rewards: torch.Tensor, response_mask: torch.Tensor, group_ids: torch.Tensor,
-        values: Optional[torch.Tensor], baseline_scores: Optional[torch.Tensor],
+def gae(token_rewards: torch.Tensor, response_mask: torch.Tensor, values: Optional[torch.Tensor],
         params: Optional[GAEParams] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalised advantage estimation (Schulman et al. 2015, arXiv:1506.02438; PPO).
 
@@ -256,7 +256,6 @@ def gae(token_rewards: torch.Tensor, response_mask: torch.Tensor, group_ids: tor
 
 @torch.no_grad()
 def grpo(token_rewards: torch.Tensor, response_mask: torch.Tensor, group_ids: torch.Tensor,
-         values: Optional[torch.Tensor], baseline_scores: Optional[torch.Tensor],
          params: Optional[GRPOParams] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """GRPO outcome advantages (Shao et al. 2024, arXiv:2402.03300, §4.1.2).
 
@@ -286,8 +285,7 @@ def grpo(token_rewards: torch.Tensor, response_mask: torch.Tensor, group_ids: to
 
 
 @torch.no_grad()
-def dr_grpo(token_rewards: torch.Tensor, response_mask: torch.Tensor, group_ids: torch.Tensor,
-            values: Optional[torch.Tensor], baseline_scores: Optional[torch.Tensor]
+def dr_grpo(token_rewards: torch.Tensor, response_mask: torch.Tensor, group_ids: torch.Tensor
             ) -> tuple[torch.Tensor, torch.Tensor]:
     """Dr. GRPO advantages (Liu et al. 2025, arXiv:2503.20783): A_i = s_i − mean_g(s).
 
@@ -302,8 +300,7 @@ def dr_grpo(token_rewards: torch.Tensor, response_mask: torch.Tensor, group_ids:
 
 
 @torch.no_grad()
-def rloo(token_rewards: torch.Tensor, response_mask: torch.Tensor, group_ids: torch.Tensor,
-         values: Optional[torch.Tensor], baseline_scores: Optional[torch.Tensor]
+def rloo(token_rewards: torch.Tensor, response_mask: torch.Tensor, group_ids: torch.Tensor
          ) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE leave-one-out (Ahmadian et al. 2024, arXiv:2402.14740).
 
@@ -321,8 +318,7 @@ def rloo(token_rewards: torch.Tensor, response_mask: torch.Tensor, group_ids: to
 
 
 @torch.no_grad()
-def reinforce_pp(token_rewards: torch.Tensor, response_mask: torch.Tensor, group_ids: torch.Tensor,
-                 values: Optional[torch.Tensor], baseline_scores: Optional[torch.Tensor],
+def reinforce_pp(token_rewards: torch.Tensor, response_mask: torch.Tensor,
                  params: Optional[ReinforcePPParams] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++ (Hu 2025, arXiv:2501.03262): whitened returns-to-go.
 
@@ -337,9 +333,7 @@ def reinforce_pp(token_rewards: torch.Tensor, response_mask: torch.Tensor, group
 
 @torch.no_grad()
 def reinforce_pp_baseline(token_rewards: torch.Tensor, response_mask: torch.Tensor,
-                          group_ids: torch.Tensor, values: Optional[torch.Tensor],
-                          baseline_scores: Optional[torch.Tensor]
-                          ) -> tuple[torch.Tensor, torch.Tensor]:
+                          group_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++ with a group baseline (Hu 2025, arXiv:2501.03262).
 
     A = whiten(s_i − mean_g(s) broadcast over valid tokens) over the valid tokens of the
@@ -354,9 +348,8 @@ def reinforce_pp_baseline(token_rewards: torch.Tensor, response_mask: torch.Tens
 
 
 @torch.no_grad()
-def remax(token_rewards: torch.Tensor, response_mask: torch.Tensor, group_ids: torch.Tensor,
-          values: Optional[torch.Tensor], baseline_scores: Optional[torch.Tensor]
-          ) -> tuple[torch.Tensor, torch.Tensor]:
+def remax(token_rewards: torch.Tensor, response_mask: torch.Tensor,
+          baseline_scores: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """ReMax (Li et al. 2023, arXiv:2310.10505): A_t = G_t − b_i.
 
     G_t the undiscounted returns-to-go over the valid tokens, b_i = ``baseline_scores[i]``
@@ -377,8 +370,7 @@ def remax(token_rewards: torch.Tensor, response_mask: torch.Tensor, group_ids: t
 
 
 @torch.no_grad()
-def opo(token_rewards: torch.Tensor, response_mask: torch.Tensor, group_ids: torch.Tensor,
-        values: Optional[torch.Tensor], baseline_scores: Optional[torch.Tensor]
+def opo(token_rewards: torch.Tensor, response_mask: torch.Tensor, group_ids: torch.Tensor
         ) -> tuple[torch.Tensor, torch.Tensor]:
     """On-policy RL with the optimal (length-weighted) baseline (Hao et al. 2025,
     arXiv:2505.23585).
@@ -403,7 +395,6 @@ def opo(token_rewards: torch.Tensor, response_mask: torch.Tensor, group_ids: tor
 
 @torch.no_grad()
 def grpo_passk(token_rewards: torch.Tensor, response_mask: torch.Tensor, group_ids: torch.Tensor,
-               values: Optional[torch.Tensor], baseline_scores: Optional[torch.Tensor],
                params: Optional[GRPOPassKParams] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Pass@k-style GRPO (arXiv:2503.19595): only the best response of each group learns.
 
@@ -433,8 +424,7 @@ def grpo_passk(token_rewards: torch.Tensor, response_mask: torch.Tensor, group_i
 
 
 @torch.no_grad()
-def gpg(token_rewards: torch.Tensor, response_mask: torch.Tensor, group_ids: torch.Tensor,
-        values: Optional[torch.Tensor], baseline_scores: Optional[torch.Tensor]
+def gpg(token_rewards: torch.Tensor, response_mask: torch.Tensor, group_ids: torch.Tensor
         ) -> tuple[torch.Tensor, torch.Tensor]:
     """Group Policy Gradient advantages (Chu et al. 2025, arXiv:2504.02546).
 
@@ -459,7 +449,7 @@ def gpg(token_rewards: torch.Tensor, response_mask: torch.Tensor, group_ids: tor
 
 @hookimpl
 def rlzoo_register_advantage_estimators(register) -> None:
-    register("gae", gae, params=GAEParams, needs=("critic",), paper="arXiv:1506.02438",
+    register("gae", gae, params=GAEParams, paper="arXiv:1506.02438",
              description="generalised advantage estimation with a critic, whitened (PPO)")
     register("grpo", grpo, params=GRPOParams, needs=("groups",), paper="arXiv:2402.03300",
              description="(s − group mean) / (group std + ε), broadcast over tokens")
@@ -473,7 +463,7 @@ def rlzoo_register_advantage_estimators(register) -> None:
     register("reinforce_pp_baseline", reinforce_pp_baseline, needs=("groups",),
              aliases=("reinforce_plus_plus_baseline",), paper="arXiv:2501.03262",
              description="s − group mean, whitened over the batch (REINFORCE++ baseline)")
-    register("remax", remax, needs=("greedy",), paper="arXiv:2310.10505",
+    register("remax", remax, paper="arXiv:2310.10505",
              description="returns-to-go minus the greedy completion's score (ReMax)")
     register("opo", opo, needs=("groups",), paper="arXiv:2505.23585",
              description="s − length-weighted group mean (optimal baseline)")

@@ -15,7 +15,7 @@ from rlzoo import hookimpl
 from rlzoo.batch import BatchCounts
 from rlzoo.masked import masked_sum
 
-RLZOO_API_VERSION = "1"
+RLZOO_API_VERSION = "2"
 
 
 def local_counts(mask: torch.Tensor, max_response_length: int | None = None) -> BatchCounts:

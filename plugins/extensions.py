@@ -15,7 +15,7 @@ import torch
 from rlzoo import hookimpl
 from rlzoo.batch import RolloutBatch
 
-RLZOO_API_VERSION = "1"
+RLZOO_API_VERSION = "2"
 
 
 def _constant_groups(batch: RolloutBatch) -> torch.Tensor:
@@ -49,7 +49,7 @@ class DynamicSampling:
         self.params = params or DynamicSamplingParams()
 
     @hookimpl
-    def rlzoo_after_rollout(self, batch: RolloutBatch, ctx: Any) -> RolloutBatch:
+    def rlzoo_after_rollout(self, batch: RolloutBatch, ctx: Any) -> None:
         wanted = int(ctx.prompts)  # this process's share of rollout.prompts_per_step
         kept = batch.select((~_constant_groups(batch)).nonzero().flatten())
         first_kept = len(torch.unique(kept.group_ids))
@@ -66,9 +66,8 @@ class DynamicSampling:
             kept = kept.select(rows)
         ctx.counts["dynamic_sampling/kept_groups"] = float(first_kept)
         ctx.metrics["dynamic_sampling/rounds"] = float(rounds)
-        if len(kept) == 0:
-            return batch  # every group constant even after refills: train on what we have
-        return kept
+        if len(kept) > 0:  # every group constant even after refills: train on what we have
+            batch.copy_from(kept)
 
 
 @dataclass

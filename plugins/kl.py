@@ -22,7 +22,7 @@ from torch.utils.checkpoint import checkpoint
 
 from rlzoo import hookimpl
 
-RLZOO_API_VERSION = "1"
+RLZOO_API_VERSION = "2"
 
 SCHULMAN_KL_BLOG = "http://joschu.net/blog/kl-approx.html"
 
@@ -128,20 +128,15 @@ def _full_kl_rows(logits: torch.Tensor, ref_logits: torch.Tensor) -> torch.Tenso
 
 
 def kl_full(
-    logp: torch.Tensor,
-    ref_logp: torch.Tensor,
     logits: torch.Tensor,
     ref_logits: torch.Tensor,
     params: Optional[FullKLParams] = None,
 ) -> torch.Tensor:
     """Exact per-token KL(π‖π_ref) = Σ_v π(v)·(log π(v) − log π_ref(v)) over the vocabulary.
 
-    :param logp: ``(B, T)`` sampled-token log-probs (unused: the sum covers every token;
-        kept for the engine's calling convention).
-    :param ref_logp: ``(B, T)`` (unused, as ``logp``).
     :param logits: ``(B, T, V)`` policy logits (carry the gradient).
     :param ref_logits: ``(B, T, V)`` reference logits (detached: no gradient).
-    :return: ``(B, T)`` KL per token, in ``logp``'s dtype.
+    :return: ``(B, T)`` KL per token, float32 (float64 for float64 logits).
 
     The logits are flattened to ``(B·T, V)`` and processed ``params.chunk_size`` rows at a
     time; with grad enabled each chunk runs under ``torch.utils.checkpoint`` (non-reentrant)
@@ -163,9 +158,10 @@ def kl_full(
             rows.append(checkpoint(_full_kl_rows, chunk, chunk_ref, use_reentrant=False))
         else:
             rows.append(_full_kl_rows(chunk, chunk_ref))
+    dtype = torch.promote_types(logits.dtype, torch.float32)
     if not rows:
-        return torch.zeros(batch, width, dtype=logp.dtype, device=logp.device)
-    return torch.cat(rows).reshape(batch, width).to(logp.dtype)
+        return torch.zeros(batch, width, dtype=dtype, device=logits.device)
+    return torch.cat(rows).reshape(batch, width).to(dtype)
 
 
 # ------------------------------------------------------------------ controllers
@@ -246,7 +242,7 @@ class AdaptiveKLController:
 
 
 @hookimpl
-def rlzoo_register_kl_penalties(register) -> None:
+def rlzoo_register_kl_estimators(register) -> None:
     register("k1", kl_k1, aliases=("kl",), paper=SCHULMAN_KL_BLOG,
              description="k1 = logp − ref_logp (unbiased, high variance)")
     register("abs", kl_abs, paper=SCHULMAN_KL_BLOG, description="|logp − ref_logp|")
@@ -258,7 +254,7 @@ def rlzoo_register_kl_penalties(register) -> None:
              description="value of k1, gradient of k2 (straight-through)")
     register("k3+", kl_k3_plus, paper=SCHULMAN_KL_BLOG,
              description="value of k3, gradient of k2 (straight-through)")
-    register("full", kl_full, params=FullKLParams, needs=("logits",),
+    register("full", kl_full, params=FullKLParams,
              description="exact KL over the vocabulary from both models' logits (chunked)")
 
 

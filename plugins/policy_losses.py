@@ -30,7 +30,7 @@ import torch
 from rlzoo import hookimpl
 from rlzoo.masked import masked_mean
 
-RLZOO_API_VERSION = "1"
+RLZOO_API_VERSION = "2"
 
 LOG_RATIO_CLAMP = 20.0
 """|log ρ| is clamped to this before exp: ρ ∈ [e^−20, e^20], finite in float32 and bf16."""
@@ -574,7 +574,9 @@ def kl_cov(
 
 @hookimpl
 def rlzoo_register_policy_losses(register) -> None:
-    register("ppo_clip", ppo_clip, params=PPOClipParams, aliases=("vanilla", "ppo"),
+    register("ppo_clip", ppo_clip, params=PPOClipParams, aliases=("ppo",),
+             retired_aliases={"vanilla": "verl's name for ppo_clip, too easily read as vanilla_pg "
+                                         "(REINFORCE); retired in rlzoo 0.2"},
              description="PPO clipped surrogate (clip-higher via clip_high, INTELLECT-2 delta)",
              paper="arXiv:1707.06347")
     register("dual_clip", dual_clip, params=DualClipParams,

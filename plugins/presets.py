@@ -10,7 +10,7 @@ from importlib import resources
 
 from rlzoo import hookimpl
 
-RLZOO_API_VERSION = "1"
+RLZOO_API_VERSION = "2"
 
 PRESETS: dict[str, tuple[str, str]] = {
     "ppo": ("PPO: critic + GAE, clipped surrogate, adaptive KL in the reward",

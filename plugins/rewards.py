@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from rlzoo import hookimpl
 from rlzoo_plugins.tasks import eval_expression
 
-RLZOO_API_VERSION = "1"
+RLZOO_API_VERSION = "2"
 
 
 def sorted_digits(prompts: list[str], completions: list[str], references: list[str]) -> list[float]:

@@ -14,7 +14,7 @@ from typing import Optional
 from rlzoo import hookimpl
 from rlzoo.tasks import Example, FileTask, Task
 
-RLZOO_API_VERSION = "1"
+RLZOO_API_VERSION = "2"
 DIGITS = "0123456789"
 
 

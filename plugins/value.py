@@ -18,7 +18,7 @@ import torch
 from rlzoo import hookimpl
 from rlzoo.masked import masked_mean
 
-RLZOO_API_VERSION = "1"
+RLZOO_API_VERSION = "2"
 
 
 @dataclass

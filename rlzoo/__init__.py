@@ -6,5 +6,5 @@ Importing ``rlzoo`` loads no plugin; the CLI and the engine build the registry w
 
 from rlzoo.hookspecs import API_VERSION, hookimpl
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 __all__ = ["API_VERSION", "hookimpl", "__version__"]

@@ -45,7 +45,12 @@ class RolloutBatch:
     (e.g. truncated completions), while ``response_mask`` keeps describing the text.
     ``scores`` ``(B,)`` are the raw task scores (what filters and ``reward/mean`` see);
     ``rewards`` ``(B,)`` start equal to them and are what shaping extensions modify and
-    what the advantage estimator is fed (on the last valid token).
+    what the advantage estimator is fed (on the last valid token). ``rollout_logp``
+    ``(B, T)`` are the log-probs of the sampled tokens under the distribution the rollout
+    backend sampled from (after temperature and top-p), recorded for every run.
+
+    Lifecycle hooks change a batch in place (:meth:`keep`, :meth:`extend`,
+    :meth:`copy_from`), so the next hook and the engine see the result.
     """
 
     prompt_ids: torch.Tensor
@@ -58,6 +63,7 @@ class RolloutBatch:
     prompts: list[str]
     completions: list[str]
     references: list[Any]
+    rollout_logp: torch.Tensor | None = None
     loss_mask: torch.Tensor | None = None
     rewards: torch.Tensor | None = None
     baseline_scores: torch.Tensor | None = None
@@ -98,6 +104,19 @@ class RolloutBatch:
             else:
                 values[f.name] = value
         return RolloutBatch(**values)
+
+    def copy_from(self, other: "RolloutBatch") -> None:
+        """Make this batch ``other`` (every field), in place."""
+        for f in fields(self):
+            setattr(self, f.name, getattr(other, f.name))
+
+    def keep(self, index: torch.Tensor | list[int]) -> None:
+        """Keep only rows ``index`` (in that order), in place."""
+        self.copy_from(self.select(index))
+
+    def extend(self, other: "RolloutBatch") -> None:
+        """Append ``other``'s rows (padding as :meth:`concat`), in place."""
+        self.copy_from(RolloutBatch.concat([self, other]))
 
     @staticmethod
     def concat(batches: list["RolloutBatch"]) -> "RolloutBatch":

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 
@@ -68,8 +69,12 @@ def _parser() -> argparse.ArgumentParser:
     compare.add_argument("--out", metavar="DIR", help="where to write compare.png/.md "
                          "(default: the first path)")
 
-    config = sub.add_parser("config", help="print the fully resolved config and exit")
+    config = sub.add_parser("config", help="print the fully resolved config (or its run plan) and exit",
+                            description="Resolve and check the config exactly as `rlzoo train` would, "
+                            "print it and exit; --plan prints the run plan instead (models, passes, "
+                            "KL placement, aggregation, update structure, warnings).")
     with_config(config)
+    config.add_argument("--plan", action="store_true", help="print the run plan instead of the config")
 
     listing = sub.add_parser("list", help="list registered components by kind")
     listing.add_argument("--json", action="store_true", help="print JSON instead of text")
@@ -112,7 +117,7 @@ def _resolve(args: argparse.Namespace):
 
 def _cmd_config(args: argparse.Namespace) -> int:
     _, _, resolved = _resolve(args)
-    sys.stdout.write(resolved.to_yaml())
+    sys.stdout.write(resolved.plan.render() if args.plan else resolved.to_yaml())
     return 0
 
 
@@ -130,21 +135,20 @@ def _cmd_train(args: argparse.Namespace) -> int:
     pm, registry, resolved = _resolve(args)
     nproc = int(resolved.cfg.launcher.nproc)
     if nproc > 1 and not launched_by_torchrun():
-        return _launch_torchrun(args, nproc, int(resolved.cfg.rollout.prompts_per_step))
+        return _launch_torchrun(args, nproc)
+    if int(os.environ.get("RANK", "0")) == 0:
+        for warning in resolved.plan.warnings:
+            print(f"rlzoo: warning: {warning}", file=sys.stderr)
     _quiet_transformers()
     train(resolved, registry, pm)
     return 0
 
 
-def _launch_torchrun(args: argparse.Namespace, nproc: int, prompts_per_step: int) -> int:
-    """Re-run this ``rlzoo train`` under ``torchrun --standalone`` with ``nproc`` processes."""
+def _launch_torchrun(args: argparse.Namespace, nproc: int) -> int:
+    """Re-run this ``rlzoo train`` under ``torchrun --standalone`` with ``nproc`` processes
+    (the plan has checked that the batch splits into whole groups per process)."""
     import subprocess
 
-    from rlzoo.errors import ConfigError
-
-    if prompts_per_step % nproc:
-        raise ConfigError(f"rollout.prompts_per_step={prompts_per_step} must be divisible by "
-                          f"launcher.nproc={nproc}: each process takes whole groups")
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
                "-m", "rlzoo", "train", *args.overrides]
     if args.config:

@@ -12,6 +12,7 @@ component registered. Everything is checked here, before any model is built.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from dataclasses import dataclass, field
 from importlib import resources
@@ -54,12 +55,14 @@ class RolloutConfig:
     max_new_tokens: int = MISSING
     temperature: float = MISSING
     top_p: float = MISSING
+    dtype: Optional[str] = MISSING
+    backend: Any = MISSING
 
 
 @dataclass
 class KLConfig:
     coef: float = MISSING
-    penalty: Any = MISSING
+    estimator: Any = MISSING
     apply: str = MISSING
     controller: Any = MISSING
 
@@ -73,8 +76,8 @@ class TrainerConfig:
     betas: list[float] = MISSING
     lr_schedule: str = MISSING
     warmup_steps: int = MISSING
-    ppo_epochs: int = MISSING
-    mini_batches: int = MISSING
+    update_epochs: int = MISSING
+    num_mini_batches: int = MISSING
     micro_batch_size: int = MISSING
     max_grad_norm: float = MISSING
     entropy_coef: float = MISSING
@@ -140,14 +143,23 @@ COMPONENT_FIELDS: dict[str, str] = {
     "policy_loss": "policy_loss",
     "loss_agg": "loss_agg",
     "value_loss": "value_loss",
-    "kl.penalty": "kl_penalty",
+    "kl.estimator": "kl_estimator",
     "kl.controller": "kl_controller",
+    "rollout.backend": "rollout",
 }
 """Config path -> component kind, for every single-component choice."""
+
+RENAMED_KEYS: dict[str, str] = {
+    "trainer.ppo_epochs": "trainer.update_epochs",
+    "trainer.mini_batches": "trainer.num_mini_batches",
+    "kl.penalty": "kl.estimator",
+}
+"""Keys of rlzoo 0.1 -> their rlzoo 0.2 names (an old key is an error naming the new one)."""
 
 CHOICES: dict[str, tuple[str, ...]] = {
     "model.arch": ("qwen2", "llama"),
     "model.dtype": ("float32", "bfloat16", "float16"),
+    "rollout.dtype": (None, "float32", "bfloat16", "float16"),
     "kl.apply": ("loss", "reward"),
     "trainer.lr_schedule": ("constant", "linear", "cosine"),
     "trainer.device": ("cpu", "cuda", "auto"),
@@ -156,8 +168,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
 }
 
 POSITIVE: tuple[str, ...] = (
-    "rollout.prompts_per_step", "rollout.n", "rollout.max_new_tokens", "trainer.total_steps",
-    "trainer.ppo_epochs", "trainer.mini_batches", "trainer.micro_batch_size",
+    "rollout.prompts_per_step", "rollout.n", "rollout.max_new_tokens", "rollout.temperature",
+    "trainer.total_steps", "trainer.update_epochs", "trainer.num_mini_batches", "trainer.micro_batch_size",
     "trainer.logprob_chunk_size", "model.hidden_size", "model.intermediate_size",
     "model.num_layers", "model.num_heads", "model.num_kv_heads", "logging.log_every",
     "checkpoint.keep", "distributed.timeout_s", "launcher.nproc",
@@ -165,7 +177,7 @@ POSITIVE: tuple[str, ...] = (
 NON_NEGATIVE: tuple[str, ...] = (
     "trainer.lr", "trainer.critic_lr", "trainer.weight_decay", "trainer.warmup_steps",
     "trainer.max_grad_norm", "trainer.entropy_coef", "trainer.threads", "kl.coef",
-    "logging.sample_every", "checkpoint.every", "rollout.temperature",
+    "logging.sample_every", "checkpoint.every",
 )
 
 # ------------------------------------------------------------------------- loading
@@ -296,22 +308,57 @@ def _merge_spec(current: dict[str, Any] | None, layer: dict[str, Any] | None) ->
 
 @dataclass
 class ResolvedConfig:
-    """The validated run config and the components it chose.
+    """The validated run config, the components it chose and the run plan.
 
     :ivar cfg: the full config (OmegaConf), component choices expanded to mappings with
         every parameter (defaults filled in).
     :ivar components: config path -> :class:`Component` for every choice that is set.
     :ivar params: config path -> the parameter dataclass instance of that choice.
     :ivar extensions: ``(component, params)`` for every enabled extension.
+    :ivar sources: dotted key -> the layer that set its value (``defaults``,
+        ``preset grpo``, ``--config run.yaml``, ``command line``, ...).
+    :ivar plan: the :class:`rlzoo.plan.RunPlan` decided from all of the above.
     """
 
     cfg: DictConfig
     components: dict[str, Component]
     params: dict[str, Any]
     extensions: list[tuple[Component, Any]]
+    sources: dict[str, str] = field(default_factory=dict)
+    plan: Any = None
 
     def to_yaml(self) -> str:
         return OmegaConf.to_yaml(self.cfg)
+
+    def bound(self, path: str) -> Any:
+        """The component chosen at ``path`` with its parameters bound, as the engine calls it."""
+        return self.components[path].bind(self.params[path])
+
+    def build(self, path: str, **inputs: Any) -> Any:
+        """Construct the component chosen at ``path`` (a task, a rollout backend, ...) from
+        ``inputs``; a ``ValueError`` / ``OSError`` of its factory is a config error naming it."""
+        try:
+            return self.bound(path)(**inputs)
+        except ConfigError:
+            raise
+        except (ValueError, OSError) as exc:
+            raise ConfigError(f"{path} {self.components[path].name!r}: {exc}") from exc
+
+
+def _flat_keys(data: Any, prefix: str = "") -> list[str]:
+    """Dotted paths of the leaves of a nested dict (a list counts as one leaf)."""
+    if not isinstance(data, dict):
+        return [prefix[:-1]] if prefix else []
+    keys: list[str] = []
+    for key, value in data.items():
+        keys.extend(_flat_keys(value, f"{prefix}{key}."))
+    return keys
+
+
+def _check_renamed(label: str, layer: dict[str, Any]) -> None:
+    for old, new in RENAMED_KEYS.items():
+        if _get_path(layer, old)[0]:
+            raise ConfigError(f"config key {old!r} ({label}) was renamed to {new!r} in rlzoo 0.2; use {new}")
 
 
 def load_config(
@@ -320,7 +367,8 @@ def load_config(
     config_file: str | Path | None = None,
     base: dict[str, Any] | None = None,
 ) -> ResolvedConfig:
-    """Merge and validate the layers; raise :class:`ConfigError` on any bad input.
+    """Merge and validate the layers, decide the run plan; raise :class:`ConfigError` on
+    any bad input or inconsistent combination, before anything is built or written.
 
     :param registry: the component registry (presets and component parameters).
     :param overrides: CLI ``key=value`` items.
@@ -329,9 +377,12 @@ def load_config(
         ``resume=RUN_DIR`` the run's saved ``config.yaml`` is that base, so a resumed run
         keeps its config; later layers may still override keys (e.g. total_steps).
     """
+    from rlzoo.plan import build_plan
+
     file_layer = _read_yaml(config_file, "config file") if config_file is not None else {}
     cli_layer = parse_overrides(overrides or [])
     resume = cli_layer.get("resume", file_layer.get("resume"))
+    base_label = "base"
     if base is None and resume:
         from rlzoo.checkpoint import latest_checkpoint
 
@@ -342,6 +393,7 @@ def load_config(
             raise ConfigError(f"resume={resume!r}: no checkpoint found in {run_dir / 'checkpoints'}")
         base = _read_yaml(run_dir / "config.yaml", f"resume={resume}: run config")
         base["resume"] = str(resume)
+        base_label = f"run {run_dir / 'config.yaml'}"
     defaults = base if base is not None else _read_yaml(default_config_path(), "default config")
 
     algo = defaults.get("algo")
@@ -354,22 +406,35 @@ def load_config(
         preset_layer = _preset_mapping(preset)
         if "algo" in preset_layer:
             raise ConfigError(f"algorithm preset {preset.name!r} must not set 'algo'")
-    layers = [dict(defaults), preset_layer, dict(file_layer), dict(cli_layer)]
-    layers = [_deep_copy(layer) for layer in layers]
+    labelled = [("defaults" if base is None else base_label, defaults), (f"preset {algo}", preset_layer),
+                (f"--config {config_file}", file_layer), ("command line", cli_layer)]
+    labelled = [(label, _deep_copy(layer)) for label, layer in labelled]
+    for label, layer in labelled:
+        _check_renamed(label, layer)
 
+    sources: dict[str, str] = {}
     specs: dict[str, dict[str, Any] | None] = {}
     for path in COMPONENT_FIELDS:
         spec: dict[str, Any] | None = None
-        for layer in layers:
+        for label, layer in labelled:
             present, value = _pop_path(layer, path)
             if present:
-                spec = _merge_spec(spec, _as_spec(value, path))
+                layer_spec = _as_spec(value, path)
+                if spec is None or layer_spec is None or layer_spec.get("name", spec.get("name")) != spec.get("name"):
+                    sources = {k: v for k, v in sources.items() if not k.startswith(path + ".")}
+                spec = _merge_spec(spec, layer_spec)
+                for key in (layer_spec or {"name": None}):
+                    sources[f"{path}.{key}"] = label
         specs[path] = spec
     ext_specs: list[Any] = []
-    for layer in layers:
+    for label, layer in labelled:
         present, value = _pop_path(layer, "extensions")
         if present:
             ext_specs = list(value or [])
+            sources["extensions"] = label
+    for label, layer in labelled:
+        for key in _flat_keys(layer):
+            sources[key] = label
 
     schema = OmegaConf.structured(RunConfig)
     for path in COMPONENT_FIELDS:
@@ -377,13 +442,20 @@ def load_config(
     OmegaConf.update(schema, "extensions", [], force_add=True)
     OmegaConf.set_struct(schema, True)
     cfg = schema
-    for layer in layers:
+    for _, layer in labelled:
         cfg = _merge_checked(cfg, layer)
     missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:
         raise ConfigError(f"config keys without a value: {', '.join(missing)}")
     _check_values(cfg)
 
+    if specs["reward"] is None and specs["task"] is not None:
+        task = _resolve_component(registry, "task", "task", specs["task"])[0]
+        if task.meta.get("reward") is None:
+            raise ConfigError(f"task {task.name!r} names no default reward: set reward=NAME "
+                              f"(registered: {', '.join(registry.names('reward'))})")
+        specs["reward"] = {"name": task.meta["reward"]}
+        sources["reward.name"] = f"task {task.name}'s default reward"
     components: dict[str, Component] = {}
     params: dict[str, Any] = {}
     for path, kind in COMPONENT_FIELDS.items():
@@ -394,6 +466,8 @@ def load_config(
         components[path] = component
         params[path] = instance
         OmegaConf.update(cfg, path, expanded, force_add=True)
+        for key in expanded:
+            sources.setdefault(f"{path}.{key}", f"default of {kind} {component.name}")
     extensions = []
     expanded_exts = []
     for i, raw in enumerate(ext_specs):
@@ -406,10 +480,13 @@ def load_config(
         extensions.append((component, instance))
         expanded_exts.append(expanded)
     OmegaConf.update(cfg, "extensions", expanded_exts, force_add=True)
-    for required in ("task", "advantage", "policy_loss", "loss_agg"):
+    for required in ("task", "advantage", "policy_loss", "loss_agg", "rollout.backend"):
         if required not in components:
             raise ConfigError(f"'{required}' must name a component; got null")
-    return ResolvedConfig(cfg=cfg, components=components, params=params, extensions=extensions)
+    resolved = ResolvedConfig(cfg=cfg, components=components, params=params, extensions=extensions,
+                              sources=sources)
+    resolved.plan = build_plan(resolved)
+    return resolved
 
 
 def _deep_copy(data: Any) -> Any:
@@ -471,13 +548,28 @@ def _type_message(exc: ValidationError, where: str | None = None) -> str:
     return f"invalid value for {key}: {text}"
 
 
+def _non_finite(data: Any, prefix: str = "") -> list[tuple[str, float]]:
+    """``(dotted key, value)`` of every NaN or infinite float in a nested container."""
+    if isinstance(data, dict):
+        return [hit for key, value in data.items() for hit in _non_finite(value, f"{prefix}{key}.")]
+    if isinstance(data, (list, tuple)):
+        return [hit for i, value in enumerate(data) for hit in _non_finite(value, f"{prefix[:-1]}[{i}].")]
+    if isinstance(data, float) and not math.isfinite(data):
+        return [(prefix[:-1], data)]
+    return []
+
+
 def _check_values(cfg: DictConfig) -> None:
+    bad = _non_finite(OmegaConf.to_container(cfg))
+    if bad:
+        key, value = bad[0]
+        raise ConfigError(f"invalid value for {key}: {value}; config values must be finite numbers")
     for path, choices in CHOICES.items():
         value = OmegaConf.select(cfg, path)
         if value not in choices:
             raise ConfigError(
-                f"invalid value for {path}: {value!r}; choose one of {', '.join(choices)}."
-                f"{did_you_mean(str(value), choices)}"
+                f"invalid value for {path}: {value!r}; choose one of {', '.join(map(str, choices))}."
+                f"{did_you_mean(str(value), [str(c) for c in choices])}"
             )
     for path in POSITIVE:
         value = OmegaConf.select(cfg, path)
@@ -541,6 +633,10 @@ def build_params(component: Component, given: dict[str, Any], where: str | None 
                 f"unknown parameter {key!r} for {label}; parameters: "
                 f"{', '.join(names) or '(none)'}.{hint}"
             )
+    bad = _non_finite(given)
+    if bad:
+        raise ConfigError(f"invalid parameter for {label}: {bad[0][0]}={bad[0][1]}; parameters must be "
+                          "finite numbers")
     try:
         node = OmegaConf.merge(OmegaConf.structured(component.params), given)
         return OmegaConf.to_object(node)
@@ -551,17 +647,3 @@ def build_params(component: Component, given: dict[str, Any], where: str | None 
         raise ConfigError(f"invalid parameter for {label}: {exc}") from exc
     except OmegaConfBaseException as exc:
         raise ConfigError(f"invalid parameters for {label}: {exc}") from exc
-
-
-def needs_of(resolved: ResolvedConfig) -> frozenset[str]:
-    """Union of what the chosen components need, plus the reference when KL is on."""
-    needs: set[str] = set()
-    for path, component in resolved.components.items():
-        if path.startswith("kl.") and resolved.cfg.kl.coef == 0:
-            continue
-        needs |= component.needs
-    for component, _ in resolved.extensions:
-        needs |= component.needs
-    if resolved.cfg.kl.coef > 0:
-        needs.add("reference")
-    return frozenset(needs)

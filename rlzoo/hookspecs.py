@@ -1,10 +1,10 @@
 """The plugin contract of rlzoo: every hook a plugin can implement.
 
-rlzoo's engine knows no algorithm. Advantage estimators, policy losses, KL penalties and
-controllers, loss aggregations, value losses, reward functions, tasks, algorithm presets
-and batch extensions are all contributed by plugins through the *registration hooks*
-below, the built-in ones exactly like a third-party package's: both are found through the
-``rlzoo`` entry-point group.
+rlzoo's engine knows no algorithm. Advantage estimators, policy losses, KL estimators and
+controllers, loss aggregations, value losses, reward functions, tasks, rollout backends,
+algorithm presets and batch extensions are all contributed by plugins through the
+*registration hooks* below, the built-in ones exactly like a third-party package's: both
+are found through the ``rlzoo`` entry-point group.
 
 A registration hook receives a ``register`` callback and calls it once per component::
 
@@ -16,23 +16,51 @@ A registration hook receives a ``register`` callback and calls it once per compo
                  description="...", paper="arXiv:2501.00000")
 
 ``register(name, fn, *, params=None, needs=(), description="", paper=None, aliases=(),
-**meta)`` -- see :meth:`rlzoo.registry.Registry.add` for every argument. Two plugins
+retired_aliases=None, **meta)``: see :meth:`rlzoo.registry.Registry.add`. Two plugins
 registering one name (or alias) of the same kind is an error that names both plugins.
 
-The *lifecycle hooks* (``rlzoo_after_rollout`` ... ``rlzoo_run_end``) are called by the
-engine on every plugin registered with the run's plugin manager. Standard lifecycle
-behaviour (DAPO dynamic sampling, overlong shaping, ...) is packaged as *extensions*:
-plugin objects registered by name and enabled per run from the config
-(``extensions=[dynamic_sampling]``), so installing a package never changes a run that
-did not ask for it.
+**Inputs are passed by name.** The engine calls every component with keyword arguments
+and passes exactly the inputs its function (or class) names, the way pluggy calls hook
+implementations: ``def grpo(token_rewards, response_mask, group_ids, params)`` receives
+those four. :data:`INPUTS` lists, per kind, every input the engine provides. Naming an
+input is how a component asks for it: an advantage estimator that names ``values`` makes
+the run build a critic, one that names ``baseline_scores`` a greedy rollout, a loss that
+names ``ref_logp`` a reference model (the *needs* derived from the signature; see
+``rlzoo list``). The signature is checked when the component registers: a parameter that
+is not an input of its kind (and has no default), ``*args`` / ``**kwargs``, or a declared
+``needs`` entry whose inputs the function never takes is an error naming the plugin.
+Outputs are checked on every call: a wrong shape or a missing required metric stops the
+run with the component and its package named.
+
+The *lifecycle hooks* (``rlzoo_after_rollout`` ... ``rlzoo_run_end``) are called through
+pluggy on every plugin registered with the run's plugin manager (``RLZOO_TRACE_HOOKS=1``
+shows each call). Several implementations of one lifecycle hook run in pluggy's order:
+``tryfirst`` ones first, ``trylast`` ones last, otherwise the most recently registered
+plugin first. The engine registers a run's extensions after every other plugin and in
+reverse list order, so extensions run first, in the order ``extensions=[...]`` lists them;
+then the ``plugins=[...]`` modules (the last listed first); then installed entry-point
+plugins. Lifecycle hooks return nothing: they modify the batch (or the metrics) in place,
+so each implementation sees what the previous ones did.
+
+Standard lifecycle behaviour (DAPO dynamic sampling, overlong shaping, ...) is packaged as
+*extensions*: plugin objects registered by name and enabled per run from the config
+(``extensions=[dynamic_sampling]``), so installing a package never changes a run that did
+not ask for it.
+
+The ``rlzoo_`` prefix is reserved for hook implementations: a plugin with a function or
+method of that name that matches no hook below, or one not marked ``@hookimpl``, is
+refused with the plugin named (a misspelt hook would otherwise be ignored silently).
 
 ``API_VERSION`` is the version of this contract. A plugin module may declare
-``RLZOO_API_VERSION = "1"``; a plugin whose major version differs is refused at load.
+``RLZOO_API_VERSION = "2"``; a plugin whose major version differs is refused at load.
+Version 2 (rlzoo 0.2): inputs by name; ``rlzoo_after_rollout`` modifies the batch in
+place instead of returning a replacement; rollout backends; rollout log-probs
+(``rollout_logp``) for policy losses; the ``kl_estimator`` config key is ``kl.estimator``.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, NamedTuple
 
 import pluggy
 
@@ -41,7 +69,7 @@ if TYPE_CHECKING:
     from rlzoo.context import RunContext
 
 PROJECT_NAME = "rlzoo"
-API_VERSION = "1"
+API_VERSION = "2"
 
 hookspec = pluggy.HookspecMarker(PROJECT_NAME)
 hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
@@ -49,9 +77,92 @@ hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
 Register = Callable[..., None]
 
 
+class Input(NamedTuple):
+    """One input the engine passes to components of a kind.
+
+    :ivar need: the need naming this input implies (what the engine must build or run to
+        provide it), or ``None`` when it is always available.
+    :ivar doc: what it is: shape, dtype, units.
+    """
+
+    need: str | None
+    doc: str
+
+
+_MASK = "(B, T) float in {0, 1}: 1 on the tokens the loss covers (the batch's loss_mask)"
+
+INPUTS: dict[str, dict[str, Input]] = {
+    "advantage": {
+        "token_rewards": Input(None, "(B, T) float: per-token rewards, the outcome reward on the last "
+                                     "valid token, KL-in-reward already folded in; 0 on padding"),
+        "response_mask": Input(None, "(B, T) float in {0, 1}: 1 on the response tokens"),
+        "group_ids": Input(None, "(B,) long: the prompt each sequence was sampled from (any values)"),
+        "values": Input("critic", "(B, T) float: critic values of the rollout, 0 on padding"),
+        "baseline_scores": Input("greedy", "(B,) float: score of the greedy completion of the same prompt"),
+        "old_logp": Input("old_logp", "(B, T) float: log-probs of the sampled tokens under the policy "
+                                      "before this step's update (tempered like the sampler)"),
+        "ref_logp": Input("reference", "(B, T) float: log-probs of the sampled tokens under the frozen "
+                                       "reference model"),
+    },
+    "policy_loss": {
+        "logp": Input(None, "(B, T) float: log-probs of the sampled tokens under the policy being "
+                            "trained; carries the gradient"),
+        "old_logp": Input(None, "(B, T) float: log-probs under the policy before this step's update "
+                                "(the detached logp when the plan runs one on-policy update)"),
+        "advantages": Input(None, "(B, T) float: the advantage estimator's output"),
+        "response_mask": Input(None, _MASK),
+        "rollout_logp": Input(None, "(B, T) float: log-probs of the sampled tokens under the "
+                                    "distribution the rollout backend actually sampled from "
+                                    "(after temperature and top-p)"),
+        "ref_logp": Input("reference", "(B, T) float: log-probs under the frozen reference model"),
+    },
+    "kl_estimator": {
+        "logp": Input(None, "(B, T) float: log-probs of the sampled tokens under the policy (the "
+                            "policy being trained, or the rollout-time policy for KL in the reward)"),
+        "ref_logp": Input("reference", "(B, T) float: log-probs under the frozen reference model"),
+        "logits": Input("logits", "(B, T, V) float: the policy's tempered logits at the response "
+                                  "positions (only with kl.apply=loss)"),
+        "ref_logits": Input("logits", "(B, T, V) float: the reference model's tempered logits"),
+    },
+    "loss_agg": {
+        "loss": Input(None, "(B, T) float: a per-token loss"),
+        "mask": Input(None, _MASK),
+        "counts": Input(None, "rlzoo.batch.BatchCounts of the global (mini-)batch: valid tokens, "
+                              "non-empty sequences, the configured max response length"),
+    },
+    "value_loss": {
+        "values": Input(None, "(B, T) float: current critic values; carry the gradient"),
+        "old_values": Input(None, "(B, T) float: critic values at rollout time"),
+        "returns": Input(None, "(B, T) float: the advantage estimator's returns (value targets)"),
+        "response_mask": Input(None, "(B, T) float in {0, 1}: 1 on the response tokens"),
+    },
+    "reward": {
+        "prompts": Input(None, "list[str] of B prompts (as the task wrote them)"),
+        "completions": Input(None, "list[str] of B decoded completions"),
+        "references": Input(None, "list of B reference answers (the task's Example.reference)"),
+    },
+    "task": {},
+    "kl_controller": {
+        "init_coef": Input(None, "float: the initial coefficient beta (kl.coef)"),
+    },
+    "rollout": {
+        "policy": Input(None, "the policy being trained (a transformers causal LM, unwrapped)"),
+        "tokenizer": Input(None, "the policy's tokenizer"),
+        "device": Input(None, "torch.device the policy lives on"),
+        "dtype": Input(None, "str: rollout.dtype, the precision to generate in ('float32', ...)"),
+        "generation_context": Input(None, "callable returning a context manager within which the "
+                                          "policy's weights are whole (a no-op unless FSDP shards them)"),
+    },
+    "extension": {},
+    "algorithm": {},
+}
+"""Kind -> input name -> :class:`Input`: every keyword the engine passes to a component of
+that kind (besides ``params``, the component's parameter dataclass instance)."""
+
+
 # ---------------------------------------------------------------------------------------
 # Registration hooks. Called once, when the registry is built (``rlzoo.plugins.
-# build_registry``), in plugin registration order. Return value: ignored.
+# build_registry``), plugin by plugin in registration order. Return value: ignored.
 # ---------------------------------------------------------------------------------------
 
 
@@ -61,20 +172,13 @@ def rlzoo_register_advantage_estimators(register: Register) -> None:
 
     :param register: call ``register(name, fn, ...)`` once per estimator.
 
-    The engine calls ``fn(token_rewards, response_mask, group_ids, values,
-    baseline_scores, params=...)`` with
-
-    - ``token_rewards``: ``(B, T)`` float, per-token rewards (outcome reward on the last
-      valid token, KL-in-reward already folded in), zero on padding;
-    - ``response_mask``: ``(B, T)`` float in {0, 1};
-    - ``group_ids``: ``(B,)`` long, the prompt each sequence was sampled from;
-    - ``values``: ``(B, T)`` critic values, or ``None`` unless ``needs`` has ``critic``;
-    - ``baseline_scores``: ``(B,)`` score of the greedy completion of the same prompt, or
-      ``None`` unless ``needs`` has ``greedy``;
-    - ``params``: the component's parameter dataclass instance (when it declares one).
-
-    It must return ``(advantages, returns)``, both ``(B, T)``, zero on padding.
-    Estimators are pure tensor functions: no gradient flows through them.
+    The engine calls ``fn(**inputs, params=...)`` with the inputs ``fn`` names from
+    ``INPUTS["advantage"]``: ``token_rewards``, ``response_mask``, ``group_ids``,
+    ``values`` (a critic), ``baseline_scores`` (a greedy rollout), ``old_logp``,
+    ``ref_logp``. It must return ``(advantages, returns)``, both ``(B, T)`` float, zero on
+    padding. Estimators are pure tensor functions: no gradient flows through them. Under
+    torchrun they see this process's whole groups and run inside
+    ``rlzoo.distributed.batch_statistics()``.
     """
 
 
@@ -84,27 +188,28 @@ def rlzoo_register_policy_losses(register: Register) -> None:
 
     :param register: call ``register(name, fn, ...)`` once per loss.
 
-    The engine calls ``fn(logp, old_logp, advantages, response_mask, params=...)``,
-    all ``(B, T)``; ``logp`` carries the gradient. It returns ``(loss, metrics)``: the
-    per-token loss ``(B, T)`` (the engine aggregates it with the run's ``loss_agg``) and
-    a dict of scalar tensors (at least ``clipfrac`` and ``approx_kl``).
+    The engine calls ``fn(**inputs, params=...)`` with the inputs ``fn`` names from
+    ``INPUTS["policy_loss"]``: ``logp`` (carries the gradient), ``old_logp``,
+    ``advantages``, ``response_mask``, ``rollout_logp``, ``ref_logp``; all ``(B, T)``.
+    It returns ``(loss, metrics)``: the per-token loss ``(B, T)`` (the engine aggregates
+    it with the run's ``loss_agg``) and a dict of detached scalar tensors with at least
+    ``clipfrac`` and ``approx_kl``.
 
-    A loss whose formula only holds under one aggregation (GSPO, GMPO) registers with
-    ``loss_agg="<mode>"``; the engine then uses that mode for it.
+    A loss whose formula is defined under one aggregation only (GSPO, GMPO) registers with
+    ``loss_agg="<mode>"``; a run that configures another ``loss_agg`` is refused.
     """
 
 
 @hookspec
-def rlzoo_register_kl_penalties(register: Register) -> None:
-    """Register KL estimators (kind ``kl_penalty``), e.g. ``k1``, ``k3``.
+def rlzoo_register_kl_estimators(register: Register) -> None:
+    """Register KL estimators (kind ``kl_estimator``, config key ``kl.estimator``), e.g. ``k3``.
 
     :param register: call ``register(name, fn, ...)`` once per estimator.
 
-    The engine calls ``fn(logp, ref_logp, params=...)`` with ``(B, T)`` log-probs of the
-    sampled tokens and gets the per-token KL estimate ``(B, T)``. An estimator that needs
-    the full distributions registers with ``needs=("logits",)`` and is called as
-    ``fn(logp, ref_logp, logits=..., ref_logits=..., params=...)`` with ``(B, T, V)``
-    logits.
+    The engine calls ``fn(**inputs, params=...)`` with the inputs ``fn`` names from
+    ``INPUTS["kl_estimator"]``: ``logp``, ``ref_logp`` (``(B, T)`` log-probs of the sampled
+    tokens), or ``logits`` and ``ref_logits`` (``(B, T, V)``, only for ``kl.apply=loss``),
+    and gets the per-token KL estimate ``(B, T)``.
     """
 
 
@@ -112,9 +217,12 @@ def rlzoo_register_kl_penalties(register: Register) -> None:
 def rlzoo_register_kl_controllers(register: Register) -> None:
     """Register KL coefficient controllers (kind ``kl_controller``): ``fixed``, ``adaptive``.
 
-    :param register: call ``register(name, cls, ...)``; ``cls(params)`` builds a
-        controller with attribute ``value`` (current β), ``update(current_kl: float,
-        n_steps: int) -> None`` and ``state_dict()`` / ``load_state_dict()`` for resume.
+    :param register: call ``register(name, cls, ...)``. The engine builds
+        ``cls(init_coef=kl.coef, params=...)`` (each if named): an object with attribute
+        ``value`` (the current beta), ``update(current_kl: float, n_steps: int) -> None``
+        (called once per step with the batch's mean per-sequence KL sum and the global
+        number of sequences, only for ``kl.apply=reward``) and ``state_dict()`` /
+        ``load_state_dict(state)`` of plain values for resume.
     """
 
 
@@ -124,11 +232,12 @@ def rlzoo_register_loss_aggregations(register: Register) -> None:
 
     :param register: call ``register(name, fn, ...)`` once per mode.
 
-    The engine calls ``fn(loss, mask, counts=..., params=...)`` with ``(B, T)`` tensors and
-    gets a scalar. ``counts`` is a :class:`rlzoo.batch.BatchCounts` of the *global* batch
-    (valid tokens, non-empty sequences, the configured max response length) so the sum of
-    the results over micro-batches (and ranks) equals the mode computed on the whole
-    batch; with ``counts=None`` the mode normalises by the given tensors alone.
+    The engine calls ``fn(loss=..., mask=..., counts=..., params=...)`` (the ones ``fn``
+    names) with ``(B, T)`` tensors and gets a scalar. ``counts`` is a
+    :class:`rlzoo.batch.BatchCounts` of the *global* batch (valid tokens, non-empty
+    sequences, the configured max response length) so the sum of the results over
+    micro-batches (and ranks) equals the mode computed on the whole batch; with
+    ``counts=None`` the mode normalises by the given tensors alone.
     """
 
 
@@ -136,9 +245,10 @@ def rlzoo_register_loss_aggregations(register: Register) -> None:
 def rlzoo_register_value_losses(register: Register) -> None:
     """Register critic losses (kind ``value_loss``), e.g. ``clipped``.
 
-    :param register: call ``register(name, fn, ...)``. The engine calls ``fn(values,
-        old_values, returns, response_mask, params=...)`` (all ``(B, T)``) and gets
-        ``(loss, metrics)``: per-token loss ``(B, T)`` and scalar-tensor metrics.
+    :param register: call ``register(name, fn, ...)``. The engine calls ``fn(values=...,
+        old_values=..., returns=..., response_mask=..., params=...)`` (all ``(B, T)``;
+        those ``fn`` names) and gets ``(loss, metrics)``: per-token loss ``(B, T)`` and a
+        dict of detached scalar tensors.
     """
 
 
@@ -146,10 +256,10 @@ def rlzoo_register_value_losses(register: Register) -> None:
 def rlzoo_register_reward_functions(register: Register) -> None:
     """Register reward functions (kind ``reward``), e.g. ``sorted_digits``.
 
-    :param register: call ``register(name, fn, ...)``. The engine calls ``fn(prompts,
-        completions, references, params=...)`` with three lists of equal length ``B``
-        (prompt text, decoded completion text, the task's reference answer) and expects
-        ``B`` finite floats (a list or a ``(B,)`` tensor).
+    :param register: call ``register(name, fn, ...)``. The engine calls ``fn(prompts=...,
+        completions=..., references=..., params=...)`` (those ``fn`` names) with lists of
+        equal length ``B`` (prompt text, decoded completion text, the task's reference
+        answer) and expects ``B`` finite floats (a list or a ``(B,)`` tensor).
     """
 
 
@@ -157,9 +267,36 @@ def rlzoo_register_reward_functions(register: Register) -> None:
 def rlzoo_register_tasks(register: Register) -> None:
     """Register tasks (kind ``task``): prompt sources with their default reward.
 
-    :param register: call ``register(name, factory, ...)``; ``factory(params)`` returns a
-        :class:`rlzoo.tasks.Task`. Pass ``reward="<reward name>"`` as meta to name the
-        task's default reward function.
+    :param register: call ``register(name, factory, ...)``; ``factory(params=...)`` (or
+        ``factory()`` without parameters) returns a :class:`rlzoo.tasks.Task`. Pass
+        ``reward="<reward name>"`` as meta to name the task's default reward function.
+    """
+
+
+@hookspec
+def rlzoo_register_rollout_backends(register: Register) -> None:
+    """Register rollout backends (kind ``rollout``, config key ``rollout.backend``).
+
+    :param register: call ``register(name, factory, ...)``. The engine builds
+        ``factory(**inputs, params=...)`` with the inputs it names from
+        ``INPUTS["rollout"]`` (``policy``, ``tokenizer``, ``device``, ``dtype``,
+        ``generation_context``) and gets a backend with
+
+        - ``generate(prompt_ids, *, num_samples, max_new_tokens, temperature, top_p,
+          greedy=False) -> rlzoo.rollout.Generation``: ``prompt_ids`` is a list of token-id
+          lists (one per prompt, unpadded, chat template already applied); the result holds
+          ``num_samples`` completions per prompt, prompt-major: ``response_ids`` and
+          ``response_mask`` ``(B·n, T)`` right-padded (the mask covers EOS), ``logp``
+          ``(B·n, T)`` float32, the log-prob of each sampled token under the distribution
+          actually sampled from (after temperature and top-p; 0 on padding), and
+          ``truncated`` ``(B·n,)`` bool (no EOS within the budget). Sampling must draw
+          from torch's global RNG or its own seeded one, so runs are reproducible;
+        - ``sync_weights(named_weights) -> None``: called after each update (the last
+          optimizer step of a training step; nothing generates in between) with a callable
+          returning ``(name, tensor)`` pairs of the policy's current weights (gathered
+          whole under FSDP only when called).
+
+        See docs/design.md for how a colocated vLLM backend plugs in.
     """
 
 
@@ -178,25 +315,30 @@ def rlzoo_register_extensions(register: Register) -> None:
     """Register extensions (kind ``extension``): lifecycle plugins enabled per run.
 
     :param register: call ``register(name, cls, ...)``. When a run lists the name in
-        ``extensions``, the engine builds ``cls(params)`` and registers that object with
-        the run's plugin manager, so its lifecycle hook implementations are called.
+        ``extensions``, the engine builds ``cls(params=...)`` (or ``cls()``) and registers
+        that object with the run's plugin manager, so its ``@hookimpl`` methods are called
+        for that run only. ``needs`` declares what the extension reads from the batch
+        (``entropy``: ``batch.old_entropy``; ``reference``: ``batch.ref_logp``; ...).
+        Optional ``state_dict()`` / ``load_state_dict(state)`` of plain values are saved in
+        checkpoints.
     """
 
 
 # ---------------------------------------------------------------------------------------
-# Lifecycle hooks, called by the trainer on every registered plugin, every step.
+# Lifecycle hooks, called through pluggy on every registered plugin, every step, in this
+# order. The order of several implementations of one hook: see the module docstring.
 # ---------------------------------------------------------------------------------------
 
 
 @hookspec
-def rlzoo_after_rollout(batch: "RolloutBatch", ctx: "RunContext") -> "RolloutBatch | None":
+def rlzoo_after_rollout(batch: "RolloutBatch", ctx: "RunContext") -> None:
     """Called after generation and scoring, before KL, reference or critic passes.
 
-    :param batch: the scored rollout (``batch.scores`` holds the raw task scores).
-    :param ctx: the run context (config, step, a ``resample`` callable for refills,
-        ``ctx.metrics`` to add metrics to this step's log).
-    :return: a replacement batch (filtered or reshaped), or ``None`` to keep it. Each
-        implementation receives the previous one's result.
+    :param batch: the scored rollout (``batch.scores`` holds the raw task scores). Filter
+        or refill it in place: ``batch.keep(rows)``, ``batch.extend(other)`` (e.g. with
+        ``ctx.resample(n_prompts)``), or ``batch.copy_from(other)``; the next
+        implementation sees the result.
+    :param ctx: the run context (config, plan, step, ``resample``, ``metrics``, ...).
     """
 
 
@@ -243,27 +385,33 @@ def rlzoo_run_end(ctx: "RunContext", status: str) -> None:
 REGISTRATION_HOOKS: dict[str, str] = {
     "advantage": "rlzoo_register_advantage_estimators",
     "policy_loss": "rlzoo_register_policy_losses",
-    "kl_penalty": "rlzoo_register_kl_penalties",
+    "kl_estimator": "rlzoo_register_kl_estimators",
     "kl_controller": "rlzoo_register_kl_controllers",
     "loss_agg": "rlzoo_register_loss_aggregations",
     "value_loss": "rlzoo_register_value_losses",
     "reward": "rlzoo_register_reward_functions",
     "task": "rlzoo_register_tasks",
+    "rollout": "rlzoo_register_rollout_backends",
     "algorithm": "rlzoo_register_algorithms",
     "extension": "rlzoo_register_extensions",
 }
 """Component kind -> the registration hook that contributes it."""
 
+LIFECYCLE_HOOKS: tuple[str, ...] = (
+    "rlzoo_after_rollout", "rlzoo_shape_rewards", "rlzoo_before_update", "rlzoo_step_end", "rlzoo_run_end",
+)
+"""The lifecycle hooks, in the order a step calls them."""
+
 KIND_TITLES: dict[str, str] = {
     "advantage": "Advantage estimators",
     "policy_loss": "Policy losses",
-    "kl_penalty": "KL penalties",
+    "kl_estimator": "KL estimators",
     "kl_controller": "KL controllers",
     "loss_agg": "Loss aggregations",
     "value_loss": "Value losses",
     "reward": "Reward functions",
     "task": "Tasks",
+    "rollout": "Rollout backends",
     "algorithm": "Algorithm presets",
     "extension": "Extensions",
 }
-

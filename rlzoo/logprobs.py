@@ -29,8 +29,10 @@ class SequenceOutput:
 
 
 def _head_chunk(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                targets: torch.Tensor, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                targets: torch.Tensor, with_entropy: bool, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
     logits = F.linear(hidden.float(), weight.float(), None if bias is None else bias.float())
+    if temperature != 1.0:
+        logits = logits / temperature
     log_norm = torch.logsumexp(logits, dim=-1)
     logp = logits.gather(-1, targets[:, None]).squeeze(-1) - log_norm
     if with_entropy:
@@ -47,9 +49,9 @@ would take more than this (below it, keeping them costs less than recomputing)."
 
 def token_logprobs(hidden: torch.Tensor, head: torch.nn.Linear, targets: torch.Tensor,
                    mask: torch.Tensor, chunk_size: int = 1024, with_entropy: bool = False,
-                   checkpoint_min_bytes: int = CHECKPOINT_MIN_BYTES
+                   checkpoint_min_bytes: int = CHECKPOINT_MIN_BYTES, temperature: float = 1.0
                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probs (and entropies) of ``targets`` under ``head(hidden)``.
+    """Log-probs (and entropies) of ``targets`` under ``head(hidden) / temperature``.
 
     :param hidden: ``(B, T, H)`` hidden states that predict ``targets``.
     :param head: the output projection (``H -> V``).
@@ -58,6 +60,8 @@ def token_logprobs(hidden: torch.Tensor, head: torch.nn.Linear, targets: torch.T
     :param chunk_size: tokens projected to the vocabulary at a time.
     :param checkpoint_min_bytes: with gradients on, chunks run under activation
         checkpointing when (valid tokens × V × 4 bytes) exceeds this.
+    :param temperature: the logits are divided by it (the sampling temperature, so the
+        log-probs are those of the distribution the tokens were sampled from).
     :return: ``logp`` ``(B, T)`` and ``entropy`` ``(B, T)`` (nats) or ``None``.
     """
     batch, length = targets.shape
@@ -70,7 +74,7 @@ def token_logprobs(hidden: torch.Tensor, head: torch.nn.Linear, targets: torch.T
     logp_parts, entropy_parts = [], []
     for start in range(0, flat_index.numel(), chunk_size):
         args = (flat_hidden[start:start + chunk_size], head.weight, head.bias,
-                flat_targets[start:start + chunk_size], with_entropy)
+                flat_targets[start:start + chunk_size], with_entropy, temperature)
         if use_checkpoint:
             lp, ent = checkpoint(_head_chunk, *args, use_reentrant=False)
         else:
@@ -99,12 +103,12 @@ def full_sequence(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
 def response_forward(model: PreTrainedModel, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
                      response_ids: torch.Tensor, response_mask: torch.Tensor, *,
                      chunk_size: int = 1024, with_entropy: bool = False,
-                     with_logits: bool = False) -> SequenceOutput:
+                     with_logits: bool = False, temperature: float = 1.0) -> SequenceOutput:
     """One forward of the policy over prompt + response; outputs at response positions.
 
-    Runs the decoder, then the chunked head (:func:`token_logprobs`). ``with_logits``
-    also returns the full ``(B, T, V)`` logits (for estimators that declare
-    ``needs=("logits",)``).
+    Runs the decoder, then the chunked head (:func:`token_logprobs`) on
+    ``logits / temperature``. ``with_logits`` also returns the full ``(B, T, V)`` tempered
+    logits (for estimators that read ``logits``).
     """
     input_ids, attention, positions = full_sequence(prompt_ids, prompt_mask, response_ids, response_mask)
     hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention,
@@ -112,8 +116,9 @@ def response_forward(model: PreTrainedModel, prompt_ids: torch.Tensor, prompt_ma
     prompt_len = prompt_ids.shape[1]
     hidden = hidden[:, prompt_len - 1: prompt_len - 1 + response_ids.shape[1]]
     head = model.get_output_embeddings()
-    logp, entropy = token_logprobs(hidden, head, response_ids, response_mask, chunk_size, with_entropy)
-    logits = head(hidden).float() if with_logits else None
+    logp, entropy = token_logprobs(hidden, head, response_ids, response_mask, chunk_size, with_entropy,
+                                   temperature=temperature)
+    logits = head(hidden).float() / temperature if with_logits else None
     return SequenceOutput(logp=logp, entropy=entropy, logits=logits)
 
 
@@ -132,8 +137,9 @@ class ResponseForward(torch.nn.Module):
 
     def forward(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, response_ids: torch.Tensor,
                 response_mask: torch.Tensor, chunk_size: int = 1024, with_entropy: bool = False,
-                with_logits: bool = False
+                with_logits: bool = False, temperature: float = 1.0
                 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         out = response_forward(self.model, prompt_ids, prompt_mask, response_ids, response_mask,
-                               chunk_size=chunk_size, with_entropy=with_entropy, with_logits=with_logits)
+                               chunk_size=chunk_size, with_entropy=with_entropy, with_logits=with_logits,
+                               temperature=temperature)
         return out.logp, out.entropy, out.logits

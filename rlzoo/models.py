@@ -9,8 +9,11 @@ The embedded default is a tiny causal transformer built from a ``transformers`` 
 
 from __future__ import annotations
 
+import copy
 import json
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Iterator
 
 import torch
 from omegaconf import DictConfig
@@ -29,6 +32,7 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
+from rlzoo import distributed
 from rlzoo.errors import ConfigError
 
 PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
@@ -166,3 +170,114 @@ class ValueModel(torch.nn.Module):
         loaded = AutoModel.from_pretrained(str(path), dtype=next(self.backbone.parameters()).dtype)
         self.backbone.load_state_dict(loaded.state_dict())
         self.value_head.load_state_dict(load_file(str(path / "value_head.safetensors")))
+
+
+class _WithStateDict:
+    """A model's ``save_pretrained`` with given (gathered) weights."""
+
+    def __init__(self, model: Any, state_dict: dict[str, torch.Tensor]) -> None:
+        self.model, self.state_dict = model, state_dict
+
+    def save_pretrained(self, path: str) -> None:
+        self.model.save_pretrained(path, state_dict=self.state_dict)
+
+
+@dataclass
+class RunModels:
+    """The models of a run, as the plan asks for them.
+
+    :ivar policy: the trained causal LM (unwrapped).
+    :ivar tokenizer: its tokenizer.
+    :ivar policy_forward: :class:`rlzoo.logprobs.ResponseForward` of the policy, wrapped by
+        DDP / FSDP under torchrun: what the update calls.
+    :ivar reference: the frozen initial policy, or ``None``.
+    :ivar reference_forward: its :class:`ResponseForward`, or ``None``.
+    :ivar critic: the :class:`ValueModel`, or ``None``.
+    :ivar critic_forward: the critic as the update calls it (wrapped under torchrun).
+    """
+
+    policy: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    policy_forward: torch.nn.Module
+    reference: PreTrainedModel | None = None
+    reference_forward: torch.nn.Module | None = None
+    critic: ValueModel | None = None
+    critic_forward: torch.nn.Module | None = None
+
+    def generation_context(self) -> Any:
+        """A context within which the policy's weights are whole (FSDP; otherwise a no-op)."""
+        return distributed.gathered(self.policy_forward)
+
+    def policy_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """``(name, tensor)`` of the policy's state (gathered whole under FSDP)."""
+        if distributed.is_sharded(self.policy_forward):
+            return iter(distributed.full_state_dict(self.policy_forward, "model.").items())
+        return iter(self.policy.state_dict().items())
+
+    def saveable_policy(self) -> Any:
+        """The policy as an object with ``save_pretrained`` (a collective under FSDP)."""
+        return _saveable(self.policy, self.policy_forward, "model.")
+
+    def saveable(self) -> dict[str, Any]:
+        """``name -> object with save_pretrained`` for a checkpoint (a collective when the
+        models are sharded: their whole weights are gathered on every rank)."""
+        models: dict[str, Any] = {"policy": self.saveable_policy(), "policy:tokenizer": self.tokenizer}
+        if self.critic is not None:
+            models["critic"] = _saveable(self.critic, self.critic_forward, "")
+        return models
+
+
+def _saveable(model: Any, wrapper: torch.nn.Module, prefix: str) -> Any:
+    if not distributed.is_sharded(wrapper):
+        return model
+    return _WithStateDict(model, distributed.full_state_dict(wrapper, prefix))
+
+
+def build_run_models(cfg: DictConfig, plan: Any, task: Any, device: torch.device, dist: distributed.DistInfo,
+                     resume_from: Path | None, init_model_dir: Path) -> RunModels:
+    """Build (or, resuming, load) the models ``plan.models`` names, on ``device``, wrapped
+    for the data-parallel strategy under torchrun.
+
+    :param task: supplies the embedded tokenizer's alphabet when ``model.path`` is unset.
+    :param resume_from: a checkpoint directory to load the policy and critic from.
+    :param init_model_dir: the run's ``init_model/``: the reference when resuming.
+    :raises ConfigError: no usable model (e.g. a task that needs ``model.path``).
+    """
+    from rlzoo.logprobs import ResponseForward
+
+    if resume_from is not None:
+        policy, tokenizer = load_pretrained(resume_from / "policy", cfg.model.dtype)
+    elif cfg.model.path:
+        policy, tokenizer = load_pretrained(cfg.model.path, cfg.model.dtype)
+    else:
+        if task.alphabet is None:
+            raise ConfigError(f"task {cfg.task.name!r} needs a real tokenizer: set model.path to a local "
+                              "model directory")
+        tokenizer = build_char_tokenizer(task.alphabet)
+        policy = build_tiny_model(cfg.model, tokenizer, 4 * (cfg.rollout.max_new_tokens + 64))
+        policy = policy.to(DTYPES[cfg.model.dtype])
+    reference = None
+    if "reference" in plan.models:
+        if resume_from is not None:
+            reference = load_pretrained(init_model_dir, cfg.model.dtype)[0]
+        else:
+            reference = copy.deepcopy(policy)
+        reference = reference.eval().requires_grad_(False)
+    critic = None
+    if "critic" in plan.models:
+        critic = ValueModel.from_policy_config(policy.config, policy).to(device)
+        if resume_from is not None:
+            critic.load_from(resume_from / "critic")  # before any sharding
+    policy.to(device)
+    if reference is not None:
+        reference.to(device)
+    if cfg.model.gradient_checkpointing:
+        policy.gradient_checkpointing_enable()
+    models = RunModels(policy=policy, tokenizer=tokenizer, policy_forward=ResponseForward(policy),
+                       reference=reference, reference_forward=ResponseForward(reference) if reference else None,
+                       critic=critic, critic_forward=critic)
+    if dist.enabled:
+        models.policy_forward = distributed.wrap(models.policy_forward, cfg.distributed.strategy, device)
+        if critic is not None:
+            models.critic_forward = distributed.wrap(critic, cfg.distributed.strategy, device)
+    return models

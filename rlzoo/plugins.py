@@ -14,14 +14,13 @@ import importlib
 import importlib.metadata as md
 import os
 import sys
-import types
 from collections.abc import Iterable
 from typing import Any
 
 import pluggy
 
 from rlzoo import hookspecs
-from rlzoo.errors import DuplicateComponentError, PluginError
+from rlzoo.errors import DuplicateComponentError, PluginError, did_you_mean
 from rlzoo.registry import Registry
 
 ENTRY_POINT_GROUP = "rlzoo"
@@ -63,13 +62,47 @@ class PluginManager(pluggy.PluginManager):
         if declared is not None and not _api_compatible(declared):
             raise PluginError(
                 f"plugin {name!r} ({package}) targets rlzoo plugin API {declared}, but this "
-                f"rlzoo provides API {hookspecs.API_VERSION}; upgrade the plugin or rlzoo"
+                f"rlzoo provides API {hookspecs.API_VERSION}; upgrade the plugin or rlzoo "
+                "(docs/plugins.md, 'Plugin API version', says what changed)"
             )
+        self._check_hook_names(plugin, name, package)
+        try:
+            hash(plugin)
+        except TypeError as exc:
+            raise PluginError(f"plugin {name!r} ({package}) is an unhashable {type(plugin).__name__}: pluggy "
+                              "needs plugin objects hashable (a dataclass: eq=False)") from exc
         try:
             self.register(plugin, name=name)
         except (pluggy.PluginValidationError, ValueError) as exc:
             raise PluginError(f"plugin {name!r} ({package}) is invalid: {exc}") from exc
         self.packages[name] = package
+
+    def _check_hook_names(self, plugin: Any, name: str, package: str) -> None:
+        """Every ``rlzoo_*`` function of ``plugin`` must be a ``@hookimpl`` of a known hook.
+
+        :raises PluginError: naming the plugin, the function and the closest hook.
+        """
+        for attr in dir(plugin):
+            if not attr.startswith("rlzoo_") or not callable(getattr(plugin, attr, None)):
+                continue
+            if attr in RENAMED_HOOKS:
+                raise PluginError(f"plugin {name!r} ({package}) defines {attr!r}, renamed to "
+                                  f"{RENAMED_HOOKS[attr]!r} in plugin API 2 (docs/plugins.md, 'Plugin API version')")
+            if attr not in HOOK_NAMES:
+                raise PluginError(f"plugin {name!r} ({package}) defines {attr!r}, which is no rlzoo hook."
+                                  f"{did_you_mean(attr, HOOK_NAMES)} (hooks: rlzoo.hookspecs)")
+            if self.parse_hookimpl_opts(plugin, attr) is None:
+                raise PluginError(f"plugin {name!r} ({package}) defines {attr!r} without @hookimpl, so "
+                                  "pluggy would never call it: decorate it with `from rlzoo import hookimpl`")
+
+    def register_run_extensions(self, plugins: list[tuple[str, Any]]) -> None:
+        """Register a run's extension objects so they run in list order (pluggy calls the
+        most recently registered first, so they are registered last to first).
+
+        :param plugins: ``(name, object)`` pairs in ``extensions=[...]`` order.
+        """
+        for name, plugin in reversed(plugins):
+            self.register_plugin(plugin, name=f"extension:{name}:{id(plugin)}", package=f"extension {name}")
 
     def load_entry_points(self, group: str = ENTRY_POINT_GROUP) -> None:
         """Import and register every entry point of ``group``; failures are recorded."""
@@ -129,9 +162,19 @@ def make_plugin_manager(load_entry_points: bool = True, modules: Iterable[str] =
     return pm
 
 
+HOOK_NAMES = sorted([*hookspecs.REGISTRATION_HOOKS.values(), *hookspecs.LIFECYCLE_HOOKS])
+"""Every hook of the contract."""
+
+RENAMED_HOOKS = {"rlzoo_register_kl_penalties": "rlzoo_register_kl_estimators"}
+"""Hooks of plugin API 1 -> their API 2 names."""
+
+
 def build_registry(pm: PluginManager) -> Registry:
     """Call every registration hook of every plugin and collect the components.
 
+    Each plugin's hook is called through pluggy on its own (``pm.subset_hook_caller``, so
+    ``RLZOO_TRACE_HOOKS=1`` shows every call), plugin by plugin in registration order, so
+    each component is attributed to the plugin and package that registered it.
     A plugin whose registration raises is recorded in ``registry.load_errors`` (what it
     registered before failing stays, the other plugins are unaffected); a duplicate name raises at once
     because a run could otherwise pick the wrong implementation silently.
@@ -139,17 +182,19 @@ def build_registry(pm: PluginManager) -> Registry:
     registry = Registry()
     registry.load_errors.extend(pm.load_errors)
     for kind, hook_name in hookspecs.REGISTRATION_HOOKS.items():
-        caller = getattr(pm.hook, hook_name)
-        for impl in caller.get_hookimpls():  # registration order (pluggy calls them LIFO)
+        impls = getattr(pm.hook, hook_name).get_hookimpls()  # registration order
+        for impl in impls:
             plugin_name = impl.plugin_name
             package = pm.packages.get(plugin_name, plugin_name)
+            others = [other.plugin for other in impls if other is not impl]
+            caller = pm.subset_hook_caller(hook_name, remove_plugins=others)
 
             def register(name: str, fn: Any, _kind: str = kind, _p: str = plugin_name,
                          _pkg: str = package, **meta: Any) -> None:
                 registry.add(_kind, name, fn, plugin=_p, package=_pkg, **meta)
 
             try:
-                impl.function(register=register)
+                caller(register=register)
             except DuplicateComponentError:
                 raise
             except PluginError as exc:
@@ -170,12 +215,19 @@ def load_registry(modules: Iterable[str] = ()) -> tuple[PluginManager, Registry]
     return pm, build_registry(pm)
 
 
-def module_plugin(**hooks: Any) -> types.SimpleNamespace:
+class _Plugin:
+    """A plugin object built from functions (hashable by identity, as pluggy needs)."""
+
+    def __repr__(self) -> str:
+        return f"<plugin {', '.join(sorted(vars(self)))}>"
+
+
+def module_plugin(**hooks: Any) -> Any:
     """Build a throwaway plugin object from hook functions (handy in tests and notebooks).
 
     ``pm.register(module_plugin(rlzoo_register_tasks=fn), name="mine")``
     """
-    ns = types.SimpleNamespace()
+    plugin = _Plugin()
     for name, fn in hooks.items():
-        setattr(ns, name, hookspecs.hookimpl(fn))
-    return ns
+        setattr(plugin, name, hookspecs.hookimpl(fn))
+    return plugin

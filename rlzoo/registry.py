@@ -9,20 +9,25 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
+from rlzoo.contract import BoundComponent, check_declared_needs, derived_needs, inspect_inputs
 from rlzoo.errors import DuplicateComponentError, PluginError, UnknownComponentError, did_you_mean
-from rlzoo.hookspecs import REGISTRATION_HOOKS
+from rlzoo.hookspecs import INPUTS, REGISTRATION_HOOKS
 
-NEEDS = frozenset({"critic", "reference", "groups", "logits", "greedy", "entropy"})
-"""What a component may declare it needs, so the engine builds only that:
+NEEDS = frozenset({"critic", "reference", "groups", "logits", "greedy", "entropy", "old_logp"})
+"""What a component needs, so the engine builds and runs only that. Most needs follow from
+the inputs a component's function names (:data:`rlzoo.hookspecs.INPUTS`); ``groups``, and
+whatever an extension reads from the batch, are declared with ``needs=``:
 
 - ``critic``: a value model (values, returns, value loss);
-- ``reference``: log-probs of a frozen reference policy;
+- ``reference``: log-probs of a frozen reference policy (``batch.ref_logp``);
 - ``groups``: several completions per prompt (``rollout.n > 1``);
 - ``logits``: full-vocabulary logits of the policy and the reference;
 - ``greedy``: the score of a greedy completion of every prompt;
-- ``entropy``: per-token entropy of the rollout policy (``batch.old_entropy``).
+- ``entropy``: per-token entropy of the policy before the update (``batch.old_entropy``);
+- ``old_logp``: log-probs of the policy before the update, before the advantages
+  (``batch.old_logp``).
 """
 
 
@@ -34,7 +39,8 @@ class Component:
     :ivar name: the primary name; ``aliases`` resolve to it too.
     :ivar fn: the implementation (function, class or preset mapping, per kind).
     :ivar params: dataclass of the component's parameters, or ``None``.
-    :ivar needs: subset of :data:`NEEDS`.
+    :ivar needs: subset of :data:`NEEDS`: declared ones plus those its inputs imply.
+    :ivar inputs: the inputs its function names (:data:`rlzoo.hookspecs.INPUTS`).
     :ivar description: one line shown by ``rlzoo list``.
     :ivar paper: reference, e.g. ``"arXiv:2402.03300"``.
     :ivar plugin: the plugin that registered it (``distribution:entry-point`` or a name).
@@ -50,6 +56,8 @@ class Component:
     description: str = ""
     paper: str | None = None
     aliases: tuple[str, ...] = ()
+    inputs: tuple[str, ...] = ()
+    retired_aliases: dict[str, str] = field(default_factory=dict)
     plugin: str = ""
     package: str = ""
     meta: dict[str, Any] = field(default_factory=dict)
@@ -58,21 +66,15 @@ class Component:
         """An instance of the parameter dataclass with every default, or ``None``."""
         return self.params() if self.params is not None else None
 
-    def bind(self, params: Any = None) -> Callable[..., Any]:
-        """Return ``fn`` with ``params=`` bound (defaults when ``params`` is ``None``)."""
-        if self.params is None:
-            return self.fn
-        bound = params if params is not None else self.default_params()
-
-        def call(*args: Any, **kwargs: Any) -> Any:
-            return self.fn(*args, params=bound, **kwargs)
-
-        call.__name__ = getattr(self.fn, "__name__", self.name)
-        call.__doc__ = getattr(self.fn, "__doc__", None)
-        return call
+    def bind(self, params: Any = None) -> BoundComponent:
+        """The component as the engine calls it: ``bound(**inputs)`` passes the inputs
+        ``fn`` names, ``params`` (defaults when ``None``), and checks the output."""
+        return BoundComponent(self, params)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        """Call ``fn``; keyword arguments that name parameters build ``params``.
+        """Call ``fn`` directly (no output check); keyword arguments that name parameters
+        build ``params``; keywords that are inputs of the kind but not named by ``fn`` are
+        dropped (so every component of a kind can be called with the same keywords).
 
         ``registry.get("policy_loss", "ppo_clip")(logp, old, adv, mask, clip_high=0.28)``
         """
@@ -80,6 +82,8 @@ class Component:
             names = {f.name for f in dataclasses.fields(self.params)}
             given = {k: kwargs.pop(k) for k in list(kwargs) if k in names}
             kwargs["params"] = self.params(**given)
+        known = INPUTS.get(self.kind, {})
+        kwargs = {k: v for k, v in kwargs.items() if k not in known or k in self.inputs}
         return self.fn(*args, **kwargs)
 
 
@@ -103,6 +107,7 @@ class Registry:
         description: str = "",
         paper: str | None = None,
         aliases: tuple[str, ...] | list[str] = (),
+        retired_aliases: dict[str, str] | None = None,
         plugin: str = "",
         package: str = "",
         **meta: Any,
@@ -114,13 +119,17 @@ class Registry:
         :param fn: the implementation.
         :param params: a dataclass of parameters with defaults; ``__post_init__`` may raise
             ``ValueError`` for out-of-range values (reported with the parameter named).
-        :param needs: subset of :data:`NEEDS`.
+        :param needs: subset of :data:`NEEDS` beyond what the function's inputs imply
+            (``groups``; what an extension reads from the batch).
         :param description: one line for ``rlzoo list``.
         :param paper: a reference (arXiv id or URL).
         :param aliases: further names that resolve to this component.
+        :param retired_aliases: former names that no longer resolve, each with the reason;
+            choosing one is an error that names this component instead.
         :param plugin: set by the plugin manager: who registered it.
         :param package: set by the plugin manager: the distribution it came from.
-        :raises PluginError: duplicate name or alias, unknown kind or need, bad params.
+        :raises PluginError: duplicate name or alias, unknown kind or need, bad params, a
+            signature that does not fit the kind's inputs (see :mod:`rlzoo.contract`).
         """
         who = plugin or "<unknown plugin>"
         if kind not in self._components:
@@ -135,6 +144,11 @@ class Registry:
             )
         if params is not None and not dataclasses.is_dataclass(params):
             raise PluginError(f"plugin {who!r}: {kind} {name!r} params must be a dataclass")
+        inputs: tuple[str, ...] = ()
+        declared = frozenset(needs)
+        if kind != "algorithm":
+            inputs = inspect_inputs(kind, name, fn, params is not None, who)
+            check_declared_needs(kind, name, declared, inputs, who)
         for label in (name, *aliases):
             owner = self._owner(kind, label)
             if owner is not None:
@@ -147,10 +161,12 @@ class Registry:
             name=name,
             fn=fn,
             params=params,
-            needs=frozenset(needs),
+            needs=declared | derived_needs(kind, inputs),
             description=description,
             paper=paper,
             aliases=tuple(aliases),
+            inputs=inputs,
+            retired_aliases=dict(retired_aliases or {}),
             plugin=plugin,
             package=package,
             meta=dict(meta),
@@ -178,6 +194,11 @@ class Registry:
             )
         component = self._owner(kind, str(name))
         if component is None:
+            for candidate in self._components[kind].values():
+                if str(name) in candidate.retired_aliases:
+                    raise UnknownComponentError(
+                        f"{kind} {name!r} was retired: use {candidate.name!r} "
+                        f"({candidate.retired_aliases[str(name)]})")
             choices = self.names(kind, aliases=True)
             listed = ", ".join(
                 f"{c.name} [{', '.join(c.aliases)}]" if c.aliases else c.name

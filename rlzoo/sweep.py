@@ -24,7 +24,7 @@ from rlzoo.checkpoint import latest_checkpoint
 from rlzoo.config import load_config
 from rlzoo.errors import ConfigError
 from rlzoo.registry import Registry
-from rlzoo.trainer import read_status
+from rlzoo.rundir import read_status
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,13 @@
     def test_my_loss_keeps_the_invariants():
         registry = build_registry(make_plugin_manager())
         check_component(registry.get("policy_loss", "my_loss"))
+        check_component(registry.get("policy_loss", "my_loss"), {"clip_high": 0.28})
 
-Each ``check_*`` raises ``AssertionError`` with a message naming the broken invariant:
+Kinds with checks: :data:`CHECKED_KINDS`. Components are called the way the engine calls
+them: with keyword inputs (those the function names) and the output contract enforced
+(:mod:`rlzoo.contract`). Each ``check_*`` also takes a plain function whose parameters are
+named as the kind's inputs (:data:`rlzoo.hookspecs.INPUTS`) and raises ``AssertionError``
+with a message naming the broken invariant:
 
 - masked (padded) positions never influence valid ones, whatever values they hold;
 - the padding width (extra all-padding columns) never changes the result;
@@ -21,14 +26,29 @@ Each ``check_*`` raises ``AssertionError`` with a message naming the broken inva
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Callable
 
 import torch
 
 from rlzoo.batch import BatchCounts
+from rlzoo.contract import BoundComponent
+from rlzoo.errors import TrainingError
 from rlzoo.registry import Component
 
 B, T = 6, 5
+
+
+def _call(fn: Callable[..., Any], **inputs: Any) -> Any:
+    """Call ``fn`` as the engine does: keyword inputs it names; contract breaches as
+    ``AssertionError``."""
+    if not isinstance(fn, BoundComponent):
+        names = inspect.signature(fn).parameters
+        inputs = {k: v for k, v in inputs.items() if k in names}
+    try:
+        return fn(**inputs)
+    except TrainingError as exc:
+        raise AssertionError(str(exc)) from exc
 
 
 def _mask(batch: int = B, width: int = T, empty_row: bool = True) -> torch.Tensor:
@@ -54,7 +74,8 @@ def _close(a: torch.Tensor, b: torch.Tensor, atol: float = 1e-5) -> bool:
 
 
 def check_policy_loss(fn: Callable[..., Any], name: str = "policy_loss") -> None:
-    """Invariants of ``fn(logp, old_logp, advantages, mask) -> (loss (B, T), metrics)``."""
+    """Invariants of ``fn(logp=, old_logp=, advantages=, response_mask=, rollout_logp=)
+    -> (loss (B, T), metrics)``."""
     gen = torch.Generator().manual_seed(0)
     mask = _mask()
     old = -torch.rand(B, T, generator=gen) * 3
@@ -66,7 +87,8 @@ def check_policy_loss(fn: Callable[..., Any], name: str = "policy_loss") -> None
         ol = ol.clone().requires_grad_(True)
         ad = ad.clone().requires_grad_(True)
         torch.manual_seed(0)
-        loss, metrics = fn(lp, ol, ad, m)
+        loss, metrics = _call(fn, logp=lp, old_logp=ol, advantages=ad, response_mask=m,
+                              rollout_logp=ol.detach())
         return lp, ol, ad, loss, metrics
 
     lp, ol, ad, loss, metrics = run(logp, old, adv, mask)
@@ -107,8 +129,8 @@ def check_policy_loss(fn: Callable[..., Any], name: str = "policy_loss") -> None
 
 def check_advantage_estimator(fn: Callable[..., Any], name: str = "advantage",
                               needs: frozenset[str] = frozenset()) -> None:
-    """Invariants of ``fn(token_rewards, mask, group_ids, values, baseline_scores) ->
-    (advantages, returns)``."""
+    """Invariants of ``fn(token_rewards=, response_mask=, group_ids=, values=,
+    baseline_scores=, old_logp=, ref_logp=) -> (advantages, returns)``."""
     gen = torch.Generator().manual_seed(1)
     mask = _mask()
     lengths = mask.sum(-1).long()
@@ -119,10 +141,10 @@ def check_advantage_estimator(fn: Callable[..., Any], name: str = "advantage",
     group_ids = torch.tensor([0, 0, 0, 1, 1, 1])
     values = torch.randn(B, T, generator=gen) * mask if "critic" in needs else None
     baseline = torch.rand(B, generator=gen) if "greedy" in needs else None
-
     def run(r, m, g, v, b):
-        with torch.enable_grad():
-            adv, ret = fn(r, m, g, v, b)
+        with torch.enable_grad():  # log-probs of the mask's shape, like the engine's
+            adv, ret = _call(fn, token_rewards=r, response_mask=m, group_ids=g, values=v, baseline_scores=b,
+                             old_logp=-0.5 * m, ref_logp=-0.7 * m)
         return adv, ret
 
     adv, ret = run(token_rewards, mask, group_ids, values, baseline)
@@ -150,56 +172,113 @@ def check_advantage_estimator(fn: Callable[..., Any], name: str = "advantage",
     _assert_finite(name, "empty responses", a, r)
 
 
-def check_kl_penalty(fn: Callable[..., Any], name: str = "kl_penalty") -> None:
-    """Invariants of ``fn(logp, ref_logp) -> (B, T)``: zero at logp == ref, finite at ±50,
-    gradient only into ``logp``."""
+def check_kl_estimator(fn: Callable[..., Any], name: str = "kl_estimator") -> None:
+    """Invariants of ``fn(logp=, ref_logp=)`` or ``fn(logits=, ref_logits=)`` ``-> (B, T)``:
+    zero when the policies agree, finite for log-ratios of ±50 (logit gaps of ±50), the
+    gradient only into the policy side."""
     gen = torch.Generator().manual_seed(2)
     ref = -torch.rand(B, T, generator=gen) * 3
-    assert _close(fn(ref.clone(), ref), torch.zeros(B, T)), f"{name}: KL of identical policies is not 0"
+    ref_logits = torch.randn(B, T, 7, generator=gen)
+    same = _call(fn, logp=ref.clone(), ref_logp=ref, logits=ref_logits.clone(), ref_logits=ref_logits)
+    assert _close(same, torch.zeros(B, T)), f"{name}: KL of identical policies is not 0"
     for shift in (50.0, -50.0):
         logp = (ref + shift).requires_grad_(True)
         ref_g = ref.clone().requires_grad_(True)
-        kl = fn(logp, ref_g)
+        logits = ref_logits.clone()
+        logits[..., 0] += shift                      # one token's log-prob moves by about ±50
+        logits.requires_grad_(True)
+        ref_logits_g = ref_logits.clone().requires_grad_(True)
+        kl = _call(fn, logp=logp, ref_logp=ref_g, logits=logits, ref_logits=ref_logits_g)
         _assert_finite(name, f"log-ratio {shift:+.0f}", kl)
+        assert kl.shape == (B, T), f"{name}: KL shape {tuple(kl.shape)}, expected {(B, T)}"
         kl.sum().backward()
-        _assert_finite(name, f"gradient at log-ratio {shift:+.0f}", logp.grad)
-        assert ref_g.grad is None or ref_g.grad.abs().max() == 0, f"{name}: gradient flows into ref_logp"
+        policy_grads = [g for g in (logp.grad, logits.grad) if g is not None]
+        assert policy_grads, f"{name}: no gradient reaches logp or logits"
+        _assert_finite(name, f"gradient at log-ratio {shift:+.0f}", *policy_grads)
+        for other, label in ((ref_g, "ref_logp"), (ref_logits_g, "ref_logits")):
+            assert other.grad is None or other.grad.abs().max() == 0, f"{name}: gradient flows into {label}"
 
 
 def check_loss_aggregation(fn: Callable[..., Any], name: str = "loss_agg") -> None:
-    """Invariants of ``fn(loss, mask, counts=None)``: padding ignored, empty rows harmless,
+    """Invariants of ``fn(loss=, mask=, counts=)``: padding ignored, empty rows harmless,
     micro-batch sums with global counts equal the whole batch."""
     gen = torch.Generator().manual_seed(3)
     mask = _mask()
     loss = torch.randn(B, T, generator=gen)
-    whole = fn(loss, mask)
+
+    def agg(lo: torch.Tensor, m: torch.Tensor, counts: BatchCounts | None = None) -> torch.Tensor:
+        return _call(fn, loss=lo, mask=m, counts=counts)
+
+    whole = agg(loss, mask)
     _assert_finite(name, "random inputs", whole)
-    assert _close(whole, fn(_garbage_where(loss, mask, 1e6), mask)), f"{name}: padding changes the result"
-    assert torch.isfinite(fn(loss, torch.zeros_like(mask))), f"{name}: NaN on an all-empty batch"
+    assert _close(whole, agg(_garbage_where(loss, mask, 1e6), mask)), f"{name}: padding changes the result"
+    assert torch.isfinite(agg(loss, torch.zeros_like(mask))), f"{name}: NaN on an all-empty batch"
     counts = BatchCounts(tokens=float(mask.sum()), sequences=float((mask.sum(-1) > 0).sum()),
                          max_response_length=T)
-    parts = sum(fn(loss[i:i + 2], mask[i:i + 2], counts=counts) for i in range(0, B, 2))
-    assert _close(parts, fn(loss, mask, counts=counts)), f"{name}: micro-batch sum != whole batch"
-    wide = fn(_pad(loss, 3, 7.0), _pad(mask, 3), counts=counts)
-    assert _close(wide, fn(loss, mask, counts=counts)), f"{name}: padding width changes the result"
+    parts = sum(agg(loss[i:i + 2], mask[i:i + 2], counts) for i in range(0, B, 2))
+    assert _close(parts, agg(loss, mask, counts)), f"{name}: micro-batch sum != whole batch"
+    wide = agg(_pad(loss, 3, 7.0), _pad(mask, 3), counts)
+    assert _close(wide, agg(loss, mask, counts)), f"{name}: padding width changes the result"
 
 
-_CHECKS = {
+def check_value_loss(fn: Callable[..., Any], name: str = "value_loss") -> None:
+    """Invariants of ``fn(values=, old_values=, returns=, response_mask=) -> (loss (B, T),
+    metrics)``: padding never leaks, zero loss where values equal the returns, gradient only
+    into ``values`` and only at valid positions, finite for large errors."""
+    gen = torch.Generator().manual_seed(4)
+    mask = _mask()
+    returns = torch.randn(B, T, generator=gen)
+    old = returns + 0.1 * torch.randn(B, T, generator=gen)
+    values = old + 0.3 * torch.randn(B, T, generator=gen)
+
+    def run(v, o, r, m):
+        v = v.clone().requires_grad_(True)
+        o = o.clone().requires_grad_(True)
+        r = r.clone().requires_grad_(True)
+        loss, metrics = _call(fn, values=v, old_values=o, returns=r, response_mask=m)
+        return v, o, r, loss, metrics
+
+    v, o, r, loss, metrics = run(values, old, returns, mask)
+    assert loss.shape == (B, T), f"{name}: loss shape {tuple(loss.shape)}, expected {(B, T)}"
+    _assert_finite(name, "random inputs", loss)
+    (loss * mask).sum().backward()
+    assert v.grad is not None and (v.grad * (1 - mask)).abs().max() == 0, f"{name}: gradient at masked positions"
+    for other, label in ((o, "old_values"), (r, "returns")):
+        assert other.grad is None or other.grad.abs().max() == 0, f"{name}: gradient flows into {label}"
+    _, _, _, loss_g, _ = run(_garbage_where(values, mask, 1e4), _garbage_where(old, mask, -1e4),
+                             _garbage_where(returns, mask, 1e4), mask)
+    assert _close(loss * mask, loss_g * mask), f"{name}: masked positions change valid losses"
+    _, _, _, exact, _ = run(returns, returns, returns, mask)
+    assert _close(exact * mask, torch.zeros(B, T)), f"{name}: non-zero loss where values equal the returns"
+    _, _, _, big, _ = run(returns + 1e4, returns, returns, mask)
+    _assert_finite(name, "errors of 1e4", big * mask)
+
+
+_CHECKS: dict[str, Callable[..., None]] = {
     "policy_loss": check_policy_loss,
     "advantage": check_advantage_estimator,
-    "kl_penalty": check_kl_penalty,
+    "kl_estimator": check_kl_estimator,
     "loss_agg": check_loss_aggregation,
+    "value_loss": check_value_loss,
 }
+CHECKED_KINDS = tuple(_CHECKS)
+"""The component kinds :func:`check_component` has invariant checks for."""
 
 
 def check_component(component: Component, params: Any = None) -> None:
-    """Run the invariant checks of the component's kind (with default or given params)."""
+    """Run the invariant checks of the component's kind.
+
+    :param params: the component's parameter dataclass instance, or a dict of parameters
+        (validated as the config would), or ``None`` for the defaults.
+    """
     if component.kind not in _CHECKS:
         raise ValueError(f"no invariant checks for kind {component.kind!r}; "
                          f"kinds with checks: {', '.join(_CHECKS)}")
+    if isinstance(params, dict):
+        from rlzoo.config import build_params
+
+        params = build_params(component, params)
     fn = component.bind(params)
-    if component.kind == "kl_penalty" and "logits" in component.needs:
-        return  # needs full logits; checked by its own tests
     label = f"{component.kind} {component.name!r}"
     if component.kind == "advantage":
         check_advantage_estimator(fn, label, component.needs)

@@ -33,13 +33,13 @@ def main(spec_path: str) -> None:
         advantages = [None] * world
         dist.all_gather_object(advantages, local.advantages)
         # whole tensors on every rank (collectives when the models are sharded by FSDP)
-        params = full_state_dict(trainer.policy_forward, "model.") if is_sharded(trainer.policy_forward) \
-            else {k: v.detach() for k, v in trainer.policy.named_parameters()}
-        grads = {k: local_value(v.grad) for k, v in trainer.policy.named_parameters() if v.grad is not None}
+        params = full_state_dict(trainer.models.policy_forward, "model.") if is_sharded(trainer.models.policy_forward) \
+            else {k: v.detach() for k, v in trainer.models.policy.named_parameters()}
+        grads = {k: local_value(v.grad) for k, v in trainer.models.policy.named_parameters() if v.grad is not None}
         critic = None
-        if trainer.critic is not None:
-            critic = full_state_dict(trainer.critic) if is_sharded(trainer.critic) \
-                else {k: v.detach() for k, v in trainer.critic.named_parameters()}
+        if trainer.models.critic is not None:
+            critic = full_state_dict(trainer.models.critic) if is_sharded(trainer.models.critic) \
+                else {k: v.detach() for k, v in trainer.models.critic.named_parameters()}
         if rank == 0:
             torch.save({
                 "params": {k: v.clone() for k, v in params.items()},
@@ -47,8 +47,8 @@ def main(spec_path: str) -> None:
                 "critic": critic,
                 "advantages": torch.cat(advantages),
                 "metrics": metrics,
-                "kl_coef": float(trainer.kl_controller.value),
-                "wrapper": type(trainer.policy_forward).__name__,
+                "kl_coef": float(trainer.learner.kl_controller.value),
+                "wrapper": type(trainer.models.policy_forward).__name__,
             }, case["out"])
         del trainer, local, params, grads, critic  # DDP/FSDP state goes while the group is alive
         gc.collect()

@@ -20,11 +20,11 @@ from rlzoo.config import build_params
 from rlzoo.errors import ConfigError
 from rlzoo.plugins import build_registry, make_plugin_manager
 from rlzoo.testing import check_component
+from zoo import REGISTRY, builtin_names
 
 DOC = Path(__file__).parents[1] / "docs" / "algorithms" / "advantages.md"
-NAMES = ("gae", "grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "remax",
-         "opo", "grpo_passk", "gpg")
-GROUP_BASED = ("grpo", "dr_grpo", "rloo", "reinforce_pp_baseline", "opo", "grpo_passk", "gpg")
+NAMES = builtin_names("advantage")
+GROUP_BASED = tuple(name for name in NAMES if "groups" in REGISTRY.get("advantage", name).needs)
 ALIASES = {"reinforce_plus_plus": "reinforce_pp",
            "reinforce_plus_plus_baseline": "reinforce_pp_baseline"}
 EPS = 1e-6
@@ -48,7 +48,9 @@ def _outcome_batch(lengths, scores, width):
 
 
 def _run(reg, name, rewards, mask, groups, values=None, baseline=None, **params):
-    return reg.get("advantage", name)(rewards, mask, groups, values, baseline, **params)
+    """Call the estimator as the engine does: by input name (those it does not name are dropped)."""
+    return reg.get("advantage", name)(token_rewards=rewards, response_mask=mask, group_ids=groups,
+                                      values=values, baseline_scores=baseline, **params)
 
 
 def _per_seq(adv, mask):

@@ -18,9 +18,10 @@ from rlzoo.config import build_params
 from rlzoo.errors import ConfigError
 from rlzoo.plugins import build_registry, make_plugin_manager
 from rlzoo.testing import check_component
+from zoo import builtin_names
 
 DOC = Path(__file__).parents[1] / "docs" / "algorithms" / "aggregation.md"
-MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+MODES = builtin_names("loss_agg")
 NAN = float("nan")
 
 

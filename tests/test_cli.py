@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from rlzoo.cli import main
+from rlzoo.hookspecs import KIND_TITLES
 
 
 def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -38,9 +39,8 @@ def test_console_script_help_lists_commands() -> None:
 def test_list_groups_every_kind_with_package_and_description(capsys) -> None:
     code, out, err = run_cli(capsys, "list")
     assert code == 0, err
-    for title in ("Advantage estimators", "Policy losses", "KL penalties", "Loss aggregations",
-                  "Reward functions", "Tasks", "Algorithm presets"):
-        assert title in out
+    for kind, title in KIND_TITLES.items():
+        assert f"{title} ({kind}):" in out
     line = next(line for line in out.splitlines() if line.strip().startswith("seq-mean-token-sum-norm"))
     assert "rlzoo" in line and "Dr.GRPO" in line
 
@@ -59,16 +59,20 @@ def test_list_json_entries(capsys) -> None:
 
 
 def test_config_resolves_layers_and_exits_zero(capsys, tmp_path: Path) -> None:
+    defaults = yaml.safe_load((Path(__file__).parents[1] / "configs" / "default.yaml").read_text())
     user = tmp_path / "run.yaml"
-    user.write_text("trainer:\n  lr: 0.0005\nrollout:\n  n: 4\n")
-    code, out, err = run_cli(capsys, "config", "--config", str(user), "algo=grpo",
+    user.write_text("trainer:\n  lr: 0.00123\n  warmup_steps: 7\nrollout:\n  n: 4\nloss_agg: token-sum\n")
+    assert defaults["trainer"]["lr"] != 0.00123 and defaults["trainer"]["warmup_steps"] != 7
+    code, out, err = run_cli(capsys, "config", "--config", str(user), "algo=dr_grpo",
                              "loss_agg=seq-mean-token-mean", "rollout.n=6")
     assert code == 0, err
     cfg = yaml.safe_load(out)
-    assert cfg["loss_agg"] == {"name": "seq-mean-token-mean"}
-    assert cfg["trainer"]["lr"] == 0.0005        # file over defaults
-    assert cfg["rollout"]["n"] == 6              # CLI over file
-    assert cfg["advantage"]["name"] == "grpo"    # from the preset
+    assert cfg["loss_agg"] == {"name": "seq-mean-token-mean"}       # CLI over file over preset
+    assert cfg["trainer"]["lr"] == 0.00123                          # file over defaults
+    assert cfg["trainer"]["warmup_steps"] == 7
+    assert cfg["rollout"]["n"] == 6                                 # CLI over file
+    assert cfg["advantage"]["name"] == "dr_grpo"                    # from the preset, not the default
+    assert cfg["reward"] == {"name": "sorted_digits"}               # the task's default, written out
 
 
 def test_preset_then_cli_component_replacement(capsys) -> None:
@@ -90,7 +94,7 @@ def test_preset_then_cli_component_replacement(capsys) -> None:
         ("advantage=gea", ["unknown advantage 'gea'", "grpo", "Did you mean 'gae'?"]),
         ("policy_loss=ppo_clipp", ["unknown policy_loss 'ppo_clipp'", "dual_clip",
                                    "Did you mean 'ppo_clip'?"]),
-        ("kl.penalty=k5", ["unknown kl_penalty 'k5'", "k3", "low_var_kl"]),
+        ("kl.estimator=k5", ["unknown kl_estimator 'k5'", "k3", "low_var_kl"]),
         ("trainer.lrr=0.1", ["unknown config key 'trainer.lrr'", "Did you mean 'trainer.lr'?"]),
         ("rollout.nn=3", ["unknown config key 'rollout.nn'", "Did you mean 'rollout.n'?"]),
         ("trainer.lr=abc", ["trainer.lr", "'abc'", "float"]),
@@ -190,8 +194,65 @@ def test_plugin_that_fails_to_import_is_named_and_the_rest_still_listed(
 def test_incompatible_plugin_api_version_is_refused(capsys, plugin_module) -> None:
     name = plugin_module(
         """
-        RLZOO_API_VERSION = "2"
+        RLZOO_API_VERSION = "1"
         """
     )
     code, out, err = run_cli(capsys, "config", f"plugins=[{name}]")
-    assert_usage_error(code, out, err, "plugin API 2", "provides API 1")
+    assert_usage_error(code, out, err, "plugin API 1", "provides API 2", "docs/plugins.md")
+
+
+@pytest.mark.parametrize("override, fragments", [
+    ("trainer.ppo_epochs=2", ["'trainer.ppo_epochs'", "renamed to 'trainer.update_epochs'"]),
+    ("trainer.mini_batches=2", ["'trainer.mini_batches'", "renamed to 'trainer.num_mini_batches'"]),
+    ("kl.penalty=k1", ["'kl.penalty'", "renamed to 'kl.estimator'"]),
+    ("policy_loss=vanilla", ["'vanilla' was retired", "use 'ppo_clip'"]),
+])
+def test_old_names_name_the_new_ones(capsys, override: str, fragments: list[str]) -> None:
+    code, out, err = run_cli(capsys, "config", override)
+    assert_usage_error(code, out, err, *fragments)
+
+
+def test_old_key_in_a_config_file_names_the_file_and_the_new_key(capsys, tmp_path: Path) -> None:
+    path = tmp_path / "old.yaml"
+    path.write_text("trainer:\n  ppo_epochs: 4\n")
+    code, out, err = run_cli(capsys, "config", "--config", str(path))
+    assert_usage_error(code, out, err, "old.yaml", "trainer.update_epochs")
+
+
+@pytest.mark.parametrize("overrides, fragments", [
+    # a loss defined under one aggregation refuses another, naming where the other came from
+    (["policy_loss=gspo", "loss_agg=token-mean"], ["policy_loss 'gspo'", "loss_agg=seq-mean-token-mean",
+                                                  "token-mean (from command line)"]),
+    (["algo=dapo", "policy_loss=geo_mean"], ["policy_loss 'geo_mean'", "(from preset dapo)"]),
+    (["kl.estimator=full", "kl.apply=reward", "kl.coef=0.1"], ["kl.estimator 'full'", "kl.apply=loss"]),
+    (["kl.controller=adaptive", "kl.apply=loss", "kl.coef=0.1"], ["kl.controller=adaptive",
+                                                                   "kl.apply=reward"]),
+    (["rollout.n=1"], ["advantage grpo", "rollout.n >= 2"]),
+    (["trainer.num_mini_batches=5"], ["trainer.num_mini_batches=5", "128 sequences"]),
+    (["rollout.temperature=0"], ["rollout.temperature", "> 0"]),
+    (["trainer.lr=.nan"], ["trainer.lr", "nan", "finite"]),
+    (["trainer.lr=.inf"], ["trainer.lr", "inf", "finite"]),
+    (["kl.coef=.nan"], ["kl.coef", "finite"]),
+    (["rollout.temperature=.nan"], ["rollout.temperature", "finite"]),
+    (["policy_loss.clip_high=.inf"], ["policy_loss 'ppo_clip'", "clip_high=inf", "finite"]),
+    (["rollout.dtype=float64"], ["rollout.dtype", "bfloat16"]),
+])
+def test_inconsistent_combinations_are_refused_before_a_run_directory_exists(
+        capsys, tmp_path: Path, overrides: list[str], fragments: list[str]) -> None:
+    code, out, err = run_cli(capsys, "config", *overrides)
+    assert_usage_error(code, out, err, *fragments)
+    run_dir = tmp_path / "run"
+    code, out, err = run_cli(capsys, "train", *overrides, f"run_dir={run_dir}", "logging.progress=false")
+    assert_usage_error(code, out, err, *fragments)
+    assert not run_dir.exists()
+
+
+def test_config_plan_prints_what_runs(capsys) -> None:
+    code, out, err = run_cli(capsys, "config", "--plan", "algo=ppo", "trainer.num_mini_batches=4")
+    assert code == 0, err
+    assert "critic: value model" in out and "reference: frozen initial policy" in out
+    assert "kl: k1 in the reward" in out and "adaptive, updated each step" in out
+    assert "value: token-mean over response_mask" in out
+    assert "1 epoch(s) x 4 mini-batch(es) of 32 sequences = 4 optimizer step(s)" in out
+    code, out, err = run_cli(capsys, "config", "--plan")
+    assert "warning: one on-policy update per rollout" in out and "reference" not in out

@@ -17,10 +17,12 @@ from rlzoo.config import load_config
 from rlzoo.plugins import build_registry, make_plugin_manager
 from rlzoo.trainer import Trainer
 
+pytestmark = pytest.mark.slow  # end-to-end: trains, launches or installs
+
 WORKER = Path(__file__).with_name("dist_worker.py")
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
 COMMON = ["task.num_digits=3", "rollout.prompts_per_step=4", "rollout.n=4", "rollout.max_new_tokens=5",
-          "trainer.micro_batch_size=3", "trainer.ppo_epochs=1", "trainer.mini_batches=1",
+          "trainer.micro_batch_size=3", "trainer.update_epochs=1", "trainer.num_mini_batches=1",
           "trainer.lr=0.001", "logging.progress=false", "model.hidden_size=32", "model.intermediate_size=64"]
 CASES = {
     # name: overrides (loss_agg given explicitly: the denominators under test)
@@ -54,7 +56,7 @@ def test_two_ranks_equal_one_process_after_one_update(tmp_path: Path, strategy: 
     for name, overrides in chosen.items():
         args = [*COMMON, *overrides, f"distributed.strategy={strategy}"]
         trainer = Trainer(load_config(registry, [*args, f"run_dir={tmp_path / name}"]), registry, pm)
-        batch = trainer._rollout(4)
+        batch = trainer.sampler.sample(4)
         # a random policy scores ~0 everywhere; varied scores (one group all equal) exercise the math
         scores = torch.rand(len(batch), generator=torch.Generator().manual_seed(7))
         scores[:4] = 0.5
@@ -62,11 +64,11 @@ def test_two_ranks_equal_one_process_after_one_update(tmp_path: Path, strategy: 
         torch.save(batch, tmp_path / f"{name}.pt")
         metrics = trainer.learn(batch)
         expected[name] = {
-            "params": {k: v.detach().clone() for k, v in trainer.policy.named_parameters()},
-            "grads": {k: v.grad.clone() for k, v in trainer.policy.named_parameters() if v.grad is not None},
-            "critic": ({k: v.detach().clone() for k, v in trainer.critic.named_parameters()}
-                       if trainer.critic is not None else None),
-            "advantages": batch.advantages, "metrics": metrics, "kl_coef": float(trainer.kl_controller.value),
+            "params": {k: v.detach().clone() for k, v in trainer.models.policy.named_parameters()},
+            "grads": {k: v.grad.clone() for k, v in trainer.models.policy.named_parameters() if v.grad is not None},
+            "critic": ({k: v.detach().clone() for k, v in trainer.models.critic.named_parameters()}
+                       if trainer.models.critic is not None else None),
+            "advantages": batch.advantages, "metrics": metrics, "kl_coef": float(trainer.learner.kl_controller.value),
         }
         cases.append({"overrides": [*args, f"run_dir={tmp_path / name}-dp"], "batch": str(tmp_path / f"{name}.pt"),
                       "out": str(tmp_path / f"{name}-dp.out")})
@@ -111,7 +113,7 @@ def test_launcher_trains_logs_on_rank_zero_and_resumes_with_the_same_world(tmp_p
     assert len(list(run_dir.glob("events.out.tfevents.*"))) == 1
     state = torch.load(run_dir / "checkpoints/step_000002/trainer_state.pt", weights_only=True)
     assert state["world_size"] == 2 and len(state["ranks"]) == 2
-    assert state["ranks"][0]["sample_rng"] != state["ranks"][1]["sample_rng"]  # ranks draw different prompts
+    assert state["ranks"][0]["sampler"]["rng"] != state["ranks"][1]["sampler"]["rng"]  # ranks draw different prompts
 
     proc = _rlzoo("train", f"resume={run_dir}", "trainer.total_steps=3")  # the saved launcher.nproc=2
     assert proc.returncode == 0, proc.stderr[-12000:]
@@ -140,7 +142,7 @@ def test_fsdp_checkpoints_whole_weights_and_resumes(tmp_path: Path) -> None:
     assert all(trained_params[k].shape == v.shape for k, v in init_params.items())
     assert any(not torch.equal(trained_params[k], v) for k, v in init_params.items())  # it trained
     state = torch.load(checkpoint / "trainer_state.pt", weights_only=True)
-    names = set(state["optimizer"]["state"])
+    names = set(state["learner"]["optimizer"]["state"])
     assert "model.model.embed_tokens.weight" in names and len(names) == len(init_params)
     assert (checkpoint / "critic" / "value_head.safetensors").is_file()
 
@@ -152,7 +154,7 @@ def test_fsdp_checkpoints_whole_weights_and_resumes(tmp_path: Path) -> None:
 def test_launcher_rejects_prompts_not_divisible_by_ranks(tmp_path: Path) -> None:
     proc = _rlzoo("train", "launcher.nproc=3", "rollout.prompts_per_step=4", f"run_dir={tmp_path}/r")
     assert proc.returncode == 2
-    assert "rollout.prompts_per_step=4 must be divisible by launcher.nproc=3" in proc.stderr
+    assert "rollout.prompts_per_step=4 must be divisible by the number of processes (3)" in proc.stderr
     assert not (tmp_path / "r").exists()
 
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import math
 from functools import partial
 
+import pytest
 import torch
 from omegaconf import OmegaConf
 
@@ -197,3 +200,67 @@ def test_small_logits_are_kept_instead_of_recomputed() -> None:
     recomputed = _saved_bytes(partial(token_logprobs, hidden, head, targets, mask, chunk_size=80,
                                       checkpoint_min_bytes=logits_bytes - 1))
     assert kept >= logits_bytes > recomputed
+
+
+def test_rollout_log_probs_are_those_of_the_distribution_sampled_from() -> None:
+    """temperature: log_softmax(logits / T) of a full forward; top-p: the nucleus
+    renormalised (the sampled token's log-prob is higher than under the full distribution)."""
+    torch.manual_seed(0)
+    tok = build_char_tokenizer("0123456789=")
+    model = build_tiny_model(TINY, tok).eval()
+    ids, mask = left_pad([tok(p, add_special_tokens=False).input_ids for p in ["12=", "3456="]], tok.pad_token_id)
+    kwargs = dict(max_new_tokens=6, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, num_samples=3)
+    for temperature in (1.0, 0.6):
+        gen = generate(model, ids, mask, temperature=temperature, **kwargs)
+        with torch.no_grad():
+            full = response_forward(model, ids.repeat_interleave(3, 0), mask.repeat_interleave(3, 0),
+                                    gen.response_ids, gen.response_mask, temperature=temperature)
+        valid = gen.response_mask.bool()
+        assert torch.allclose(gen.logp[valid], full.logp[valid], atol=1e-5)
+        assert gen.logp[~valid].eq(0).all()
+    gen = generate(model, ids, mask, top_p=0.3, **kwargs)
+    with torch.no_grad():
+        full = response_forward(model, ids.repeat_interleave(3, 0), mask.repeat_interleave(3, 0),
+                                gen.response_ids, gen.response_mask)
+    valid = gen.response_mask.bool()
+    assert (gen.logp[valid] >= full.logp[valid] - 1e-6).all() and (gen.logp[valid] <= 0).all()
+    assert (gen.logp[valid] > full.logp[valid] + 1e-3).any()
+    greedy = generate(model, ids, mask, greedy=True, **kwargs)
+    assert greedy.logp.eq(0).all()                            # a point mass
+
+
+def test_hf_backend_generates_with_a_synced_copy_in_another_dtype() -> None:
+    from rlzoo_plugins.rollout import HFRollout
+
+    torch.manual_seed(0)
+    tok = build_char_tokenizer("0123456789=")
+    policy = build_tiny_model(TINY, tok)
+    prompts = [tok(p, add_special_tokens=False).input_ids for p in ["12=", "3456="]]
+    kwargs = dict(num_samples=2, max_new_tokens=5, temperature=1.0, top_p=1.0)
+    same = HFRollout(policy, tok, torch.device("cpu"), "float32", contextlib.nullcontext)
+    assert same.model is policy
+    half = HFRollout(policy, tok, torch.device("cpu"), "bfloat16", contextlib.nullcontext)
+    assert half.model is not policy and next(half.model.parameters()).dtype == torch.bfloat16
+    out = half.generate(prompts, **kwargs)
+    assert out.logp.dtype == torch.float32 and out.response_ids.shape[0] == 4
+    assert not out.response_ids.is_inference()              # usable in a later autograd graph
+    with torch.no_grad():
+        for parameter in policy.parameters():
+            parameter.add_(0.5)
+    before = next(half.model.parameters()).clone()
+    half.sync_weights(lambda: iter(policy.state_dict().items()))
+    after = next(half.model.parameters())
+    assert not torch.equal(before, after)
+    assert torch.equal(after, next(policy.parameters()).to(torch.bfloat16))
+
+
+def test_mismatch_metrics_hand_computed() -> None:
+    from rlzoo.learner import mismatch_metrics
+
+    old = torch.tensor([[-1.0, -2.0, 0.0], [-0.5, 0.0, 0.0]])
+    rollout = torch.tensor([[-1.5, -2.0, 9.0], [-0.4, 0.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    out = mismatch_metrics(old, rollout, mask)
+    k3 = [math.exp(0.5) - 0.5 - 1, 0.0, math.exp(-0.1) + 0.1 - 1]    # x = old − rollout on valid tokens
+    assert float(out["mismatch_k3"]) == pytest.approx(sum(k3) / 3, abs=1e-7)
+    assert float(out["max_abs_log_ratio"]) == pytest.approx(0.5)

@@ -46,9 +46,9 @@ def test_dynamic_sampling_drops_constant_groups_and_refills() -> None:
     batch = make_batch([1, 1, 0, 1, 0, 0], [0, 0, 1, 1, 2, 2], [3] * 6)
     refills = iter([make_batch([0.5, 0.5, 1, 0], [3, 3, 4, 4], [2] * 4)])
     c = ctx(prompts_per_step=2, resample=lambda n: next(refills))
-    out = DynamicSampling(DynamicSamplingParams(max_rounds=2)).rlzoo_after_rollout(batch, c)
-    assert out.group_ids.tolist() == [1, 1, 4, 4]       # group 0, 2, 3 constant: dropped
-    assert out.scores.tolist() == [0, 1, 1, 0]
+    assert DynamicSampling(DynamicSamplingParams(max_rounds=2)).rlzoo_after_rollout(batch, c) is None
+    assert batch.group_ids.tolist() == [1, 1, 4, 4]     # in place: groups 0, 2, 3 constant, dropped
+    assert batch.scores.tolist() == [0, 1, 1, 0]
     assert c.counts == {"dynamic_sampling/kept_groups": 1.0}
     assert c.metrics == {"dynamic_sampling/rounds": 1.0}
 
@@ -56,8 +56,8 @@ def test_dynamic_sampling_drops_constant_groups_and_refills() -> None:
 def test_dynamic_sampling_without_rounds_only_filters_and_never_empties() -> None:
     batch = make_batch([1, 1, 0, 0], [0, 0, 1, 1], [3] * 4)
     c = ctx(resample=lambda n: pytest.fail("no refill allowed"))
-    out = DynamicSampling(DynamicSamplingParams(max_rounds=0)).rlzoo_after_rollout(batch, c)
-    assert out is batch                                  # all constant: keep the batch
+    DynamicSampling(DynamicSamplingParams(max_rounds=0)).rlzoo_after_rollout(batch, c)
+    assert batch.group_ids.tolist() == [0, 0, 1, 1]      # all constant: the batch is kept
 
 
 def test_overlong_shaping_matches_dapo_formula() -> None:

@@ -5,10 +5,13 @@ from __future__ import annotations
 import pickle
 from pathlib import Path
 
+import pytest
 import torch
 
 from rlzoo.checkpoint import check_plain, list_checkpoints
 from rlzoo.cli import main
+
+pytestmark = pytest.mark.slow  # end-to-end: trains, launches or installs
 
 TINY = [
     "model.hidden_size=32", "model.intermediate_size=64", "model.num_layers=1",
@@ -58,7 +61,6 @@ def test_trainer_state_holds_only_plain_values(tmp_path: Path, capsys) -> None:
 
 def test_check_plain_names_the_offending_path() -> None:
     import numpy as np
-    import pytest
 
     with pytest.raises(TypeError, match=r"state\['ext'\]\[1\] is a numpy.ndarray"):
         check_plain({"ext": [1, np.zeros(2)]}, "state")

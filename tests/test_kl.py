@@ -1,4 +1,4 @@
-"""KL penalties (kind ``kl_penalty``) and KL controllers (kind ``kl_controller``):
+"""KL penalties (kind ``kl_estimator``) and KL controllers (kind ``kl_controller``):
 plugins/kl.py against hand-computed values, formula fixtures, invariants, the registry and
 the docs page."""
 
@@ -19,9 +19,11 @@ from rlzoo.errors import ConfigError
 from rlzoo.plugins import build_registry, make_plugin_manager
 from rlzoo.testing import check_component
 from rlzoo_plugins import kl as kl_module
+from zoo import REGISTRY, builtin_names
 
 DOC = Path(__file__).parents[1] / "docs" / "algorithms" / "kl.md"
-ESTIMATORS = ("k1", "abs", "k2", "k3", "k1+", "k3+")
+ESTIMATORS = tuple(name for name in builtin_names("kl_estimator")            # the sampled-token ones
+                   if "logits" not in REGISTRY.get("kl_estimator", name).needs)
 ALIASES = {"kl": "k1", "mse": "k2", "low_var_kl": "k3"}
 
 
@@ -34,7 +36,7 @@ def _grad(name: str, logp: torch.Tensor, ref: torch.Tensor, reg) -> tuple[torch.
     """(value, d sum(value)/d logp, ref's grad) of estimator ``name``."""
     lp = logp.clone().requires_grad_(True)
     rf = ref.clone().requires_grad_(True)
-    value = reg.get("kl_penalty", name)(lp, rf)
+    value = reg.get("kl_estimator", name)(lp, rf)
     value.sum().backward()
     return value.detach(), lp.grad, rf.grad
 
@@ -68,7 +70,7 @@ def test_estimator_hand_computed(name, reg) -> None:
 
 
 def test_k3_clamps_exactly_like_verl_low_var_kl(reg) -> None:
-    k3 = reg.get("kl_penalty", "k3")
+    k3 = reg.get("kl_estimator", "k3")
     # x = -2: e^2 - 2 - 1 = 4.389056 (inside both clamps)
     # x = -3: e^3 - 3 - 1 = 16.0855 -> clamped to 10
     # x = 30: exponent -30 -> -20: e^-20 + 20 - 1 = 19.000000002 -> 10
@@ -84,8 +86,8 @@ def test_k3_clamps_exactly_like_verl_low_var_kl(reg) -> None:
 
 def test_aliases_resolve(reg) -> None:
     for alias, name in ALIASES.items():
-        assert reg.get("kl_penalty", alias).name == name
-    assert set(ESTIMATORS) | {"full"} <= set(reg.names("kl_penalty"))
+        assert reg.get("kl_estimator", alias).name == name
+    assert set(ESTIMATORS) | {"full"} <= set(reg.names("kl_estimator"))
 
 
 # ----------------------------------------------------------------------- fixtures (seeded)
@@ -132,7 +134,7 @@ def test_estimator_fixture(name, reg) -> None:
 
 @pytest.mark.parametrize("name", ESTIMATORS)
 def test_estimator_invariants(name, reg) -> None:
-    check_component(reg.get("kl_penalty", name))
+    check_component(reg.get("kl_estimator", name))
 
 
 @pytest.mark.parametrize("name", ESTIMATORS)
@@ -146,7 +148,7 @@ def test_padding_garbage_and_width_do_not_change_valid_positions(name, reg) -> N
         lp_g = torch.where(mask.bool(), logp, torch.full_like(logp, garbage))
         rf_g = torch.where(mask.bool(), ref, torch.full_like(ref, -garbage))
         lp_g.requires_grad_(True)
-        out = reg.get("kl_penalty", name)(lp_g, rf_g.requires_grad_(True))
+        out = reg.get("kl_estimator", name)(lp_g, rf_g.requires_grad_(True))
         out.sum().backward()
         valid = mask.bool()
         assert torch.equal(out.detach()[valid], value[valid])
@@ -192,14 +194,14 @@ def _full_direct(logits: torch.Tensor, ref_logits: torch.Tensor) -> torch.Tensor
 
 
 def test_full_hand_computed(reg) -> None:
-    full = reg.get("kl_penalty", "full")
+    full = reg.get("kl_estimator", "full")
     # π = softmax([0, 0]) = [1/2, 1/2]; π_ref = softmax([0, ln 3]) = [1/4, 3/4]
     # KL = ½·ln(½ / ¼) + ½·ln(½ / ¾) = ½·ln 2 + ½·ln(2/3) = ½·ln(4/3) = 0.1438410
     # ∂KL/∂z_j = π_j·(d_j − KL), d = [ln 2, ln(2/3)]  ->  [+0.2746531, −0.2746531]
     # second token: identical distributions -> 0 with zero gradient
     logits = torch.tensor([[[0.0, 0.0], [1.0, 2.0]]], requires_grad=True)
     ref_logits = torch.tensor([[[0.0, math.log(3.0)], [1.0, 2.0]]], requires_grad=True)
-    value = full(torch.zeros(1, 2), torch.zeros(1, 2), logits=logits, ref_logits=ref_logits)
+    value = full(logits=logits, ref_logits=ref_logits)
     assert value.shape == (1, 2)
     assert torch.allclose(value.detach(), torch.tensor([[0.5 * math.log(4 / 3), 0.0]]), atol=1e-6)
     value.sum().backward()
@@ -212,9 +214,7 @@ def test_full_fixture_against_plain_loops(reg) -> None:
     gen = torch.Generator().manual_seed(7)
     logits = torch.randn(2, 3, 5, generator=gen, dtype=torch.float64) * 2
     ref_logits = torch.randn(2, 3, 5, generator=gen, dtype=torch.float64) * 2
-    value = reg.get("kl_penalty", "full")(torch.zeros(2, 3, dtype=torch.float64),
-                                          torch.zeros(2, 3, dtype=torch.float64),
-                                          logits=logits, ref_logits=ref_logits, chunk_size=4)
+    value = reg.get("kl_estimator", "full")(logits=logits, ref_logits=ref_logits, chunk_size=4)
     for i in range(2):
         for t in range(3):
             z = [float(v) for v in logits[i, t]]
@@ -231,9 +231,9 @@ def test_full_is_the_expectation_of_k1_over_the_vocabulary(reg) -> None:
     logits = torch.randn(2, 4, 6, generator=gen, dtype=torch.float64)
     ref_logits = torch.randn(2, 4, 6, generator=gen, dtype=torch.float64)
     log_pi, log_ref = torch.log_softmax(logits, -1), torch.log_softmax(ref_logits, -1)
-    k1 = reg.get("kl_penalty", "k1")
+    k1 = reg.get("kl_estimator", "k1")
     expectation = sum(log_pi[..., v].exp() * k1(log_pi[..., v], log_ref[..., v]) for v in range(6))
-    value = reg.get("kl_penalty", "full")(log_pi[..., 0], log_ref[..., 0], logits=logits,
+    value = reg.get("kl_estimator", "full")(logits=logits,
                                           ref_logits=ref_logits)
     assert torch.allclose(value, expectation, atol=1e-12)
     assert (value >= 0).all()
@@ -246,7 +246,7 @@ def test_full_chunk_size_changes_nothing(chunk_size, reg) -> None:
     ref_logits = torch.randn(3, 5, 11, generator=gen)
     weights = torch.randn(3, 5, generator=gen)
     logits = base.clone().requires_grad_(True)
-    value = reg.get("kl_penalty", "full")(torch.zeros(3, 5), torch.zeros(3, 5), logits=logits,
+    value = reg.get("kl_estimator", "full")(logits=logits,
                                           ref_logits=ref_logits, chunk_size=chunk_size)
     (value * weights).sum().backward()
     direct_logits = base.clone().requires_grad_(True)
@@ -257,15 +257,15 @@ def test_full_chunk_size_changes_nothing(chunk_size, reg) -> None:
 
 
 def test_full_under_no_grad_and_dtype(reg) -> None:
-    full = reg.get("kl_penalty", "full")
+    full = reg.get("kl_estimator", "full")
     logits = torch.randn(2, 3, 4, dtype=torch.bfloat16)
     ref_logits = torch.randn(2, 3, 4, dtype=torch.bfloat16)
     with torch.no_grad():
-        value = full(torch.zeros(2, 3), torch.zeros(2, 3), logits=logits, ref_logits=ref_logits)
+        value = full(logits=logits, ref_logits=ref_logits)
     assert value.dtype == torch.float32 and not value.requires_grad
     # computed in float32 internally
     assert torch.allclose(value, _full_direct(logits.float(), ref_logits.float()), atol=1e-6)
-    empty = full(torch.zeros(0, 3), torch.zeros(0, 3), logits=torch.zeros(0, 3, 4), ref_logits=torch.zeros(0, 3, 4))
+    empty = full(logits=torch.zeros(0, 3, 4), ref_logits=torch.zeros(0, 3, 4))
     assert empty.shape == (0, 3)
 
 
@@ -282,7 +282,7 @@ def test_full_holds_no_second_logits_sized_tensor_for_backward(reg) -> None:
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        value = reg.get("kl_penalty", "full")(torch.zeros(B, T), torch.zeros(B, T), logits=logits,
+        value = reg.get("kl_estimator", "full")(logits=logits,
                                               ref_logits=ref_logits, chunk_size=16)
     new_bytes = sum(t.numel() * t.element_size() for t in saved
                     if t.untyped_storage().data_ptr() not in
@@ -293,16 +293,16 @@ def test_full_holds_no_second_logits_sized_tensor_for_backward(reg) -> None:
 
 
 def test_full_edge_cases(reg) -> None:
-    full = reg.get("kl_penalty", "full")
+    full = reg.get("kl_estimator", "full")
     # π(v) = 0 for a −inf logit: the term is 0 (not 0·−inf = NaN); π = [1, 0], π_ref = [½, ½] -> ln 2
     logits = torch.tensor([[[0.0, -float("inf")]]], requires_grad=True)
-    value = full(torch.zeros(1, 1), torch.zeros(1, 1), logits=logits, ref_logits=torch.zeros(1, 1, 2))
+    value = full(logits=logits, ref_logits=torch.zeros(1, 1, 2))
     assert value.item() == pytest.approx(math.log(2), abs=1e-6)
     value.sum().backward()
     assert torch.isfinite(logits.grad).all()
     # extreme but finite logits: finite values and gradients
     logits = (torch.randn(2, 3, 7) * 50).requires_grad_(True)
-    value = full(torch.zeros(2, 3), torch.zeros(2, 3), logits=logits, ref_logits=torch.randn(2, 3, 7) * 50)
+    value = full(logits=logits, ref_logits=torch.randn(2, 3, 7) * 50)
     value.sum().backward()
     assert torch.isfinite(value).all() and torch.isfinite(logits.grad).all()
 
@@ -315,8 +315,7 @@ def test_full_padding_rows_do_not_touch_valid_rows(reg) -> None:
 
     def run(lg, rl):
         lg = lg.clone().requires_grad_(True)
-        v = reg.get("kl_penalty", "full")(torch.zeros(lg.shape[:2]), torch.zeros(lg.shape[:2]),
-                                          logits=lg, ref_logits=rl, chunk_size=2)
+        v = reg.get("kl_estimator", "full")(logits=lg, ref_logits=rl, chunk_size=2)
         torch.where(mask if v.shape[1] == 3 else torch.cat([mask, torch.zeros(2, v.shape[1] - 3, dtype=torch.bool)], 1),
                     v, torch.zeros_like(v)).sum().backward()
         return v.detach(), lg.grad
@@ -332,8 +331,8 @@ def test_full_padding_rows_do_not_touch_valid_rows(reg) -> None:
 
 
 def test_full_registration_and_params(reg) -> None:
-    component = reg.get("kl_penalty", "full")
-    assert component.needs == frozenset({"logits"})
+    component = reg.get("kl_estimator", "full")
+    assert component.needs == frozenset({"logits"})   # derived from its inputs: logits, ref_logits
     assert build_params(component, {}).chunk_size == 1024
     assert build_params(component, {"chunk_size": 8}).chunk_size == 8
     for bad in (0, -3):
@@ -342,9 +341,9 @@ def test_full_registration_and_params(reg) -> None:
     with pytest.raises(ConfigError, match="chunk_size"):
         build_params(component, {"chunk_sise": 8})
     for name in ESTIMATORS:
-        assert reg.get("kl_penalty", name).needs == frozenset()
+        assert reg.get("kl_estimator", name).needs == frozenset({"reference"})   # from ref_logp
         with pytest.raises(ConfigError, match="takes no parameters"):
-            build_params(reg.get("kl_penalty", name), {"chunk_size": 4})
+            build_params(reg.get("kl_estimator", name), {"chunk_size": 4})
 
 
 # ----------------------------------------------------------------------- controllers
@@ -432,10 +431,10 @@ def test_doc_snippets_run() -> None:
 
 def test_doc_names_every_component(reg) -> None:
     text = DOC.read_text()
-    for kind in ("kl_penalty", "kl_controller"):
+    for kind in ("kl_estimator", "kl_controller"):
         for component in reg.components(kind):
             if component.fn.__module__ != "rlzoo_plugins.kl":
                 continue
             assert f"`{component.name}`" in text, component.name
-    for key in ("kl.apply", "kl.coef", "kl.penalty", "kl.controller"):
+    for key in ("kl.apply", "kl.coef", "kl.estimator", "kl.controller"):
         assert key in text

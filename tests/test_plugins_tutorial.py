@@ -3,12 +3,16 @@ blocks, install it in isolation, then list, test and train with it."""
 
 from __future__ import annotations
 
+import pytest
+
 import json
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
+
+pytestmark = pytest.mark.slow  # end-to-end: trains, launches or installs
 
 DOC = Path(__file__).parents[1] / "docs" / "plugins.md"
 BLOCK = re.compile(r"```\w+ file=(\S+)\n(.*?)```", re.S)

@@ -22,11 +22,12 @@ from rlzoo.errors import ConfigError
 from rlzoo.plugins import build_registry, make_plugin_manager
 from rlzoo.testing import check_component
 from rlzoo_plugins import policy_losses as module
+from zoo import builtin_names
 
 DOC = Path(__file__).parents[1] / "docs" / "algorithms" / "policy_losses.md"
 REG = build_registry(make_plugin_manager())
-NAMES = ("ppo_clip", "dual_clip", "gspo", "cispo", "vanilla_pg", "geo_mean", "sapo", "clip_cov", "kl_cov")
-ALIASES = {"vanilla": "ppo_clip", "ppo": "ppo_clip", "gpg": "vanilla_pg", "gmpo": "geo_mean"}
+NAMES = builtin_names("policy_loss")     # every registered loss; each needs a VARIANTS entry below
+ALIASES = {"ppo": "ppo_clip", "gpg": "vanilla_pg", "gmpo": "geo_mean"}
 # non-default parameters that exercise every branch (delta, clip-higher, wide cov window)
 VARIANTS = {
     "ppo_clip": {"clip_low": 0.1, "clip_high": 0.3, "delta": 1.5},
@@ -39,6 +40,10 @@ VARIANTS = {
     "clip_cov": {"clip_ratio": 0.2, "clip_cov_lb": 0.2, "clip_cov_ub": 3.0},
     "kl_cov": {"kl_cov_ratio": 0.2, "ppo_kl_coef": 0.5},
 }
+
+
+def test_every_registered_loss_has_a_variant_and_a_reference_in_this_file() -> None:
+    assert set(VARIANTS) == set(NAMES)
 
 
 def call(name: str, logp, old, adv, mask=None, seed: int = 0, **params):
@@ -706,6 +711,13 @@ def test_aliases_resolve(alias: str, name: str) -> None:
     assert REG.get("policy_loss", alias) is REG.get("policy_loss", name)
 
 
+def test_retired_alias_vanilla_names_its_replacement() -> None:
+    from rlzoo.errors import UnknownComponentError
+
+    with pytest.raises(UnknownComponentError, match=r"policy_loss 'vanilla' was retired: use 'ppo_clip'.*vanilla_pg"):
+        REG.get("policy_loss", "vanilla")
+
+
 def test_documented_defaults() -> None:
     defaults = {name: REG.get("policy_loss", name).default_params() for name in NAMES}
     assert defaults["ppo_clip"] == module.PPOClipParams(0.2, 0.2, None)
@@ -762,7 +774,7 @@ def test_keyword_params_and_bound_params_agree() -> None:
     component = REG.get("policy_loss", "dual_clip")
     by_keyword, _ = component(logp, old, adv, mask, clip_ratio_c=2.0)
     bound = component.bind(build_params(component, {"clip_ratio_c": 2.0}))
-    by_bound, _ = bound(logp, old, adv, mask)
+    by_bound, _ = bound(logp=logp, old_logp=old, advantages=adv, response_mask=mask)
     assert torch.equal(by_keyword, by_bound)
 
 

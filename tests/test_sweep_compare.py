@@ -16,6 +16,8 @@ from rlzoo.cli import main
 from rlzoo.errors import ConfigError
 from rlzoo.sweep import plan, split_values
 
+pytestmark = pytest.mark.slow  # end-to-end: trains, launches or installs
+
 TINY = ["model.hidden_size=32", "model.intermediate_size=64", "model.num_layers=1",
         "model.num_heads=2", "model.num_kv_heads=1", "task.num_digits=3",
         "rollout.prompts_per_step=4", "rollout.n=4", "rollout.max_new_tokens=5",

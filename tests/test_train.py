@@ -17,6 +17,9 @@ from safetensors.torch import load_file
 from rlzoo.checkpoint import list_checkpoints
 from rlzoo.cli import main
 from rlzoo.events import read_scalars
+from zoo import builtin_names
+
+pytestmark = pytest.mark.slow  # end-to-end: trains, launches or installs
 
 TINY = [
     "model.hidden_size=32", "model.intermediate_size=64", "model.num_layers=1",
@@ -24,7 +27,7 @@ TINY = [
     "rollout.prompts_per_step=4", "rollout.n=4", "rollout.max_new_tokens=5",
     "logging.progress=false", "logging.sample_every=2", "trainer.threads=1",
 ]
-PRESETS = ["ppo", "grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "remax", "gspo", "cispo"]
+PRESETS = builtin_names("algorithm")
 REQUIRED_TAGS = {
     "reward/mean", "reward/std", "response_length/mean", "policy/loss", "policy/clipfrac",
     "policy/approx_kl", "kl/value", "kl/coef", "entropy", "grad_norm", "lr", "timing/rollout_s",
@@ -116,7 +119,7 @@ def test_resume_after_kill_or_ctrl_c_equals_uninterrupted_run(tmp_path: Path, al
     (tmp_path / "rlzoo_test_killer.py").write_text(textwrap.dedent(KILLER))
     env = {"PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     common = [f"algo={algo}", "trainer.total_steps=6", "checkpoint.every=2",
-              "plugins=[rlzoo_test_killer]", "trainer.ppo_epochs=2", "trainer.mini_batches=2"]
+              "plugins=[rlzoo_test_killer]", "trainer.update_epochs=2", "trainer.num_mini_batches=2"]
     full = tmp_path / "full"
     done = _cli(full, f"run_dir={full}", *common, env=env)
     assert done.returncode == 0, done.stderr
@@ -194,7 +197,7 @@ NAN_LOSS = """
 import torch
 from rlzoo import hookimpl
 
-def nan_loss(logp, old_logp, advantages, mask):
+def nan_loss(logp, old_logp, advantages, response_mask):
     return logp * float("nan"), {"clipfrac": torch.tensor(0.0), "approx_kl": torch.tensor(0.0)}
 
 @hookimpl
@@ -267,6 +270,6 @@ def test_chat_template_of_a_local_model_is_applied(capsys, tmp_path: Path) -> No
     registry = build_registry(pm)
     for mode, expected in (("null", "123=="), ("false", "123=")):
         resolved = load_config(registry, [*TINY, f"model.path={model_dir}", f"model.chat_template={mode}"])
-        assert Trainer(resolved, registry, pm).format_prompt("123=") == expected
+        assert Trainer(resolved, registry, pm).sampler.format_prompt("123=") == expected
     code, err = train(capsys, tmp_path / "second", f"model.path={model_dir}", "trainer.total_steps=1")
     assert code == 0, err

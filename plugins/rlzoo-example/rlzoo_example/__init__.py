@@ -9,11 +9,10 @@ import torch
 from rlzoo import hookimpl
 from rlzoo.masked import masked_mean
 
-RLZOO_API_VERSION = "1"
+RLZOO_API_VERSION = "2"
 
 
-def rank_grpo(token_rewards: torch.Tensor, response_mask: torch.Tensor, group_ids: torch.Tensor,
-              values: torch.Tensor | None, baseline_scores: torch.Tensor | None
+def rank_grpo(token_rewards: torch.Tensor, response_mask: torch.Tensor, group_ids: torch.Tensor
               ) -> tuple[torch.Tensor, torch.Tensor]:
     """Group-relative advantages from score ranks.
 
@@ -68,6 +67,8 @@ PRESET = {
     "policy_loss": {"name": "ppo_penalty", "beta": 0.1},
     "loss_agg": "token-mean",
     "kl": {"coef": 0.0},
+    # off-policy steps, so the penalty on KL(pi_old || pi) has something to act on
+    "trainer": {"update_epochs": 2, "num_mini_batches": 2},
 }
 
 

@@ -22,7 +22,7 @@ def test_rank_grpo_hand_computed():
     rank_grpo = REGISTRY.get("advantage", "rank_grpo")
     rewards = torch.tensor([[0.0, 1.0], [0.0, 3.0], [0.0, 1.0], [0.0, 5.0]])
     mask = torch.ones(4, 2)
-    adv, _ = rank_grpo(rewards, mask, torch.tensor([0, 0, 0, 1]), None, None)
+    adv, _ = rank_grpo(token_rewards=rewards, response_mask=mask, group_ids=torch.tensor([0, 0, 0, 1]))
     # group 0 scores 1, 3, 1: ranks 0.5, 2, 0.5 of n=3 -> 2*rank/2 - 1 = -0.5, 1, -0.5
     assert adv[:, 0].tolist() == [-0.5, 1.0, -0.5, 0.0]
 

@@ -1,0 +1,178 @@
+"""The contract checking itself: signatures at registration, outputs at every call.
+
+A component's function names the inputs it wants (:data:`rlzoo.hookspecs.INPUTS`);
+:func:`inspect_inputs` reads and validates that signature once, when the component
+registers, and derives the needs it implies. :class:`BoundComponent` is how the engine
+calls a component: keyword arguments filtered to the ones the function names, ``params``
+bound, and the output checked against the kind's contract, so a plugin returning the
+wrong shape or no ``clipfrac`` is stopped with its name and package, not a traceback
+three stages later.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+
+from rlzoo.errors import PluginError, TrainingError
+from rlzoo.hookspecs import INPUTS, REGISTRATION_HOOKS
+
+if TYPE_CHECKING:
+    from rlzoo.registry import Component
+
+REQUIRED_METRICS: dict[str, tuple[str, ...]] = {
+    "policy_loss": ("clipfrac", "approx_kl"),
+    "value_loss": (),
+}
+"""Metrics a kind's ``(loss, metrics)`` output must hold."""
+
+
+def inspect_inputs(kind: str, name: str, fn: Any, has_params: bool, who: str) -> tuple[str, ...]:
+    """The inputs ``fn`` names, in signature order (``params`` excluded).
+
+    :raises PluginError: ``fn`` is not callable, takes ``*args`` / ``**kwargs``, names a
+        required parameter that is not an input of ``kind``, or lacks ``params`` although
+        the component declares a parameter dataclass.
+    """
+    label = f"plugin {who!r}: {kind} {name!r}"
+    if not callable(fn):
+        raise PluginError(f"{label} is a {type(fn).__name__}, not a function or class")
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError) as exc:
+        raise PluginError(f"{label}: cannot read the signature of {fn!r} ({exc})") from exc
+    known = INPUTS[kind]
+    inputs = []
+    takes_params = False
+    for parameter in signature.parameters.values():
+        if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
+            raise PluginError(f"{label} takes {'*' if parameter.kind == parameter.VAR_POSITIONAL else '**'}"
+                              f"{parameter.name}: inputs are passed by name, so name the ones it uses "
+                              f"({', '.join(known) or 'none for this kind'}; see rlzoo.hookspecs.INPUTS)")
+        if parameter.name == "params":
+            takes_params = True
+        elif parameter.name in known:
+            inputs.append(parameter.name)
+        elif parameter.default is parameter.empty:
+            raise PluginError(f"{label} takes {parameter.name!r}, which is not an input of its kind; "
+                              f"the engine passes {', '.join(known) or 'no inputs'}"
+                              f"{' and params' if has_params else ''} ({REGISTRATION_HOOKS[kind]})")
+    if has_params and not takes_params:
+        raise PluginError(f"{label} declares a parameter dataclass but its function takes no 'params'")
+    return tuple(inputs)
+
+
+def derived_needs(kind: str, inputs: tuple[str, ...]) -> frozenset[str]:
+    """The needs implied by the inputs a component names (e.g. ``values`` -> ``critic``)."""
+    return frozenset(INPUTS[kind][name].need for name in inputs if INPUTS[kind][name].need)
+
+
+def check_declared_needs(kind: str, name: str, declared: frozenset[str], inputs: tuple[str, ...],
+                         who: str) -> None:
+    """A declared need whose inputs the function never takes would be computed for nothing.
+
+    :raises PluginError: naming the need and the inputs that would carry it.
+    """
+    for need in sorted(declared):
+        carriers = [input_name for input_name, spec in INPUTS[kind].items() if spec.need == need]
+        if carriers and not set(carriers) & set(inputs):
+            raise PluginError(
+                f"plugin {who!r}: {kind} {name!r} declares needs {need!r} but its function takes none of "
+                f"{', '.join(carriers)}: the run would compute them for nothing; name the input instead")
+
+
+def _shape(value: Any) -> str:
+    return str(tuple(value.shape)) if isinstance(value, torch.Tensor) else type(value).__name__
+
+
+class BoundComponent:
+    """A component with its parameters bound, called by the engine with keyword inputs.
+
+    ``bound(**available)`` passes the inputs the function names (the rest are ignored)
+    and checks the output against the kind's contract.
+    """
+
+    def __init__(self, component: "Component", params: Any = None) -> None:
+        self.component = component
+        self.params = params if params is not None else component.default_params()
+        self._check = _CHECKS.get(component.kind)
+
+    @property
+    def name(self) -> str:
+        return self.component.name
+
+    def __call__(self, **available: Any) -> Any:
+        component = self.component
+        kwargs = {name: available[name] for name in component.inputs if name in available}
+        if component.params is not None:
+            kwargs["params"] = self.params
+        result = component.fn(**kwargs)
+        if self._check is not None:
+            self._check(self, result, available)
+        return result
+
+    def fail(self, what: str) -> TrainingError:
+        """An error naming the component, its package and the broken contract."""
+        c = self.component
+        return TrainingError(f"{c.kind} {c.name!r} (package {c.package or '?'}, plugin {c.plugin or '?'}) "
+                             f"{what} ({REGISTRATION_HOOKS[c.kind]} in rlzoo.hookspecs)")
+
+
+def _expect_matrix(bound: BoundComponent, value: Any, shape: torch.Size, what: str) -> None:
+    if not isinstance(value, torch.Tensor) or value.shape != shape or not value.is_floating_point():
+        raise bound.fail(f"returned {what} of shape {_shape(value)}"
+                         f"{'' if not isinstance(value, torch.Tensor) else ' ' + str(value.dtype)}; "
+                         f"the contract is a float tensor of shape {tuple(shape)}")
+
+
+def _expect_metrics(bound: BoundComponent, metrics: Any) -> None:
+    if not isinstance(metrics, dict):
+        raise bound.fail(f"returned metrics of type {type(metrics).__name__}; the contract is a dict "
+                         "of scalar tensors")
+    missing = [key for key in REQUIRED_METRICS[bound.component.kind] if key not in metrics]
+    if missing:
+        raise bound.fail(f"returned no {', '.join(repr(k) for k in missing)} metric (got "
+                         f"{', '.join(sorted(map(str, metrics))) or 'none'})")
+    for key, value in metrics.items():
+        if not (isinstance(value, (int, float)) or (isinstance(value, torch.Tensor) and value.numel() == 1)):
+            raise bound.fail(f"returned metric {key!r} of shape {_shape(value)}; metrics are scalars")
+
+
+def _loss_and_metrics(shape_of: str) -> Callable[[BoundComponent, Any, dict[str, Any]], None]:
+    def check(bound: BoundComponent, result: Any, available: dict[str, Any]) -> None:
+        if not (isinstance(result, tuple) and len(result) == 2):
+            raise bound.fail(f"returned {type(result).__name__}; the contract is (loss, metrics)")
+        _expect_matrix(bound, result[0], available[shape_of].shape, "a per-token loss")
+        _expect_metrics(bound, result[1])
+
+    return check
+
+
+def _check_advantage(bound: BoundComponent, result: Any, available: dict[str, Any]) -> None:
+    if not (isinstance(result, tuple) and len(result) == 2):
+        raise bound.fail(f"returned {type(result).__name__}; the contract is (advantages, returns)")
+    shape = available["response_mask"].shape
+    _expect_matrix(bound, result[0], shape, "advantages")
+    _expect_matrix(bound, result[1], shape, "returns")
+
+
+def _check_kl(bound: BoundComponent, result: Any, available: dict[str, Any]) -> None:
+    reference = available.get("logp")
+    shape = reference.shape if reference is not None else available["logits"].shape[:2]
+    _expect_matrix(bound, result, shape, "a per-token KL")
+
+
+def _check_scalar(bound: BoundComponent, result: Any, available: dict[str, Any]) -> None:
+    if not isinstance(result, torch.Tensor) or result.numel() != 1:
+        raise bound.fail(f"returned {_shape(result)}; the contract is a scalar tensor")
+
+
+_CHECKS: dict[str, Callable[[BoundComponent, Any, dict[str, Any]], None]] = {
+    "advantage": _check_advantage,
+    "policy_loss": _loss_and_metrics("response_mask"),
+    "value_loss": _loss_and_metrics("response_mask"),
+    "kl_estimator": _check_kl,
+    "loss_agg": _check_scalar,
+}

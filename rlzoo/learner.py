@@ -1,0 +1,325 @@
+"""The learner: everything after scoring, as the run plan says.
+
+:meth:`Learner.prepare` runs the passes of the plan (log-probs before the update, reference
+log-probs, critic values), folds KL into the reward when the plan puts it there, and calls
+the advantage estimator; :meth:`Learner.update` takes the plan's epochs × mini-batches of
+optimizer steps, accumulating micro-batches whose losses are aggregated with the counts of
+their whole mini-batch, then updates the critic. The learner holds the optimizers, LR
+schedulers and KL controller, and decides nothing the plan has not.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from rlzoo import distributed
+from rlzoo.batch import BatchCounts, RolloutBatch
+from rlzoo.config import ResolvedConfig
+from rlzoo.errors import TrainingError
+from rlzoo.logprobs import full_sequence, response_forward
+from rlzoo.masked import masked_mean
+from rlzoo.models import RunModels
+
+LOG_RATIO_CLAMP = 20.0
+
+
+def lr_factor(schedule: str, warmup: int, total: int) -> Callable[[int], float]:
+    """The LR multiplier at optimizer step ``step``: linear warm-up, then constant, linear
+    decay to 0 or cosine decay to 0 over ``total`` steps."""
+    def factor(step: int) -> float:
+        if warmup and step < warmup:
+            return (step + 1) / warmup
+        progress = min(1.0, (step - warmup) / max(1, total - warmup))
+        if schedule == "linear":
+            return 1.0 - progress
+        if schedule == "cosine":
+            return 0.5 * (1.0 + math.cos(math.pi * progress))
+        return 1.0
+
+    return factor
+
+
+def check_finite(value: torch.Tensor, stage: str, component: str) -> None:
+    """:raises TrainingError: ``value`` holds NaN or inf (the stage and component named)."""
+    if not bool(torch.isfinite(value).all()):
+        raise TrainingError(f"non-finite value in {stage} (component {component!r}); the step "
+                            "was stopped and no checkpoint was written for it")
+
+
+def mismatch_metrics(old_logp: torch.Tensor, rollout_logp: torch.Tensor,
+                     mask: torch.Tensor) -> dict[str, torch.Tensor]:
+    """How far the rollout backend's sampling distribution μ is from the trained policy
+    π_old on the sampled tokens; ``(B, T)`` inputs.
+
+    ``mismatch_k3``: masked mean of exp(x) − x − 1 with x = log π_old − log μ (the k3
+    estimate of KL(μ‖π_old), verl's ``rollout_corr/k3_kl``); ``max_abs_log_ratio``: the
+    largest |x| over valid tokens. x is clamped to ±20 first.
+    """
+    x = (old_logp - rollout_logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    valid = mask.bool()
+    k3 = torch.where(valid, torch.expm1(x) - x, torch.zeros_like(x))
+    largest = torch.where(valid, x.abs(), torch.zeros_like(x)).max() if x.numel() else x.new_zeros(())
+    return {"mismatch_k3": masked_mean(k3, mask), "max_abs_log_ratio": largest}
+
+
+class _WeightedMeans:
+    """Metrics averaged over micro-batches with weights (then summed over ranks)."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, float] = {}
+        self.weights: dict[str, float] = {}
+
+    def add(self, name: str, value: float, weight: float) -> None:
+        self.sums[name] = self.sums.get(name, 0.0) + value * weight
+        self.weights[name] = self.weights.get(name, 0.0) + weight
+
+    def result(self, dist: distributed.DistInfo) -> dict[str, float]:
+        sums = distributed.all_reduce_floats(self.sums, dist)
+        weights = distributed.all_reduce_floats(self.weights, dist)
+        return {name: total / max(weights[name], 1e-12) for name, total in sums.items()}
+
+
+def _counts(mask: torch.Tensor, max_response_length: int, dist: distributed.DistInfo) -> BatchCounts:
+    """Token and sequence counts of ``mask`` summed over all ranks."""
+    local = {"tokens": float(mask.sum()), "sequences": float((mask.sum(-1) > 0).sum())}
+    total = distributed.all_reduce_floats(local, dist)
+    return BatchCounts(tokens=total["tokens"], sequences=total["sequences"],
+                       max_response_length=max_response_length)
+
+
+class Learner:
+    """Prepares a scored batch and updates the policy (and critic) on it.
+
+    :param resolved: the resolved config, its components and its plan.
+    :param models: the run's models (policy, reference, critic and their wrappers).
+    :param dist: this process's place in the job.
+    """
+
+    def __init__(self, resolved: ResolvedConfig, models: RunModels, dist: distributed.DistInfo) -> None:
+        cfg = resolved.cfg
+        self.plan, self.models, self.dist = resolved.plan, models, dist
+        self.trainer_cfg = cfg.trainer
+        self.max_response_length = int(cfg.rollout.max_new_tokens)
+        self.names = {path: component.name for path, component in resolved.components.items()}
+        self.advantage = resolved.bound("advantage")
+        self.policy_loss = resolved.bound("policy_loss")
+        self.aggregate = resolved.bound("loss_agg")
+        self.kl = resolved.bound("kl.estimator") if self.plan.kl else None
+        self.kl_controller = resolved.build("kl.controller", init_coef=float(cfg.kl.coef))
+        self.value_loss = resolved.bound("value_loss") if models.critic else None
+        t = cfg.trainer
+        factor = lr_factor(t.lr_schedule, t.warmup_steps, t.total_steps)
+        self.optimizer = torch.optim.AdamW(models.policy.parameters(), lr=t.lr, betas=tuple(t.betas),
+                                           weight_decay=t.weight_decay)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, factor)
+        self.critic_optimizer = self.critic_scheduler = None
+        if models.critic is not None:
+            self.critic_optimizer = torch.optim.AdamW(models.critic.parameters(), lr=t.critic_lr,
+                                                      betas=tuple(t.betas), weight_decay=t.weight_decay)
+            self.critic_scheduler = torch.optim.lr_scheduler.LambdaLR(self.critic_optimizer, factor)
+
+    # ---------------------------------------------------------------- passes and advantages
+
+    def _micro_rows(self, size: int) -> list[torch.Tensor]:
+        return list(torch.arange(size).split(self.trainer_cfg.micro_batch_size)) if size else []
+
+    def _forward(self, module: torch.nn.Module, mb: RolloutBatch, **kwargs: Any) -> tuple[Any, ...]:
+        return module(mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask,
+                      chunk_size=self.trainer_cfg.logprob_chunk_size,
+                      temperature=self.plan.logprob_temperature, **kwargs)
+
+    @torch.no_grad()
+    def _logp_pass(self, module: torch.nn.Module, batch: RolloutBatch,
+                   with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+        logps, entropies = [], []
+        for rows in self._micro_rows(len(batch)):
+            logp, entropy, _ = self._forward(module, batch.select(rows), with_entropy=with_entropy)
+            logps.append(logp)
+            entropies.append(entropy)
+        return torch.cat(logps), (torch.cat(entropies) if with_entropy else None)
+
+    def _values(self, mb: RolloutBatch, critic: torch.nn.Module) -> torch.Tensor:
+        input_ids, attention, positions = full_sequence(mb.prompt_ids, mb.prompt_mask,
+                                                        mb.response_ids, mb.response_mask)
+        values = critic(input_ids, attention, positions)
+        start = mb.prompt_ids.shape[1] - 1
+        return values[:, start:start + mb.response_ids.shape[1]] * mb.response_mask
+
+    def prepare(self, batch: RolloutBatch) -> dict[str, float]:
+        """Run the plan's passes, KL in the reward and the advantages; fills ``batch``."""
+        plan, models = self.plan, self.models
+        metrics: dict[str, float] = {}
+        if plan.runs("old_logp"):
+            models.policy.eval()
+            batch.old_logp, batch.old_entropy = self._logp_pass(models.policy_forward, batch,
+                                                                plan.runs("old_entropy"))
+        if plan.runs("ref_logp"):
+            batch.ref_logp, _ = self._logp_pass(models.reference_forward, batch, False)
+        if plan.runs("values"):
+            models.critic.eval()
+            with torch.no_grad():
+                batch.old_values = torch.cat([self._values(batch.select(rows), models.critic)
+                                              for rows in self._micro_rows(len(batch))])
+        with distributed.batch_statistics(self.dist.enabled):
+            if batch.old_logp is not None:
+                found = mismatch_metrics(batch.old_logp, batch.rollout_logp, batch.response_mask)
+                metrics["rollout/mismatch_k3"] = float(found["mismatch_k3"])
+                metrics.update({"rollout/max_abs_log_ratio": distributed.all_reduce_floats(
+                    {"m": float(found["max_abs_log_ratio"])}, self.dist, "max")["m"]})
+            self._advantages(batch, metrics)
+        return metrics
+
+    def _advantages(self, batch: RolloutBatch, metrics: dict[str, float]) -> None:
+        mask = batch.response_mask
+        has_tokens = batch.response_lengths > 0
+        last = (batch.response_lengths.long() - 1).clamp(min=0)
+        token_rewards = torch.zeros_like(mask)
+        token_rewards[has_tokens, last[has_tokens]] = batch.rewards[has_tokens]
+        if self.plan.kl is not None and self.plan.kl.placement == "reward":
+            kl = self.kl(logp=batch.old_logp, ref_logp=batch.ref_logp)
+            batch.kl = torch.where(mask.bool(), kl, torch.zeros_like(kl))
+            token_rewards = token_rewards - float(self.kl_controller.value) * batch.kl
+            sequence_kl = float(masked_mean(batch.kl.sum(-1), has_tokens.float()))
+            metrics["kl/value"] = float(masked_mean(batch.kl, mask))
+            metrics["kl/sequence_sum"] = sequence_kl
+            if self.plan.kl.controller_updates:
+                self.kl_controller.update(sequence_kl, len(batch) * self.dist.world)
+        batch.token_rewards = token_rewards
+        advantages, returns = self.advantage(
+            token_rewards=token_rewards, response_mask=mask, group_ids=batch.group_ids,
+            values=batch.old_values, baseline_scores=batch.baseline_scores, old_logp=batch.old_logp,
+            ref_logp=batch.ref_logp)
+        check_finite(advantages, "advantage estimation", self.names["advantage"])
+        batch.advantages, batch.returns = advantages, returns
+        metrics["advantages/mean"] = float(masked_mean(advantages, mask))
+        if self.models.critic is not None:
+            metrics["value/returns_mean"] = float(masked_mean(returns, mask))
+
+    # ---------------------------------------------------------------- the update
+
+    def update(self, batch: RolloutBatch) -> dict[str, float]:
+        """``update_epochs`` × ``num_mini_batches`` optimizer steps on ``batch`` (this
+        process's share); returns the update's metrics averaged over all ranks."""
+        t, models = self.trainer_cfg, self.models
+        means = _WeightedMeans()
+        grad_norms = []
+        for _ in range(self.plan.update.epochs):
+            order = torch.randperm(len(batch))
+            for rows in order.tensor_split(self.plan.update.mini_batches):
+                mini = batch.select(rows)
+                counts = _counts(mini.loss_mask, self.max_response_length, self.dist)
+                models.policy.train()
+                self.optimizer.zero_grad(set_to_none=True)
+                micro = self._micro_rows(len(mini))
+                for index, micro_rows in enumerate(micro):
+                    mb = mini.select(micro_rows)
+                    with _sync_context(models.policy_forward, last=index == len(micro) - 1):
+                        loss = self._policy_loss(mb, counts, means)
+                        (loss * self.dist.world).backward()  # DDP averages over ranks; counts are global
+                norm = distributed.local_value(torch.nn.utils.clip_grad_norm_(models.policy.parameters(),
+                                                                              t.max_grad_norm))
+                check_finite(norm, "policy gradient", self.names["policy_loss"])
+                grad_norms.append(float(norm))
+                self.optimizer.step()
+                if models.critic is not None:
+                    self._critic_step(mini, means)
+        metrics = means.result(self.dist)
+        metrics["grad_norm"] = float(np.mean(grad_norms)) if grad_norms else 0.0
+        self.scheduler.step()
+        if self.critic_scheduler is not None:
+            self.critic_scheduler.step()
+        return metrics
+
+    def _policy_loss(self, mb: RolloutBatch, counts: BatchCounts, means: _WeightedMeans) -> torch.Tensor:
+        """This micro-batch's share of the mini-batch loss (aggregated by global ``counts``)."""
+        plan, kl_plan = self.plan, self.plan.kl
+        with_logits = kl_plan is not None and kl_plan.placement == "loss" and kl_plan.uses_logits
+        logp, entropy, logits = self._forward(self.models.policy_forward, mb, with_entropy=True,
+                                              with_logits=with_logits)
+        mask = mb.loss_mask
+        old_logp = mb.old_logp if mb.old_logp is not None else logp.detach()
+        token_loss, loss_metrics = self.policy_loss(
+            logp=logp, old_logp=old_logp, advantages=mb.advantages, response_mask=mask,
+            rollout_logp=mb.rollout_logp, ref_logp=mb.ref_logp)
+        loss = self.aggregate(loss=token_loss, mask=mask, counts=counts)
+        weight = float(mask.sum())
+        means.add("policy/loss", float(loss.detach()) * counts.tokens / max(weight, 1.0), weight)
+        for key, value in loss_metrics.items():
+            means.add(f"policy/{key}", float(value), weight)
+        if kl_plan is not None and kl_plan.placement == "loss":
+            ref_logits = self._ref_logits(mb) if with_logits else None
+            kl = self.kl(logp=logp, ref_logp=mb.ref_logp, logits=logits, ref_logits=ref_logits)
+            loss = loss + float(self.kl_controller.value) * self.aggregate(loss=kl, mask=mask, counts=counts)
+            means.add("kl/value", float(masked_mean(kl.detach(), mask)), weight)
+        means.add("entropy", float(masked_mean(entropy.detach(), mask)), weight)
+        if "entropy" in plan.aggregation:
+            loss = loss - self.trainer_cfg.entropy_coef * self.aggregate(loss=entropy, mask=mask, counts=counts)
+        check_finite(loss, "policy loss", self.names["policy_loss"])
+        return loss
+
+    @torch.no_grad()
+    def _ref_logits(self, mb: RolloutBatch) -> torch.Tensor:
+        return response_forward(self.models.reference, mb.prompt_ids, mb.prompt_mask, mb.response_ids,
+                                mb.response_mask, with_logits=True,
+                                temperature=self.plan.logprob_temperature).logits
+
+    def _critic_step(self, mini: RolloutBatch, means: _WeightedMeans) -> None:
+        models = self.models
+        counts = _counts(mini.response_mask, self.max_response_length, self.dist)
+        models.critic.train()
+        self.critic_optimizer.zero_grad(set_to_none=True)
+        micro = self._micro_rows(len(mini))
+        for index, rows in enumerate(micro):
+            mb = mini.select(rows)
+            with _sync_context(models.critic_forward, last=index == len(micro) - 1):
+                values = self._values(mb, models.critic_forward)
+                token_loss, value_metrics = self.value_loss(values=values, old_values=mb.old_values,
+                                                            returns=mb.returns, response_mask=mb.response_mask)
+                loss = self.aggregate(loss=token_loss, mask=mb.response_mask, counts=counts)
+                check_finite(loss, "value loss", self.names["value_loss"])
+                (loss * self.dist.world).backward()
+            weight = float(mb.response_mask.sum())
+            means.add("value/loss", float(loss.detach()) * counts.tokens / max(weight, 1.0), weight)
+            for key, value in value_metrics.items():
+                means.add(f"value/{key}", float(value), weight)
+        norm = distributed.local_value(torch.nn.utils.clip_grad_norm_(models.critic.parameters(),
+                                                                      self.trainer_cfg.max_grad_norm))
+        check_finite(norm, "value gradient", self.names["value_loss"])
+        means.add("value/grad_norm", float(norm), 1.0)
+        self.critic_optimizer.step()
+
+    # ---------------------------------------------------------------- state
+
+    def state_dict(self) -> dict[str, Any]:
+        """Optimizers, schedulers, KL controller (a collective under FSDP: every rank calls it)."""
+        models = self.models
+        return {
+            "optimizer": distributed.optimizer_state(models.policy_forward, self.optimizer),
+            "scheduler": self.scheduler.state_dict(),
+            "critic_optimizer": (distributed.optimizer_state(models.critic_forward, self.critic_optimizer)
+                                 if self.critic_optimizer else None),
+            "critic_scheduler": self.critic_scheduler.state_dict() if self.critic_scheduler else None,
+            "kl_controller": self.kl_controller.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        models = self.models
+        distributed.load_optimizer_state(models.policy_forward, self.optimizer, state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        if self.critic_optimizer is not None:
+            distributed.load_optimizer_state(models.critic_forward, self.critic_optimizer,
+                                             state["critic_optimizer"])
+            self.critic_scheduler.load_state_dict(state["critic_scheduler"])
+        self.kl_controller.load_state_dict(state["kl_controller"])
+
+
+def _sync_context(module: torch.nn.Module, last: bool) -> Any:
+    """No gradient all-reduce except on a mini-batch's last micro-batch (DDP)."""
+    if not last and hasattr(module, "no_sync"):
+        return module.no_sync()
+    return contextlib.nullcontext()

@@ -1,0 +1,303 @@
+"""The run plan: what a run *is*, decided once from the resolved config.
+
+Before any model is built, :func:`build_plan` turns the config and the chosen components
+into a :class:`RunPlan`: which models exist and why, which passes run each step, where KL
+goes and in what unit, which aggregation each loss term uses, the update structure, and
+warnings for choices that cannot act. Every consistency check lives here, so a bad
+combination is refused (``ConfigError``, exit 2) before a run directory exists. The engine
+reads the plan and branches on nothing else; ``rlzoo config`` prints it, every run writes
+it to ``plan.txt`` in its directory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from rlzoo import distributed
+from rlzoo.errors import ConfigError
+
+if TYPE_CHECKING:
+    from rlzoo.config import ResolvedConfig
+
+
+@dataclass(frozen=True)
+class KLPlan:
+    """Where KL to the reference acts.
+
+    :ivar placement: ``"reward"`` (β·KL_t subtracted from the token rewards) or ``"loss"``
+        (β·agg(KL) added to the policy loss).
+    :ivar estimator: the ``kl_estimator`` component's name.
+    :ivar controller: the ``kl_controller`` component's name.
+    :ivar coef: the initial β.
+    :ivar uses_logits: the estimator reads full-vocabulary logits (computed in the update).
+    :ivar controller_updates: the controller is fed the batch's KL every step.
+    """
+
+    placement: str
+    estimator: str
+    controller: str
+    coef: float
+    uses_logits: bool
+    controller_updates: bool
+
+
+@dataclass(frozen=True)
+class UpdatePlan:
+    """How one rollout becomes optimizer steps.
+
+    :ivar sequences: sequences per step over all processes (prompts × n).
+    :ivar sequences_per_process: this process's share.
+    :ivar epochs: passes over the rollout.
+    :ivar mini_batches: mini-batches per epoch (one optimizer step each).
+    :ivar micro_batch_size: sequences per forward/backward (gradient accumulation).
+    """
+
+    sequences: int
+    sequences_per_process: int
+    epochs: int
+    mini_batches: int
+    micro_batch_size: int
+
+    @property
+    def optimizer_steps(self) -> int:
+        """Optimizer steps per training step (epochs × mini-batches)."""
+        return self.epochs * self.mini_batches
+
+    @property
+    def on_policy(self) -> bool:
+        """One optimizer step per rollout: the policy never moves before its loss is taken."""
+        return self.optimizer_steps == 1
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """What a run is. Built by :func:`build_plan`; read by the engine.
+
+    :ivar world: processes (1, or torchrun's / ``launcher.nproc``'s N).
+    :ivar needs: the union of what the chosen components need.
+    :ivar models: model name -> why it exists (``policy`` always).
+    :ivar passes: pass name -> why it runs each step: ``greedy`` (a greedy rollout),
+        ``old_logp`` (log-probs before the update), ``old_entropy`` (with them),
+        ``ref_logp`` (reference log-probs), ``values`` (critic values).
+    :ivar kl: where KL acts, or ``None`` (``kl.coef`` is 0).
+    :ivar aggregation: loss term -> aggregation mode (``policy``, ``kl``, ``entropy``,
+        ``value``), each normalised by the counts of the mask it names in ``masks``.
+    :ivar masks: loss term -> ``loss_mask`` or ``response_mask``.
+    :ivar update: the update structure.
+    :ivar logprob_temperature: log-probs (old, new, reference, entropy) are taken under
+        logits / this, the sampling temperature (as verl and TRL do).
+    :ivar rollout: the rollout backend's name and the dtype it generates in.
+    :ivar warnings: choices that cannot act under this plan, in words.
+    """
+
+    world: int
+    needs: frozenset[str]
+    models: dict[str, str]
+    passes: dict[str, str]
+    kl: KLPlan | None
+    aggregation: dict[str, str]
+    masks: dict[str, str]
+    update: UpdatePlan
+    logprob_temperature: float
+    rollout: dict[str, Any]
+    warnings: list[str] = field(default_factory=list)
+
+    def runs(self, name: str) -> bool:
+        """Whether pass ``name`` runs each step."""
+        return name in self.passes
+
+    def to_dict(self) -> dict[str, Any]:
+        """The plan as plain values (what ``plan.txt`` renders)."""
+        return {
+            "world": self.world,
+            "needs": sorted(self.needs),
+            "models": dict(self.models),
+            "passes": dict(self.passes),
+            "kl": None if self.kl is None else {
+                "placement": self.kl.placement, "estimator": self.kl.estimator,
+                "controller": self.kl.controller, "coef": self.kl.coef,
+                "controller_updates": self.kl.controller_updates},
+            "aggregation": {term: f"{mode} over {self.masks[term]}" for term, mode in self.aggregation.items()},
+            "update": {
+                "sequences_per_step": self.update.sequences, "per_process": self.update.sequences_per_process,
+                "epochs": self.update.epochs, "mini_batches_per_epoch": self.update.mini_batches,
+                "optimizer_steps_per_step": self.update.optimizer_steps,
+                "micro_batch_size": self.update.micro_batch_size},
+            "logprob_temperature": self.logprob_temperature,
+            "rollout": dict(self.rollout),
+            "warnings": list(self.warnings),
+        }
+
+    def render(self) -> str:
+        """The plan as text, one fact a line (``plan.txt``, ``rlzoo config --plan``)."""
+        u = self.update
+        lines = ["# run plan", f"processes: {self.world}", "models:"]
+        lines += [f"  {name}: {why}" for name, why in self.models.items()]
+        lines.append("passes each step:")
+        lines.append(f"  rollout: {self.rollout['backend']} backend, {u.sequences} sequences "
+                     f"({self.rollout['dtype']})")
+        lines += [f"  {name}: {why}" for name, why in self.passes.items()]
+        if self.kl is None:
+            lines.append("kl: off (kl.coef = 0)")
+        else:
+            k = self.kl
+            where = ("in the reward: r_t -= beta * KL_t" if k.placement == "reward"
+                     else f"as a loss term: loss += beta * {self.aggregation['kl']}(KL)")
+            lines.append(f"kl: {k.estimator} {where}; beta {k.coef} ({k.controller}"
+                         f"{', updated each step' if k.controller_updates else ''}); "
+                         "kl/value logs nats per token")
+        lines.append("aggregation:")
+        lines += [f"  {term}: {mode} over {self.masks[term]}" for term, mode in self.aggregation.items()]
+        lines.append(f"update: {u.epochs} epoch(s) x {u.mini_batches} mini-batch(es) of "
+                     f"{u.sequences // u.mini_batches} sequences = {u.optimizer_steps} optimizer step(s) "
+                     f"per step; micro-batches of {u.micro_batch_size}")
+        lines.append(f"log-probs under logits / {self.logprob_temperature:g} (the sampling temperature)")
+        lines += [f"warning: {w}" for w in self.warnings]
+        return "\n".join(lines) + "\n"
+
+
+def _world(cfg: Any) -> int:
+    env = distributed.env_world_size()
+    return env if env > 1 else int(cfg.launcher.nproc)
+
+
+def _names(components: list[Any], need: str) -> str:
+    return ", ".join(f"{c.kind} {c.name}" for c in components if need in c.needs)
+
+
+def build_plan(resolved: "ResolvedConfig") -> RunPlan:
+    """Decide the run plan of ``resolved``; every consistency check of a run lives here.
+
+    :raises ConfigError: one line naming the conflicting keys and how to resolve them.
+    """
+    cfg = resolved.cfg
+    comps = resolved.components
+    world = _world(cfg)
+    kl_on = float(cfg.kl.coef) > 0
+    acting = [c for path, c in comps.items()
+              if not (path.startswith("kl.") and not kl_on) and not (path == "value_loss")]
+    acting += [c for c, _ in resolved.extensions]
+    needs: set[str] = set()
+    for component in acting:
+        needs |= component.needs
+    if "critic" in needs and "value_loss" in comps:
+        needs |= comps["value_loss"].needs
+    _check_consistency(resolved, needs, kl_on, world)
+
+    models = {"policy": "trained"}
+    passes: dict[str, str] = {}
+    if "greedy" in needs:
+        passes["greedy"] = f"a greedy rollout of each prompt for the baseline ({_names(acting, 'greedy')})"
+    t = cfg.trainer
+    update = UpdatePlan(
+        sequences=int(cfg.rollout.prompts_per_step) * int(cfg.rollout.n),
+        sequences_per_process=int(cfg.rollout.prompts_per_step) // world * int(cfg.rollout.n),
+        epochs=int(t.update_epochs), mini_batches=int(t.num_mini_batches),
+        micro_batch_size=int(t.micro_batch_size))
+    old_reasons = []
+    if not update.on_policy:
+        old_reasons.append(f"{update.optimizer_steps} optimizer steps per rollout (the ratio's denominator)")
+    if kl_on and cfg.kl.apply == "reward":
+        old_reasons.append("KL in the reward is taken at rollout time")
+    if "old_logp" in needs:
+        old_reasons.append(f"read by {_names(acting, 'old_logp')}")
+    if "entropy" in needs:
+        old_reasons.append(f"entropies read by {_names(acting, 'entropy')}")
+    if old_reasons:
+        passes["old_logp"] = "; ".join(old_reasons)
+    if "entropy" in needs:
+        passes["old_entropy"] = f"with old_logp, for {_names(acting, 'entropy')}"
+
+    kl = None
+    if kl_on:
+        estimator = comps["kl.estimator"]
+        controller = comps["kl.controller"]
+        uses_logits = "logits" in estimator.needs
+        kl = KLPlan(placement=str(cfg.kl.apply), estimator=estimator.name, controller=controller.name,
+                    coef=float(cfg.kl.coef), uses_logits=uses_logits,
+                    controller_updates=controller.name != "fixed")
+    if "reference" in needs or "logits" in needs:
+        models["reference"] = f"frozen initial policy, for {_names(acting, 'reference') or _names(acting, 'logits')}"
+        if "reference" in needs:
+            passes["ref_logp"] = f"reference log-probs of the sampled tokens ({_names(acting, 'reference')})"
+        if "logits" in needs:
+            passes["ref_logits"] = f"reference logits in each update micro-batch ({_names(acting, 'logits')})"
+    if "critic" in needs:
+        models["critic"] = f"value model initialised from the policy ({_names(acting, 'critic')})"
+        passes["values"] = "critic values of the rollout (the value loss's old values)"
+    rollout_dtype = cfg.rollout.dtype or cfg.model.dtype
+    if cfg.rollout.dtype and cfg.rollout.dtype != cfg.model.dtype:
+        models["rollout"] = (f"a {cfg.rollout.dtype} copy of the policy for generation, synced after each "
+                             "update (rollout.dtype)")
+
+    aggregation = {"policy": comps["loss_agg"].name}
+    masks = {"policy": "loss_mask"}
+    if kl is not None and kl.placement == "loss":
+        aggregation["kl"], masks["kl"] = comps["loss_agg"].name, "loss_mask"
+    if float(t.entropy_coef) > 0:
+        aggregation["entropy"], masks["entropy"] = comps["loss_agg"].name, "loss_mask"
+    if "critic" in needs:
+        aggregation["value"], masks["value"] = comps["loss_agg"].name, "response_mask"
+
+    plan = RunPlan(world=world, needs=frozenset(needs), models=models, passes=passes, kl=kl,
+                   aggregation=aggregation, masks=masks, update=update,
+                   logprob_temperature=float(cfg.rollout.temperature),
+                   rollout={"backend": comps["rollout.backend"].name, "dtype": rollout_dtype})
+    plan.warnings.extend(_inert_choices(resolved, plan))
+    return plan
+
+
+def _check_consistency(resolved: "ResolvedConfig", needs: set[str], kl_on: bool, world: int) -> None:
+    cfg = resolved.cfg
+    comps = resolved.components
+    acting = [*comps.values(), *(c for c, _ in resolved.extensions)]
+    if "groups" in needs and cfg.rollout.n < 2:
+        raise ConfigError(f"{_names(acting, 'groups')} need groups of completions: set rollout.n >= 2 "
+                          f"(got {cfg.rollout.n})")
+    if cfg.rollout.prompts_per_step % world:
+        raise ConfigError(f"rollout.prompts_per_step={cfg.rollout.prompts_per_step} must be divisible by the "
+                          f"number of processes ({world}): each process takes whole groups")
+    per_process = cfg.rollout.prompts_per_step // world * cfg.rollout.n
+    mini = int(cfg.trainer.num_mini_batches)
+    if per_process % mini:
+        raise ConfigError(f"trainer.num_mini_batches={mini} does not divide the {per_process} sequences each "
+                          f"process trains on per step (rollout.prompts_per_step={cfg.rollout.prompts_per_step}"
+                          f"{f' / {world} processes' if world > 1 else ''} x rollout.n={cfg.rollout.n}): "
+                          "choose a divisor so mini-batches are equal")
+    required = comps["policy_loss"].meta.get("loss_agg")
+    if required and required != comps["loss_agg"].name:
+        source = resolved.sources.get("loss_agg.name", "?")
+        raise ConfigError(f"policy_loss {comps['policy_loss'].name!r} is defined with loss_agg={required} "
+                          f"(it registers so); loss_agg is {comps['loss_agg'].name} (from {source}): set "
+                          f"loss_agg={required}")
+    if kl_on:
+        estimator, controller = comps["kl.estimator"], comps["kl.controller"]
+        if "logits" in estimator.needs and cfg.kl.apply == "reward":
+            raise ConfigError(f"kl.estimator {estimator.name!r} reads full-vocabulary logits, which exist only "
+                              "in the update: use it with kl.apply=loss (or choose a sampled-token estimator "
+                              "such as k1 for kl.apply=reward)")
+        if controller.name != "fixed" and cfg.kl.apply == "loss":
+            raise ConfigError(f"kl.controller={controller.name} adapts beta of the KL folded into the reward "
+                              "(Ziegler et al. 2019); with kl.apply=loss beta is fixed (as verl's kl_loss_coef): "
+                              "set kl.controller=fixed or kl.apply=reward")
+
+
+def _inert_choices(resolved: "ResolvedConfig", plan: RunPlan) -> list[str]:
+    """Choices that cannot change anything under ``plan``, said in words."""
+    warnings = []
+    if plan.update.on_policy:
+        loss = resolved.components["policy_loss"]
+        warnings.append(
+            f"one on-policy update per rollout (update_epochs=1, num_mini_batches=1): the importance ratio is "
+            f"exactly 1, so {loss.name}'s clip ranges and caps never act (ppo_clip, cispo and vanilla_pg give "
+            "identical updates); raise trainer.num_mini_batches or trainer.update_epochs for off-policy steps")
+    if plan.kl is None:
+        set_by_user = [key for key in ("kl.estimator.name", "kl.controller.name", "kl.apply")
+                       if resolved.sources.get(key) == "command line"]
+        if set_by_user:
+            warnings.append(f"kl.coef=0: KL is off, so {', '.join(k.removesuffix('.name') for k in set_by_user)} "
+                            "has no effect")
+    if "critic" not in plan.needs and resolved.sources.get("value_loss.name") == "command line":
+        warnings.append("value_loss is set but no component needs a critic: it has no effect")
+    return warnings

@@ -1,0 +1,133 @@
+"""The run plan: decided once from the config, read by the engine, written to the run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlzoo.batch import RolloutBatch
+from rlzoo.config import load_config
+from rlzoo.learner import _WeightedMeans
+from rlzoo.plugins import build_registry, make_plugin_manager
+from rlzoo.trainer import Trainer
+
+PM = make_plugin_manager()
+REGISTRY = build_registry(PM)
+TINY = ["model.hidden_size=32", "model.intermediate_size=64", "model.num_layers=1", "model.num_heads=2",
+        "model.num_kv_heads=1", "task.num_digits=3", "rollout.prompts_per_step=4", "rollout.n=4",
+        "rollout.max_new_tokens=5", "logging.progress=false", "trainer.threads=1"]
+
+
+def plan_of(*overrides: str):
+    return load_config(REGISTRY, list(overrides)).plan
+
+
+def test_default_grpo_plan_builds_only_the_policy_and_runs_no_extra_pass() -> None:
+    plan = plan_of()
+    assert plan.models == {"policy": "trained"} and plan.passes == {} and plan.kl is None
+    assert plan.aggregation == {"policy": "seq-mean-token-mean"}
+    assert plan.update.on_policy and plan.update.optimizer_steps == 1
+
+
+def test_off_policy_steps_run_the_old_log_prob_pass() -> None:
+    plan = plan_of("trainer.num_mini_batches=4", "trainer.update_epochs=2")
+    assert "old_logp" in plan.passes and plan.update.optimizer_steps == 8
+    assert not any("on-policy" in w for w in plan.warnings)
+
+
+def test_ppo_plan_models_passes_kl_and_value_aggregation() -> None:
+    plan = plan_of("algo=ppo")
+    assert set(plan.models) == {"policy", "reference", "critic"}
+    assert {"old_logp", "ref_logp", "values"} <= set(plan.passes)
+    assert plan.kl.placement == "reward" and plan.kl.controller_updates
+    assert plan.masks == {"policy": "loss_mask", "value": "response_mask"}
+
+
+def test_full_kl_runs_the_reference_once_per_micro_batch_and_no_log_prob_pass() -> None:
+    plan = plan_of("kl.coef=0.1", "kl.estimator=full")
+    assert "reference" in plan.models and plan.kl.uses_logits
+    assert "ref_logits" in plan.passes and "ref_logp" not in plan.passes   # one reference forward, not two
+
+
+def test_sampled_token_kl_as_loss_runs_one_reference_pass() -> None:
+    plan = plan_of("kl.coef=0.04")
+    assert plan.kl.placement == "loss" and plan.aggregation["kl"] == "seq-mean-token-mean"
+    assert "ref_logp" in plan.passes and "ref_logits" not in plan.passes and "old_logp" not in plan.passes
+
+
+def test_kl_knobs_set_while_kl_is_off_are_named_as_inert() -> None:
+    plan = plan_of("kl.estimator=k1", "kl.apply=reward")
+    assert any("kl.coef=0" in w and "kl.estimator" in w and "kl.apply" in w for w in plan.warnings)
+
+
+def test_extension_needs_are_planned() -> None:
+    plan = plan_of("extensions=[entropy_top_tokens]")
+    assert "old_entropy" in plan.passes and "old_logp" in plan.passes
+
+
+def test_the_plan_is_written_to_the_run_directory(tmp_path: Path) -> None:
+    resolved = load_config(REGISTRY, [*TINY, "algo=ppo", f"run_dir={tmp_path / 'r'}", "trainer.total_steps=1"])
+    Trainer(resolved, REGISTRY, PM).run()
+    text = (tmp_path / "r" / "plan.txt").read_text()
+    assert text == resolved.plan.render()
+    assert "critic: value model" in text and "kl: k1 in the reward" in text
+
+
+def _trainer(tmp_path: Path, *overrides: str) -> Trainer:
+    return Trainer(load_config(REGISTRY, [*TINY, f"run_dir={tmp_path / 'r'}", *overrides]), REGISTRY, PM)
+
+
+def test_mismatch_is_logged_when_old_log_probs_exist_and_is_zero_in_float32(tmp_path: Path) -> None:
+    for temperature in ("1.0", "0.7"):
+        trainer = _trainer(tmp_path, "trainer.num_mini_batches=2", f"rollout.temperature={temperature}")
+        metrics = trainer.train_step()
+        assert metrics["rollout/mismatch_k3"] < 1e-9, (temperature, metrics["rollout/mismatch_k3"])
+        assert metrics["rollout/max_abs_log_ratio"] < 1e-4, (temperature, metrics["rollout/max_abs_log_ratio"])
+    metrics = _trainer(tmp_path).train_step()                           # on-policy: no old log-probs
+    assert "rollout/mismatch_k3" not in metrics
+
+
+def test_top_p_sampling_shows_as_a_mismatch(tmp_path: Path) -> None:
+    """Training log-probs are of the full tempered distribution; the rollout's of the top-p
+    nucleus (renormalised), so top_p < 1 is a real, logged mismatch."""
+    metrics = _trainer(tmp_path, "trainer.num_mini_batches=2", "rollout.top_p=0.5").train_step()
+    assert metrics["rollout/mismatch_k3"] > 1e-4 and metrics["rollout/max_abs_log_ratio"] > 0.01
+
+
+def _batch(old_logp: torch.Tensor, ref_logp: torch.Tensor, mask: torch.Tensor) -> RolloutBatch:
+    n, width = mask.shape
+    return RolloutBatch(prompt_ids=torch.ones(n, 1, dtype=torch.long), prompt_mask=torch.ones(n, 1),
+                        response_ids=torch.ones(n, width, dtype=torch.long), response_mask=mask,
+                        group_ids=torch.tensor([0, 0]), scores=torch.tensor([1.0, 0.0]),
+                        truncated=torch.tensor([False, False]), prompts=["", ""], completions=["", ""],
+                        references=[None, None], rollout_logp=old_logp, old_logp=old_logp, ref_logp=ref_logp)
+
+
+def test_kl_value_is_nats_per_token_and_the_controller_gets_the_sequence_sum(tmp_path: Path) -> None:
+    trainer = _trainer(tmp_path, "algo=rloo", "kl.coef=0.5", "kl.estimator=k1", "rollout.n=2",
+                       "rollout.prompts_per_step=1")
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
+    old = torch.tensor([[-1.0, -1.0, -1.0], [-2.0, 0.0, 0.0]])
+    ref = torch.tensor([[-1.5, -1.5, -1.5], [-1.0, 0.0, 0.0]])          # k1 = +0.5 x3, -1.0 x1
+    metrics: dict[str, float] = {}
+    batch = _batch(old, ref, mask)
+    trainer.learner._advantages(batch, metrics)
+    assert metrics["kl/value"] == pytest.approx((1.5 - 1.0) / 4)         # per token
+    assert metrics["kl/sequence_sum"] == pytest.approx((1.5 - 1.0) / 2)  # per sequence
+    # the reward of each sequence is lowered by beta * its KL sum (folded on tokens)
+    assert batch.token_rewards.sum(-1).tolist() == pytest.approx([1.0 - 0.5 * 1.5, 0.0 + 0.5 * 1.0])
+
+
+def test_the_value_loss_is_normalised_over_the_mask_it_sums(tmp_path: Path) -> None:
+    """With tokens masked out of the policy loss (overlong_filter, entropy_top_tokens), the
+    critic still trains on every response token and divides by their count."""
+    trainer = _trainer(tmp_path, "algo=ppo", "trainer.max_grad_norm=1e9", "trainer.critic_lr=0")
+    batch = trainer.sampler.sample(4)
+    trainer.learner.prepare(batch)
+    batch.loss_mask[: len(batch) // 2] = 0                                # half the rows out of the policy loss
+    trainer.learner._critic_step(batch, _WeightedMeans())
+    error = torch.where(batch.response_mask.bool(), batch.old_values - batch.returns, torch.zeros_like(batch.returns))
+    expected = float(error.sum() / batch.response_mask.sum())             # d/d(head bias) of mean ½(V−R)²
+    assert float(trainer.models.critic.value_head.bias.grad) == pytest.approx(expected, rel=1e-4, abs=1e-7)
