@@ -28,8 +28,9 @@ def _constant_groups(batch: RolloutBatch) -> torch.Tensor:
 
 @dataclass
 class DynamicSamplingParams:
-    max_rounds: int = 3
-    """Extra generation rounds allowed per step to refill the batch (0: only filter)."""
+    max_rounds: int = 9
+    """Extra generation rounds allowed per step to refill the batch (0: only filter). 9 is
+    verl's DAPO recipe (``max_num_gen_batches=10`` generation batches in all)."""
 
     def __post_init__(self) -> None:
         if self.max_rounds < 0:
@@ -41,9 +42,12 @@ class DynamicSampling:
     equal (they carry no group-relative signal) and refill with fresh groups, up to
     ``max_rounds`` extra rounds; the batch is cut to ``rollout.prompts_per_step`` groups
     (under torchrun each process filters and refills its own share).
-    When rounds run out the smaller batch is used (DAPO's recipe keeps generating; a
-    bound keeps a step's time predictable). Logs ``dynamic_sampling/kept_groups`` and
-    ``dynamic_sampling/rounds``."""
+    The paper keeps sampling until the batch is full; verl's recipe stops after 10
+    generation batches with an error. rlzoo stops after ``max_rounds`` extra rounds and
+    trains on the groups it has (logged, so a short batch is visible): a step's time stays
+    bounded. Logs ``dynamic_sampling/kept_groups`` (non-constant groups of the first
+    round), ``dynamic_sampling/rounds`` and ``dynamic_sampling/short_groups`` (groups
+    missing at the end)."""
 
     def __init__(self, params: Optional[DynamicSamplingParams] = None) -> None:
         self.params = params or DynamicSamplingParams()
@@ -65,6 +69,7 @@ class DynamicSampling:
             rows = [i for i, g in enumerate(kept.group_ids.tolist()) if g in keep_groups]
             kept = kept.select(rows)
         ctx.counts["dynamic_sampling/kept_groups"] = float(first_kept)
+        ctx.counts["dynamic_sampling/short_groups"] = float(max(0, wanted - len(torch.unique(kept.group_ids))))
         ctx.metrics["dynamic_sampling/rounds"] = float(rounds)
         if len(kept) > 0:  # every group constant even after refills: train on what we have
             batch.copy_from(kept)
@@ -73,20 +78,30 @@ class DynamicSampling:
 @dataclass
 class OverlongShapingParams:
     buffer_length: Optional[int] = None
-    """L_cache: tokens before the limit where the penalty ramps up; None: max_new_tokens // 4."""
+    """L_cache in tokens: the last L_cache tokens before the limit ramp the penalty up;
+    None: ``buffer_fraction`` of ``rollout.max_new_tokens``."""
+    buffer_fraction: float = 0.2
+    """L_cache as a share of L_max when ``buffer_length`` is None, rounded, at least 1
+    token: DAPO's 4,096 of 20,480 tokens (§4.1) is 0.2."""
     penalty_factor: float = 1.0
     """Penalty at (and beyond) the length limit."""
 
     def __post_init__(self) -> None:
         if self.buffer_length is not None and self.buffer_length < 1:
             raise ValueError(f"buffer_length must be >= 1, got {self.buffer_length}")
+        if not 0 < self.buffer_fraction <= 1:
+            raise ValueError(f"buffer_fraction must be in (0, 1], got {self.buffer_fraction}")
         if self.penalty_factor < 0:
             raise ValueError(f"penalty_factor must be >= 0, got {self.penalty_factor}")
+
+    def buffer(self, max_len: int) -> int:
+        """L_cache for a budget of ``max_len`` tokens."""
+        return self.buffer_length or max(1, round(self.buffer_fraction * max_len))
 
 
 class OverlongShaping:
     """DAPO soft overlong punishment (arXiv:2503.14476 eq. 13, verl's DAPO reward manager):
-    with L_max = ``rollout.max_new_tokens`` and L_cache = ``buffer_length``,
+    with L_max = ``rollout.max_new_tokens`` and L_cache the buffer,
     reward += min(0, −(|y| − (L_max − L_cache)) / L_cache) · penalty_factor."""
 
     def __init__(self, params: Optional[OverlongShapingParams] = None) -> None:
@@ -95,7 +110,7 @@ class OverlongShaping:
     @hookimpl
     def rlzoo_shape_rewards(self, batch: RolloutBatch, ctx: Any) -> None:
         max_len = int(ctx.cfg.rollout.max_new_tokens)
-        buffer = self.params.buffer_length or max(1, max_len // 4)
+        buffer = self.params.buffer(max_len)
         exceed = batch.response_lengths - (max_len - buffer)
         penalty = torch.clamp(-exceed / buffer * self.params.penalty_factor, max=0.0)
         batch.rewards = batch.rewards + penalty.to(batch.rewards.dtype)

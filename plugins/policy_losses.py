@@ -588,7 +588,7 @@ def rlzoo_register_policy_losses(register) -> None:
     register("cispo", cispo, params=CISPOParams,
              description="REINFORCE weighted by the clipped, stop-gradient importance ratio",
              paper="arXiv:2506.13585")
-    register("vanilla_pg", vanilla_pg, aliases=("gpg",),
+    register("vanilla_pg", vanilla_pg, aliases=("gpg",), ratio_free=True,
              description="on-policy REINFORCE: -A*logp", paper="arXiv:2504.02546")
     register("geo_mean", geo_mean, params=GeoMeanParams, aliases=("gmpo",),
              loss_agg="seq-mean-token-mean",

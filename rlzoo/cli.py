@@ -76,6 +76,24 @@ def _parser() -> argparse.ArgumentParser:
     with_config(config)
     config.add_argument("--plan", action="store_true", help="print the run plan instead of the config")
 
+    explain = sub.add_parser("explain", help="the run's knobs with their sources, and its run plan",
+                             description="Resolve the config as `rlzoo train` would and print every "
+                             "algorithmic knob with its value, the layer that set it and, for a preset's "
+                             "knobs, the preset card's source and deviation; then the run plan (models, "
+                             "passes, KL placement and units, aggregation, update structure) and warnings "
+                             "for choices that cannot act.")
+    with_config(explain)
+    explain.add_argument("--presets-markdown", action="store_true",
+                         help="print docs/algorithms/presets.md (every built-in preset's card) instead")
+
+    diff = sub.add_parser("diff", help="the knobs two configs set differently, with their sources",
+                          description="Resolve two configs and print the knobs and plan lines that "
+                          "differ. `rlzoo diff algo=grpo algo=dapo [common overrides]`: two algo= items "
+                          "choose the two sides; --a / --b add side-specific overrides.")
+    with_config(diff)
+    diff.add_argument("--a", nargs="*", default=[], metavar="KEY=VALUE", help="overrides of side A only")
+    diff.add_argument("--b", nargs="*", default=[], metavar="KEY=VALUE", help="overrides of side B only")
+
     listing = sub.add_parser("list", help="list registered components by kind")
     listing.add_argument("--json", action="store_true", help="print JSON instead of text")
     listing.add_argument("--kind", choices=sorted(REGISTRATION_HOOKS), help="only this kind")
@@ -118,6 +136,40 @@ def _resolve(args: argparse.Namespace):
 def _cmd_config(args: argparse.Namespace) -> int:
     _, _, resolved = _resolve(args)
     sys.stdout.write(resolved.plan.render() if args.plan else resolved.to_yaml())
+    return 0
+
+
+def _cmd_explain(args: argparse.Namespace) -> int:
+    from rlzoo.explain import explain, presets_markdown
+
+    if args.presets_markdown:
+        _, registry, _ = _resolve_registry(args)
+        sys.stdout.write(presets_markdown(registry))
+        return 0
+    _, registry, resolved = _resolve(args)
+    sys.stdout.write(explain(resolved, registry))
+    return 0
+
+
+def _cmd_diff(args: argparse.Namespace) -> int:
+    from rlzoo.config import load_config
+    from rlzoo.errors import ConfigError
+    from rlzoo.explain import diff
+
+    _, registry, _ = _resolve_registry(args)
+    algos = [item for item in args.overrides if item.split("=", 1)[0] == "algo"]
+    common = [item for item in args.overrides if item.split("=", 1)[0] != "algo"]
+    if len(algos) not in (0, 2) or (not algos and not (args.a or args.b)):
+        raise ConfigError("rlzoo diff compares two configs: give two algo= items (rlzoo diff algo=grpo "
+                          f"algo=dapo) and/or --a / --b overrides; got {len(algos)} algo= item(s)")
+    sides = algos or ["", ""]
+    left = [*common, *([sides[0]] if sides[0] else []), *args.a]
+    right = [*common, *([sides[1]] if sides[1] else []), *args.b]
+    labels = (" ".join(x for x in (sides[0], *args.a) if x) or "A",
+              " ".join(x for x in (sides[1], *args.b) if x) or "B")
+    text = diff(load_config(registry, left, args.config), load_config(registry, right, args.config), registry,
+                labels)
+    sys.stdout.write(text)
     return 0
 
 
@@ -243,4 +295,4 @@ def _cmd_list(args: argparse.Namespace) -> int:
 
 
 _COMMANDS = {"train": _cmd_train, "sft": _cmd_sft, "sweep": _cmd_sweep, "compare": _cmd_compare,
-             "config": _cmd_config, "list": _cmd_list}
+             "config": _cmd_config, "explain": _cmd_explain, "diff": _cmd_diff, "list": _cmd_list}

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 import yaml
-from omegaconf import MISSING, DictConfig, ListConfig, OmegaConf
+from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import (
     ConfigAttributeError,
     ConfigKeyError,
@@ -498,14 +498,9 @@ def _deep_copy(data: Any) -> Any:
 
 
 def _preset_mapping(preset: Component) -> dict[str, Any]:
-    value = preset.fn
-    if isinstance(value, (str, Path)):
-        return _read_yaml(value, f"algorithm preset {preset.name!r} file")
-    if isinstance(value, (DictConfig, ListConfig)):
-        value = OmegaConf.to_container(value)
-    if not isinstance(value, dict):
-        raise ConfigError(f"algorithm preset {preset.name!r} from {preset.plugin!r} is not a mapping")
-    return _deep_copy(value)
+    from rlzoo.presets import load_preset
+
+    return load_preset(preset).config
 
 
 def _schema_keys(node: Any, prefix: str = "") -> list[str]:

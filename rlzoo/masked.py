@@ -47,14 +47,15 @@ def masked_var(values: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) 
 def masked_whiten(
     values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: float = 1e-8
 ) -> torch.Tensor:
-    """(values − masked mean) / (masked unbiased std + eps) over the valid entries; padding 0.
+    """(values − masked mean)·rsqrt(masked unbiased variance + eps) over the valid entries;
+    padding 0. Exactly verl's ``verl_F.masked_whiten`` (and TRL's): eps sits inside the
+    square root, on the variance.
 
     With ``shift_mean=False`` the mean is added back (scale only), as in verl's
     ``masked_whiten(shift_mean=False)``.
     """
     mean = masked_mean(values, mask)
-    std = masked_var(values, mask, unbiased=True).sqrt()
-    whitened = (values - mean) / (std + eps)
+    whitened = (values - mean) * torch.rsqrt(masked_var(values, mask, unbiased=True) + eps)
     if not shift_mean:
         whitened = whitened + mean
     return torch.where(mask.bool(), whitened, torch.zeros_like(whitened))

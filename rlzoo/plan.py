@@ -286,8 +286,8 @@ def _check_consistency(resolved: "ResolvedConfig", needs: set[str], kl_on: bool,
 def _inert_choices(resolved: "ResolvedConfig", plan: RunPlan) -> list[str]:
     """Choices that cannot change anything under ``plan``, said in words."""
     warnings = []
-    if plan.update.on_policy:
-        loss = resolved.components["policy_loss"]
+    loss = resolved.components["policy_loss"]
+    if plan.update.on_policy and not loss.meta.get("ratio_free"):
         warnings.append(
             f"one on-policy update per rollout (update_epochs=1, num_mini_batches=1): the importance ratio is "
             f"exactly 1, so {loss.name}'s clip ranges and caps never act (ppo_clip, cispo and vanilla_pg give "

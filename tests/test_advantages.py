@@ -252,8 +252,8 @@ def _py_groups(ids):
 def _py_whiten(rows, mask_rows):
     flat = [x for row, m in zip(rows, mask_rows) for x, v in zip(row, m) if v]
     mean = sum(flat) / len(flat)
-    std = statistics.stdev(flat)
-    return [[(x - mean) / (std + 1e-8) if v else 0.0 for x, v in zip(row, m)]
+    var = statistics.variance(flat)                     # unbiased, as verl's masked_var
+    return [[(x - mean) / math.sqrt(var + 1e-8) if v else 0.0 for x, v in zip(row, m)]
             for row, m in zip(rows, mask_rows)]
 
 

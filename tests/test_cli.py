@@ -253,6 +253,6 @@ def test_config_plan_prints_what_runs(capsys) -> None:
     assert "critic: value model" in out and "reference: frozen initial policy" in out
     assert "kl: k1 in the reward" in out and "adaptive, updated each step" in out
     assert "value: token-mean over response_mask" in out
-    assert "1 epoch(s) x 4 mini-batch(es) of 32 sequences = 4 optimizer step(s)" in out
-    code, out, err = run_cli(capsys, "config", "--plan")
+    assert "4 epoch(s) x 4 mini-batch(es) of 32 sequences = 16 optimizer step(s)" in out
+    code, out, err = run_cli(capsys, "config", "--plan", "trainer.num_mini_batches=1", "kl.coef=0")
     assert "warning: one on-policy update per rollout" in out and "reference" not in out

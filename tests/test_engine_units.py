@@ -264,3 +264,18 @@ def test_mismatch_metrics_hand_computed() -> None:
     k3 = [math.exp(0.5) - 0.5 - 1, 0.0, math.exp(-0.1) + 0.1 - 1]    # x = old − rollout on valid tokens
     assert float(out["mismatch_k3"]) == pytest.approx(sum(k3) / 3, abs=1e-7)
     assert float(out["max_abs_log_ratio"]) == pytest.approx(0.5)
+
+
+def test_masked_whiten_is_verls_formula_eps_inside_the_root() -> None:
+    """verl / TRL: (x − mean)·rsqrt(unbiased var + 1e-8). Where the variance is ~1e-8 this
+    differs from (x − mean)/(std + 1e-8): the test would catch a return to the latter."""
+    from rlzoo.masked import masked_whiten
+
+    values = torch.tensor([[1.0, 1.0 + 2e-4, 1.0 - 2e-4, 5.0]], dtype=torch.float64)
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]], dtype=torch.float64)
+    valid = values[0, :3]
+    mean, var = valid.mean(), valid.var(unbiased=True)            # var = 4e-8
+    expected = (valid - mean) / math.sqrt(float(var) + 1e-8)
+    out = masked_whiten(values, mask)
+    assert torch.allclose(out[0, :3], expected, atol=1e-12) and out[0, 3] == 0
+    assert not torch.allclose(out[0, :3], (valid - mean) / (var.sqrt() + 1e-8), atol=1e-3)

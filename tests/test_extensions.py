@@ -49,7 +49,7 @@ def test_dynamic_sampling_drops_constant_groups_and_refills() -> None:
     assert DynamicSampling(DynamicSamplingParams(max_rounds=2)).rlzoo_after_rollout(batch, c) is None
     assert batch.group_ids.tolist() == [1, 1, 4, 4]     # in place: groups 0, 2, 3 constant, dropped
     assert batch.scores.tolist() == [0, 1, 1, 0]
-    assert c.counts == {"dynamic_sampling/kept_groups": 1.0}
+    assert c.counts == {"dynamic_sampling/kept_groups": 1.0, "dynamic_sampling/short_groups": 0.0}
     assert c.metrics == {"dynamic_sampling/rounds": 1.0}
 
 
@@ -69,10 +69,22 @@ def test_overlong_shaping_matches_dapo_formula() -> None:
     assert batch.scores.tolist() == [1.0] * 5            # raw scores untouched
 
 
-def test_overlong_shaping_default_buffer_is_a_quarter_of_the_budget() -> None:
-    batch = make_batch([0.0, 0.0], [0, 0], [6, 8], width=8)
-    OverlongShaping().rlzoo_shape_rewards(batch, ctx(max_new_tokens=8))
-    assert batch.rewards.tolist() == pytest.approx([0.0, -1.0])
+def test_overlong_shaping_default_buffer_is_dapos_fifth_of_the_budget() -> None:
+    # L_max = 10: L_cache = 0.2 * 10 = 2 (DAPO: 4,096 of 20,480): free up to 8 tokens
+    batch = make_batch([0.0, 0.0, 0.0], [0, 0, 0], [8, 9, 10], width=10)
+    OverlongShaping().rlzoo_shape_rewards(batch, ctx(max_new_tokens=10))
+    assert batch.rewards.tolist() == pytest.approx([0.0, -0.5, -1.0])
+    # L_max = 7 (the default task): 1.4 rounds to a 1-token buffer
+    assert OverlongShapingParams().buffer(7) == 1 and OverlongShapingParams(buffer_length=3).buffer(7) == 3
+
+
+def test_dynamic_sampling_counts_the_groups_it_could_not_fill() -> None:
+    batch = make_batch([1, 1, 0, 1], [0, 0, 1, 1], [3] * 4)
+    refills = iter([make_batch([0, 0], [2, 2], [2, 2])] * 3)          # always constant
+    c = ctx(prompts_per_step=2, resample=lambda n: next(refills))
+    DynamicSampling(DynamicSamplingParams(max_rounds=3)).rlzoo_after_rollout(batch, c)
+    assert batch.group_ids.tolist() == [1, 1]
+    assert c.counts["dynamic_sampling/short_groups"] == 1.0 and c.metrics["dynamic_sampling/rounds"] == 3.0
 
 
 def test_overlong_filter_masks_truncated_sequences() -> None:
@@ -110,7 +122,7 @@ def test_dapo_preset_trains_with_its_extensions(capsys, tmp_path) -> None:
 
     code = main(["train", "algo=dapo", "extensions=[dynamic_sampling, overlong_shaping, overlong_filter,"
                  " entropy_top_tokens]", f"run_dir={tmp_path / 'r'}", "trainer.total_steps=2",
-                 "model.hidden_size=32", "model.num_layers=1", "rollout.prompts_per_step=3",
+                 "model.hidden_size=32", "model.num_layers=1", "rollout.prompts_per_step=4",
                  "rollout.n=4", "logging.progress=false"])
     assert code == 0, capsys.readouterr().err
     tags = set(read_scalars(tmp_path / "r"))

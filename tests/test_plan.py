@@ -24,10 +24,17 @@ def plan_of(*overrides: str):
     return load_config(REGISTRY, list(overrides)).plan
 
 
-def test_default_grpo_plan_builds_only_the_policy_and_runs_no_extra_pass() -> None:
+def test_default_grpo_plan_is_the_papers_kl_loss_with_four_mini_batches() -> None:
     plan = plan_of()
+    assert set(plan.models) == {"policy", "reference"} and set(plan.passes) == {"old_logp", "ref_logp"}
+    assert plan.kl.placement == "loss" and plan.kl.estimator == "k3" and plan.kl.coef == 0.04
+    assert plan.aggregation == {"policy": "seq-mean-token-mean", "kl": "seq-mean-token-mean"}
+    assert not plan.update.on_policy and plan.update.optimizer_steps == 4 and plan.warnings == []
+
+
+def test_a_plan_without_kl_or_off_policy_steps_builds_only_the_policy_and_runs_no_extra_pass() -> None:
+    plan = plan_of("kl.coef=0", "trainer.num_mini_batches=1")
     assert plan.models == {"policy": "trained"} and plan.passes == {} and plan.kl is None
-    assert plan.aggregation == {"policy": "seq-mean-token-mean"}
     assert plan.update.on_policy and plan.update.optimizer_steps == 1
 
 
@@ -52,13 +59,13 @@ def test_full_kl_runs_the_reference_once_per_micro_batch_and_no_log_prob_pass() 
 
 
 def test_sampled_token_kl_as_loss_runs_one_reference_pass() -> None:
-    plan = plan_of("kl.coef=0.04")
+    plan = plan_of("kl.coef=0.04", "trainer.num_mini_batches=1")
     assert plan.kl.placement == "loss" and plan.aggregation["kl"] == "seq-mean-token-mean"
     assert "ref_logp" in plan.passes and "ref_logits" not in plan.passes and "old_logp" not in plan.passes
 
 
 def test_kl_knobs_set_while_kl_is_off_are_named_as_inert() -> None:
-    plan = plan_of("kl.estimator=k1", "kl.apply=reward")
+    plan = plan_of("kl.coef=0", "kl.estimator=k1", "kl.apply=reward")
     assert any("kl.coef=0" in w and "kl.estimator" in w and "kl.apply" in w for w in plan.warnings)
 
 
@@ -81,11 +88,11 @@ def _trainer(tmp_path: Path, *overrides: str) -> Trainer:
 
 def test_mismatch_is_logged_when_old_log_probs_exist_and_is_zero_in_float32(tmp_path: Path) -> None:
     for temperature in ("1.0", "0.7"):
-        trainer = _trainer(tmp_path, "trainer.num_mini_batches=2", f"rollout.temperature={temperature}")
+        trainer = _trainer(tmp_path, "trainer.num_mini_batches=2", "kl.coef=0", f"rollout.temperature={temperature}")
         metrics = trainer.train_step()
         assert metrics["rollout/mismatch_k3"] < 1e-9, (temperature, metrics["rollout/mismatch_k3"])
         assert metrics["rollout/max_abs_log_ratio"] < 1e-4, (temperature, metrics["rollout/max_abs_log_ratio"])
-    metrics = _trainer(tmp_path).train_step()                           # on-policy: no old log-probs
+    metrics = _trainer(tmp_path, "trainer.num_mini_batches=1", "kl.coef=0").train_step()   # no old log-probs
     assert "rollout/mismatch_k3" not in metrics
 
 

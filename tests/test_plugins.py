@@ -358,6 +358,7 @@ def test_a_plugin_output_of_the_wrong_shape_is_refused_with_its_name_and_package
 
     name = plugin_module(SHAPES)
     code = main(["train", f"plugins=[{name}]", override, f"run_dir={tmp_path / 'r'}", "trainer.total_steps=1",
+                 "trainer.num_mini_batches=1",
                  "model.hidden_size=32", "model.num_layers=1", "rollout.prompts_per_step=4", "rollout.n=4",
                  "rollout.max_new_tokens=4", "logging.progress=false", "task.num_digits=3"])
     err = capsys.readouterr().err
@@ -461,6 +462,7 @@ def rlzoo_register_policy_losses(register):
     pm = make_plugin_manager(modules=[name])
     registry = build_registry(pm)
     resolved = load_config(registry, [f"plugins=[{name}]", "policy_loss=anchored", f"run_dir={tmp_path / 'r'}",
+                                      "kl.coef=0", "trainer.num_mini_batches=1",
                                       "model.hidden_size=32", "model.num_layers=1", "rollout.prompts_per_step=2",
                                       "rollout.n=2"])
     assert "reference" in resolved.plan.models and resolved.plan.runs("ref_logp")

@@ -85,6 +85,16 @@ def rlzoo_register_policy_losses(register) -> None:
              paper="arXiv:1707.06347")
 
 
+CARD = {
+    "advantage": "rank-based group advantages (this package's rank_grpo)",
+    "policy_loss": "PPO's KL-penalty surrogate, β = 0.1 (Schulman et al. 2017, arXiv:1707.06347 eq. 8)",
+    "loss_agg": "mean over the batch's valid tokens",
+    "kl": "no KL to the reference: the penalty is on KL(π_old ‖ π) instead",
+    "trainer": {"source": "2 epochs × 2 mini-batches per rollout", "deviation": "PPO ran 3-10 epochs; 2 keep the "
+                                                                                "example fast"},
+}
+
+
 @hookimpl
 def rlzoo_register_algorithms(register) -> None:
-    register("rank_ppo", PRESET, description="rank_grpo advantages + ppo_penalty (example plugin)")
+    register("rank_ppo", PRESET, description="rank_grpo advantages + ppo_penalty (example plugin)", card=CARD)

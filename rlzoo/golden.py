@@ -1,0 +1,84 @@
+"""Golden learning curves: a regression net for presets.
+
+A preset's *reward gain* over a short replay (mean ``reward/mean`` of the last
+``window`` steps minus that of the first ``window``) is measured for several seeds by
+``benchmarks/golden.py`` and stored, with the full-budget curve, in
+``benchmarks/golden/<preset>.json``. The band is the seeds' range widened by
+:data:`BAND_MARGIN` on each side. ``tests/test_golden.py`` replays every preset for one
+seed and fails when the gain leaves its band: a broken estimator, loss or aggregation
+(a flipped advantage sign, a wrong normaliser) shows up as a curve that no longer learns
+as it did.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from rlzoo.config import load_config
+from rlzoo.plugins import PluginManager
+from rlzoo.registry import Registry
+
+BAND_MARGIN = 0.5
+"""The band is [min − m·r, max + m·r] of the seeds' gains, r = max(max − min, MIN_SPREAD)."""
+
+MIN_SPREAD = 0.02
+"""A floor on the seeds' spread, so a band never collapses to a point."""
+
+QUIET = ["logging.progress=false", "trainer.threads=2"]
+
+
+@dataclass(frozen=True)
+class Curve:
+    """Per-step metrics of one run.
+
+    :ivar rewards: ``reward/mean`` per step.
+    :ivar clipfrac: ``policy/clipfrac`` per step.
+    :ivar seconds: wall time of the steps (no start-up).
+    """
+
+    rewards: list[float]
+    clipfrac: list[float]
+    seconds: float
+
+
+def run_curve(registry: Registry, pm: PluginManager, overrides: list[str], steps: int, seed: int,
+              run_dir: Path) -> Curve:
+    """Train ``steps`` steps in this process (no files but the run directory's) and return
+    the curve. ``overrides`` select the preset (``algo=...``) and anything else."""
+    from rlzoo.trainer import Trainer
+
+    resolved = load_config(registry, [*overrides, *QUIET, f"seed={seed}", f"trainer.total_steps={steps}",
+                                      f"run_dir={run_dir}"])
+    trainer = Trainer(resolved, registry, pm)
+    rewards, clipfrac = [], []
+    start = time.perf_counter()
+    try:
+        for _ in range(steps):
+            metrics = trainer.train_step()
+            rewards.append(metrics["reward/mean"])
+            clipfrac.append(metrics.get("policy/clipfrac", 0.0))
+    finally:
+        trainer.close()
+    return Curve(rewards=rewards, clipfrac=clipfrac, seconds=time.perf_counter() - start)
+
+
+def gain(rewards: list[float], window: int) -> float:
+    """Mean of the last ``window`` rewards minus the mean of the first ``window``."""
+    return float(np.mean(rewards[-window:]) - np.mean(rewards[:window]))
+
+
+def band(gains: list[float]) -> tuple[float, float]:
+    """The accepted range of a replay's gain, from the seeds' gains."""
+    spread = max(max(gains) - min(gains), MIN_SPREAD)
+    return min(gains) - BAND_MARGIN * spread, max(gains) + BAND_MARGIN * spread
+
+
+def load(path: Path) -> dict[str, Any]:
+    """A stored golden record (see ``benchmarks/golden.py`` for its fields)."""
+    return json.loads(Path(path).read_text())
