@@ -231,13 +231,19 @@ def first_non_finite(models: dict[str, Any], state: dict[str, Any] | None = None
         weights = weights() if callable(weights) else weights
         for key, tensor in (weights or {}).items():
             local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
-            if local.is_floating_point() and not bool(torch.isfinite(local).all()):
+            if local.is_floating_point() and not _all_finite(local):
                 return f"{name} weight {key!r}"
     for path, value in _named_tensors(state or {}, "trainer_state"):
-        finite = math.isfinite(value) if isinstance(value, float) else bool(torch.isfinite(value).all())
-        if not finite:
+        if not (math.isfinite(value) if isinstance(value, float) else _all_finite(value)):
             return path
     return None
+
+
+@torch.no_grad()
+def _all_finite(tensor: torch.Tensor) -> bool:
+    """Whether every element is finite. A finite sum proves it with one reduction and no
+    copy; only a non-finite sum (or one that overflowed) is checked element by element."""
+    return bool(torch.isfinite(tensor.sum())) or bool(torch.isfinite(tensor).all())
 
 
 def save_checkpoint(run_dir: str | Path, step: int, models: dict[str, Any], state: dict[str, Any],
