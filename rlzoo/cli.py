@@ -12,7 +12,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from rlzoo.errors import RlzooError
+from rlzoo.errors import ConfigError, RlzooError
 from rlzoo.hookspecs import KIND_TITLES, REGISTRATION_HOOKS
 
 EXIT_USAGE = 2
@@ -141,6 +141,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from rlzoo.trainer import train
 
     pm, registry, resolved = _resolve(args)
+    if args.overwrite and resolved.cfg.resume:
+        raise ConfigError("--overwrite starts a new run in place of another; it does not go with resume=")
     nproc = int(resolved.cfg.launcher.nproc)
     if nproc > 1 and not launched_by_torchrun():
         return _launch_torchrun(args, resolved, nproc)

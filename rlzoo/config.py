@@ -683,7 +683,7 @@ def build_params(component: Component, given: dict[str, Any], where: str | None 
     bad = _non_finite(given)
     if bad:
         raise ConfigError(f"invalid parameter for {label}: {bad[0][0]}={bad[0][1]}; parameters must be "
-                          "finite numbers")
+                          "finite numbers within float32's range (|x| <= 3.4e38)")
     try:
         node = OmegaConf.merge(OmegaConf.structured(component.params), given)
         return OmegaConf.to_object(node)

@@ -191,6 +191,12 @@ def run_files(run_dir: Path) -> list[Path]:
     return sorted({path for pattern in RUN_FILES for path in run_dir.glob(pattern)})
 
 
+def delete_run_files(run_dir: Path) -> None:
+    """Delete what a run wrote into ``run_dir`` (:data:`RUN_FILES`), nothing else."""
+    for entry in run_files(run_dir):
+        shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
+
+
 def describe_run(run_dir: Path) -> str:
     """A few words on the run in ``run_dir``: its status and step, or its newest checkpoint."""
     status = read_status(run_dir)
@@ -333,13 +339,11 @@ class RunDirectory:
                 _refuse_another_run(path)
             elif run_files(path):
                 _note(f"--overwrite: deleting the run in {path} ({describe_run(path)})")
-                for entry in run_files(path):
-                    shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
+                delete_run_files(path)
             return str(path), None, None
         if cut_off_start(path):
             _note(f"{path} has no checkpoint: its start was cut off; starting the run over from its config.yaml")
-            for entry in run_files(path):
-                shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
+            delete_run_files(path)
             return str(path), None, None
         stale = remove_leftovers(path)
         status_tmp = path / f".{STATUS_FILE}.tmp"
@@ -392,8 +396,8 @@ class RunDirectory:
             yield
         except BaseException:
             if self.dist.is_main:
-                for entry in run_files(self.path):
-                    shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() else entry.unlink(missing_ok=True)
+                with contextlib.suppress(OSError):
+                    delete_run_files(self.path)
             self.close()
             raise
 
@@ -457,7 +461,8 @@ class RunDirectory:
                     _note(f"warning: cannot write {self.path / STATUS_FILE}: {exc.strerror}")
 
     def __del__(self) -> None:
-        self.close()
+        with contextlib.suppress(Exception):  # also at interpreter exit, when modules may be gone
+            self.close()
 
     def close(self) -> None:
         """Release the lock (idempotent). A directory this run created and left empty but

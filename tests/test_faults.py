@@ -177,6 +177,14 @@ def test_a_new_run_never_replaces_another_run_without_overwrite(capsys, tmp_path
     assert "seed: 5" in (run_dir / "config.yaml").read_text() and (run_dir / "notes.txt").read_text() == "mine"
 
 
+def test_overwrite_does_not_go_with_resume(capsys, tmp_path: Path) -> None:
+    assert main(["config"]) == 0
+    (tmp_path / "config.yaml").write_text(capsys.readouterr().out)   # a run's start, cut off
+    (tmp_path / "plan.txt").write_text("")
+    assert main(["train", "--overwrite", f"resume={tmp_path}"]) == 2
+    assert "does not go with resume=" in error_line(capsys.readouterr().err)
+
+
 def test_a_sweep_resumes_its_started_runs_with_their_overrides(tmp_path: Path) -> None:
     from rlzoo.sweep import _command, plan
 
@@ -367,6 +375,32 @@ def test_a_run_resumes_with_the_plugins_it_started_with(capsys, tmp_path: Path, 
     assert plugin_modules([f"resume={run_dir}"], None) == [name]
     assert main(["train", f"resume={run_dir}", "trainer.total_steps=2"]) == 0, capsys.readouterr().err
     assert steps(run_dir)[-1] == 2
+
+
+@SLOW
+def test_a_sweep_resumes_a_failed_run_that_uses_plugins(tmp_path: Path) -> None:
+    (tmp_path / "rlzoo_test_flaky.py").write_text(textwrap.dedent("""
+        import os
+        from rlzoo import hookimpl
+        from rlzoo.errors import TrainingError
+
+        @hookimpl
+        def rlzoo_step_end(step, metrics, ctx):
+            if os.environ.get("RLZOO_TEST_FAIL_AT") == str(step):
+                raise TrainingError(f"flaky at step {step}")
+    """))
+    env = {"PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    sweep = ["sweep", "--dir", str(tmp_path / "s"), *TINY, "trainer.total_steps=3",
+             "checkpoint.every=1", "plugins=[rlzoo_test_flaky]"]
+    first = subprocess.run([sys.executable, "-m", "rlzoo", *sweep], capture_output=True, text=True, timeout=300,
+                           env={**os.environ, **env, "RLZOO_TEST_FAIL_AT": "2"})
+    assert first.returncode == 1 and "failed runs: run" in first.stderr
+    second = subprocess.run([sys.executable, "-m", "rlzoo", *sweep], capture_output=True, text=True, timeout=300,
+                            env={**os.environ, **env})
+    assert second.returncode == 0 and "1 of 1 runs done" in second.stdout, second.stdout + second.stderr
+    run_dir = tmp_path / "s" / "run"
+    assert json.loads((run_dir / "resumes.jsonl").read_text())["step"] == 1   # resumed, not restarted
+    assert steps(run_dir)[-1] == 3
 
 
 # ------------------------------------------------------------------ 7. a full disk
