@@ -12,10 +12,11 @@ import os
 import sys
 from collections.abc import Sequence
 
-from rlzoo.errors import RlzooError
+from rlzoo.errors import ConfigError, RlzooError
 from rlzoo.hookspecs import KIND_TITLES, REGISTRATION_HOOKS
 
 EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -36,6 +37,9 @@ def _parser() -> argparse.ArgumentParser:
                            description="Train a policy with RL. With no arguments: the "
                            "embedded default (tiny model, built-in task) on the CPU.")
     with_config(train)
+    train.add_argument("--overwrite", action="store_true",
+                       help="start over in a run_dir that holds another run: delete that run's files "
+                       "first (without it, such a run_dir is refused)")
     sft = sub.add_parser("sft", help="supervised warm-up on a task's reference answers",
                          description="Supervised fine-tuning on the task's reference "
                          "answers; writes a model directory usable as model.path=.")
@@ -112,6 +116,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RlzooError as exc:
         print(f"rlzoo: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("rlzoo: error: interrupted (Ctrl-C); a run's newest complete checkpoint stays resumable",
+              file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 def _resolve_registry(args: argparse.Namespace):
@@ -185,28 +193,34 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from rlzoo.trainer import train
 
     pm, registry, resolved = _resolve(args)
+    if args.overwrite and resolved.cfg.resume:
+        raise ConfigError("--overwrite starts a new run in place of another; it does not go with resume=")
     nproc = int(resolved.cfg.launcher.nproc)
     if nproc > 1 and not launched_by_torchrun():
-        return _launch_torchrun(args, nproc)
+        return _launch_torchrun(args, resolved, nproc)
     if int(os.environ.get("RANK", "0")) == 0:
         for warning in resolved.plan.warnings:
             print(f"rlzoo: warning: {warning}", file=sys.stderr)
     _quiet_transformers()
-    train(resolved, registry, pm)
+    train(resolved, registry, pm, overwrite=args.overwrite)
     return 0
 
 
-def _launch_torchrun(args: argparse.Namespace, nproc: int) -> int:
+def _launch_torchrun(args: argparse.Namespace, resolved, nproc: int) -> int:
     """Re-run this ``rlzoo train`` under ``torchrun --standalone`` with ``nproc`` processes
-    (the plan has checked that the batch splits into whole groups per process)."""
-    import subprocess
+    (the plan has checked that the batch splits into whole groups per process), after
+    checking its run directory as the run will (so a refusal is one line, before launching)."""
+    from rlzoo.launcher import launch_torchrun
+    from rlzoo.rundir import check_run_dir, run_path
 
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-               "-m", "rlzoo", "train", *args.overrides]
+    check_run_dir(resolved.cfg, args.overwrite)
+    run_dir = run_path(resolved.cfg)
+    train_args = [*(["--overwrite"] if args.overwrite else []), *args.overrides]
+    if not resolved.cfg.resume and not resolved.cfg.run_dir:
+        train_args.append(f"run_dir={run_dir}")  # the directory checked here, whatever the time is there
     if args.config:
-        command += ["--config", args.config]
-    print("rlzoo: launching " + " ".join(command[1:]), file=sys.stderr, flush=True)
-    return subprocess.call(command)
+        train_args += ["--config", args.config]
+    return launch_torchrun(train_args, nproc, run_dir)
 
 
 def _cmd_sft(args: argparse.Namespace) -> int:
@@ -231,7 +245,8 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     sweep_dir = Path(args.dir) if args.dir else Path("runs") / name
     results = run_sweep(sweep_dir, args.overrides, registry, args.config, args.jobs)
     failed = [run.name for run, outcome in results if outcome.startswith("failed")]
-    print(f"sweep {sweep_dir}: {len(results) - len(failed)} of {len(results)} runs done; compare "
+    done = sum(outcome in ("completed", "skipped") for _, outcome in results)
+    print(f"sweep {sweep_dir}: {done} of {len(results)} runs done; compare "
           f"with `rlzoo compare {sweep_dir}` or `tensorboard --logdir {sweep_dir}`")
     if failed:
         print(f"rlzoo: error: failed runs: {', '.join(failed)}", file=sys.stderr)

@@ -24,7 +24,6 @@ import yaml
 from rlzoo.errors import RlzooError
 from rlzoo.events import read_scalars
 from rlzoo.plots import smooth
-from rlzoo.tracking import flatten_config
 
 IGNORED_KEYS = {"seed", "run_name", "run_dir", "resume", "logging.progress"}
 
@@ -83,10 +82,17 @@ def summarise(run_dir: Path, threshold: float, window: int, tag: str = "reward/m
     )
 
 
-def flatten_config_dict(data: dict[str, Any]) -> dict[str, Any]:
-    from omegaconf import OmegaConf
-
-    return flatten_config(OmegaConf.create(data))
+def flatten_config_dict(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A saved ``config.yaml`` as ``{"a.b": scalar}`` (lists and None as strings), exactly as
+    saved: a ``${...}`` left in it (rlzoo 0.1 stored them) is shown as written, never
+    resolved in the environment of whoever runs ``rlzoo compare``."""
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, dict):
+            out.update(flatten_config_dict(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value if isinstance(value, (bool, int, float, str)) else str(value)
+    return out
 
 
 def group_runs(summaries: list[RunSummary]) -> list[Group]:

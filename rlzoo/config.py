@@ -158,7 +158,7 @@ RENAMED_KEYS: dict[str, str] = {
 
 CHOICES: dict[str, tuple[str, ...]] = {
     "model.arch": ("qwen2", "llama"),
-    "model.dtype": ("float32", "bfloat16", "float16"),
+    "model.dtype": ("float32", "bfloat16"),
     "rollout.dtype": (None, "float32", "bfloat16", "float16"),
     "kl.apply": ("loss", "reward"),
     "trainer.lr_schedule": ("constant", "linear", "cosine"),
@@ -166,6 +166,13 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "distributed.strategy": ("ddp", "fsdp"),
     "distributed.backend": ("auto", "gloo", "nccl"),
 }
+
+FLOAT16_TRAINING = (
+    "model.dtype=float16 is not supported: AdamW on float16 weights without master weights or loss scaling "
+    "turns most of them into NaN in the first update (its second moment underflows to 0 and eps=1e-8 is 0 in "
+    "float16: measured 85% NaN weights after one step); use model.dtype=bfloat16, or float32 with "
+    "rollout.dtype=float16 to generate in float16")
+"""Why ``model.dtype=float16`` is refused (``rollout.dtype=float16``, a generation copy, is fine)."""
 
 POSITIVE: tuple[str, ...] = (
     "rollout.prompts_per_step", "rollout.n", "rollout.max_new_tokens", "rollout.temperature",
@@ -216,8 +223,9 @@ def parse_overrides(overrides: list[str]) -> dict[str, Any]:
     for item in overrides:
         try:
             parsed = OmegaConf.to_container(OmegaConf.from_dotlist([item]))
-        except OmegaConfBaseException as exc:
-            raise ConfigError(f"cannot parse override {item!r}: {exc}") from exc
+        except (OmegaConfBaseException, yaml.YAMLError) as exc:
+            first = " ".join(str(exc).split("\n")[0].split())
+            raise ConfigError(f"cannot parse override {item!r}: {first}") from exc
         key = item.split("=", 1)[0]
         _, value = _get_path(parsed, key)
         node = result
@@ -236,13 +244,16 @@ def plugin_modules(overrides: list[str] | None, config_file: str | Path | None) 
     """The ``plugins`` list (modules to import as plugins) of the file and CLI layers.
 
     Read before the registry is built, because those modules may register the very
-    components the rest of the config names.
+    components the rest of the config names. With ``resume=RUN_DIR``, the run's saved
+    ``config.yaml`` is the lowest layer: a resumed run loads the plugins it started with.
     """
     modules: Any = []
-    for layer in (
-        _read_yaml(config_file, "config file") if config_file is not None else {},
-        parse_overrides(overrides or []),
-    ):
+    layers = [_read_yaml(config_file, "config file") if config_file is not None else {},
+              parse_overrides(overrides or [])]
+    resume = layers[1].get("resume", layers[0].get("resume"))
+    if resume and (Path(str(resume)) / "config.yaml").is_file():
+        layers.insert(0, _read_yaml(Path(str(resume)) / "config.yaml", f"resume={resume}: run config"))
+    for layer in layers:
         if "plugins" in layer:
             modules = layer["plugins"]
     if isinstance(modules, str):
@@ -318,6 +329,8 @@ class ResolvedConfig:
     :ivar sources: dotted key -> the layer that set its value (``defaults``,
         ``preset grpo``, ``--config run.yaml``, ``command line``, ...).
     :ivar plan: the :class:`rlzoo.plan.RunPlan` decided from all of the above.
+    :ivar resume_changes: with ``resume=``, dotted key -> ``(saved, new)`` for every key
+        the resume changes (only :data:`rlzoo.rundir.RESUMABLE_KEYS` may change).
     """
 
     cfg: DictConfig
@@ -326,6 +339,7 @@ class ResolvedConfig:
     extensions: list[tuple[Component, Any]]
     sources: dict[str, str] = field(default_factory=dict)
     plan: Any = None
+    resume_changes: dict[str, tuple[Any, Any]] = field(default_factory=dict)
 
     def to_yaml(self) -> str:
         return OmegaConf.to_yaml(self.cfg)
@@ -383,15 +397,17 @@ def load_config(
     cli_layer = parse_overrides(overrides or [])
     resume = cli_layer.get("resume", file_layer.get("resume"))
     base_label = "base"
+    saved: dict[str, Any] | None = None
     if base is None and resume:
         from rlzoo.checkpoint import latest_checkpoint
 
         run_dir = Path(str(resume))
         if not (run_dir / "config.yaml").is_file():
             raise ConfigError(f"resume={resume!r} is not a run directory (no config.yaml)")
-        if latest_checkpoint(run_dir) is None:
+        if latest_checkpoint(run_dir) is None and not (run_dir / "plan.txt").is_file():
             raise ConfigError(f"resume={resume!r}: no checkpoint found in {run_dir / 'checkpoints'}")
         base = _read_yaml(run_dir / "config.yaml", f"resume={resume}: run config")
+        saved = _deep_copy(base)
         base["resume"] = str(resume)
         base_label = f"run {run_dir / 'config.yaml'}"
     defaults = base if base is not None else _read_yaml(default_config_path(), "default config")
@@ -444,6 +460,7 @@ def load_config(
     cfg = schema
     for _, layer in labelled:
         cfg = _merge_checked(cfg, layer)
+    _resolve_interpolations(cfg)
     missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:
         raise ConfigError(f"config keys without a value: {', '.join(missing)}")
@@ -483,8 +500,16 @@ def load_config(
     for required in ("task", "advantage", "policy_loss", "loss_agg", "rollout.backend"):
         if required not in components:
             raise ConfigError(f"'{required}' must name a component; got null")
+    changes: dict[str, tuple[Any, Any]] = {}
+    if saved is not None:
+        from rlzoo.rundir import resume_changes
+
+        try:
+            changes = resume_changes(saved, OmegaConf.to_container(cfg))  # type: ignore[arg-type]
+        except ConfigError as exc:
+            raise ConfigError(f"resume={resume} {exc}") from exc
     resolved = ResolvedConfig(cfg=cfg, components=components, params=params, extensions=extensions,
-                              sources=sources)
+                              sources=sources, resume_changes=changes)
     resolved.plan = build_plan(resolved)
     return resolved
 
@@ -543,22 +568,44 @@ def _type_message(exc: ValidationError, where: str | None = None) -> str:
     return f"invalid value for {key}: {text}"
 
 
+FLOAT32_MAX = 3.4028234663852886e38
+"""Config numbers meet float32 tensors (a learning rate beyond it fails inside the optimizer)."""
+
+
 def _non_finite(data: Any, prefix: str = "") -> list[tuple[str, float]]:
-    """``(dotted key, value)`` of every NaN or infinite float in a nested container."""
+    """``(dotted key, value)`` of every NaN, infinite or beyond-float32 float in a nested container."""
     if isinstance(data, dict):
         return [hit for key, value in data.items() for hit in _non_finite(value, f"{prefix}{key}.")]
     if isinstance(data, (list, tuple)):
         return [hit for i, value in enumerate(data) for hit in _non_finite(value, f"{prefix[:-1]}[{i}].")]
-    if isinstance(data, float) and not math.isfinite(data):
+    if isinstance(data, float) and not (math.isfinite(data) and abs(data) <= FLOAT32_MAX):
         return [(prefix[:-1], data)]
     return []
+
+
+def _resolve_interpolations(cfg: DictConfig) -> None:
+    """Replace every ``${...}`` by its value, in place: what the run records (``config.yaml``,
+    hparams) is what it ran with, and resuming never re-reads an environment variable.
+
+    :raises ConfigError: an interpolation cannot be resolved (the key named).
+    """
+    try:
+        OmegaConf.resolve(cfg)
+    except OmegaConfBaseException as exc:
+        message = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise ConfigError(f"cannot resolve {exc.full_key or 'an interpolation'}: {message} (OmegaConf's "
+                          "resolvers: oc.env, oc.select, oc.decode, oc.create, oc.dict.keys, oc.dict.values; "
+                          "${a.b} refers to another key)") from exc
 
 
 def _check_values(cfg: DictConfig) -> None:
     bad = _non_finite(OmegaConf.to_container(cfg))
     if bad:
         key, value = bad[0]
-        raise ConfigError(f"invalid value for {key}: {value}; config values must be finite numbers")
+        raise ConfigError(f"invalid value for {key}: {value}; config values must be finite numbers within "
+                          "float32's range (|x| <= 3.4e38)")
+    if cfg.model.dtype == "float16":
+        raise ConfigError(FLOAT16_TRAINING)
     for path, choices in CHOICES.items():
         value = OmegaConf.select(cfg, path)
         if value not in choices:
@@ -631,7 +678,7 @@ def build_params(component: Component, given: dict[str, Any], where: str | None 
     bad = _non_finite(given)
     if bad:
         raise ConfigError(f"invalid parameter for {label}: {bad[0][0]}={bad[0][1]}; parameters must be "
-                          "finite numbers")
+                          "finite numbers within float32's range (|x| <= 3.4e38)")
     try:
         node = OmegaConf.merge(OmegaConf.structured(component.params), given)
         return OmegaConf.to_object(node)

@@ -30,7 +30,7 @@ from typing import Any, Iterator
 import torch
 import torch.distributed as dist
 
-from rlzoo.errors import ConfigError
+from rlzoo.errors import ConfigError, TrainingError
 
 
 @dataclass(frozen=True)
@@ -90,6 +90,23 @@ def init(backend: str, device_type: str, timeout_s: float) -> DistInfo:
     if not dist.is_initialized():
         dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
     return DistInfo(rank=dist.get_rank(), world=dist.get_world_size(), local_rank=local_rank)
+
+
+def check_collective_failure(exc: RuntimeError) -> None:
+    """Under torchrun, re-raise ``exc`` as a one-line :class:`TrainingError` when it came out
+    of a ``torch.distributed`` collective (a peer process died, closed its connection or
+    timed out) rather than out of this process's own work; otherwise do nothing."""
+    frames = []
+    tb = exc.__traceback__
+    while tb is not None:
+        frames.append(tb.tb_frame.f_code.co_filename.replace(os.sep, "/"))
+        tb = tb.tb_next
+    if not launched_by_torchrun() or not (isinstance(exc, dist.DistError)
+                                          or any("torch/distributed/" in name for name in frames)):
+        return
+    first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+    raise TrainingError(f"rank {os.environ.get('RANK', '?')}: a collective failed, so another process of the job "
+                        f"died or stopped answering ({first}); the newest checkpoint stays resumable") from exc
 
 
 def shutdown() -> None:

@@ -9,6 +9,7 @@ The embedded default is a tiny causal transformer built from a ``transformers`` 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 from dataclasses import dataclass
@@ -109,16 +110,35 @@ def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
 
 
 def load_pretrained(path: str | Path, dtype: str = "float32") -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Load a causal LM and its tokenizer from a local directory (never a hub id)."""
+    """Load a causal LM and its tokenizer from a local directory (never a hub id).
+
+    :raises ConfigError: no ``config.json``, or a file of the directory cannot be read as
+        a model or tokenizer (the directory and the first line of the reason named).
+    """
     path = Path(path)
     if not (path / "config.json").is_file():
         raise ConfigError(
             f"model.path {str(path)!r} is not a local model directory (no config.json); "
             "rlzoo never downloads models: pass a directory written by save_pretrained"
         )
-    tokenizer = load_tokenizer(path)
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=DTYPES[dtype])
+    with unreadable_model(path):
+        tokenizer = load_tokenizer(path)
+        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=DTYPES[dtype])
     return model, tokenizer
+
+
+@contextlib.contextmanager
+def unreadable_model(path: Path) -> Iterator[None]:
+    """Turn a failure to read a model directory (garbage JSON, a truncated safetensors
+    file, a missing weight) into a :class:`ConfigError` naming ``path``."""
+    try:
+        yield
+    except ConfigError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - transformers, tokenizers and safetensors raise many kinds
+        lines = str(exc).strip().splitlines()
+        raise ConfigError(f"cannot load the model in {str(path)!r}: {type(exc).__name__}: "
+                          f"{lines[0] if lines else ''}") from exc
 
 
 class ValueModel(torch.nn.Module):
@@ -164,12 +184,20 @@ class ValueModel(torch.nn.Module):
         save_file(head, str(path / "value_head.safetensors"))
 
     def load_from(self, path: str | Path) -> None:
+        """Load weights saved by :meth:`save_pretrained`.
+
+        :raises ConfigError: ``path`` is missing or does not hold a critic of this shape.
+        """
         from safetensors.torch import load_file
 
         path = Path(path)
-        loaded = AutoModel.from_pretrained(str(path), dtype=next(self.backbone.parameters()).dtype)
-        self.backbone.load_state_dict(loaded.state_dict())
-        self.value_head.load_state_dict(load_file(str(path / "value_head.safetensors")))
+        if not (path / "config.json").is_file():
+            raise ConfigError(f"{str(path)!r} holds no critic, but this run has one: was the checkpoint "
+                              "written by a run of another algorithm?")
+        with unreadable_model(path):
+            loaded = AutoModel.from_pretrained(str(path), dtype=next(self.backbone.parameters()).dtype)
+            self.backbone.load_state_dict(loaded.state_dict())
+            self.value_head.load_state_dict(load_file(str(path / "value_head.safetensors")))
 
 
 class _WithStateDict:

@@ -20,11 +20,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlzoo.checkpoint import latest_checkpoint
 from rlzoo.config import load_config
 from rlzoo.errors import ConfigError
 from rlzoo.registry import Registry
-from rlzoo.rundir import read_status
+from rlzoo.rundir import CONFIG_FILE, read_status, run_files
 
 
 @dataclass(frozen=True)
@@ -101,11 +100,17 @@ def validate(runs: list[SweepRun], registry: Registry, config_file: str | None) 
 
 
 def _command(run: SweepRun, config_file: str | None) -> list[str]:
+    """Resume the run when it has started (``resume=`` also redoes a start cut off before
+    its first checkpoint; the combination's overrides are passed again, so a sweep whose
+    settings changed since is refused with the differences), else start it; leftovers of a
+    start cut off before it wrote its config are deleted (``--overwrite``)."""
     cmd = [sys.executable, "-m", "rlzoo", "train"]
     if config_file:
         cmd += ["--config", config_file]
-    if latest_checkpoint(run.run_dir) is not None:
-        return cmd + [f"resume={run.run_dir}", "logging.progress=false"]
+    if (run.run_dir / CONFIG_FILE).is_file():
+        return cmd + [*run.overrides, f"resume={run.run_dir}", "logging.progress=false"]
+    if run_files(run.run_dir):
+        cmd.append("--overwrite")
     return cmd + [*run.overrides, f"run_dir={run.run_dir}", f"run_name={run.name}",
                   "logging.progress=false"]
 
@@ -114,7 +119,8 @@ def run_sweep(sweep_dir: Path, overrides: list[str], registry: Registry, config_
               jobs: int = 1) -> list[tuple[SweepRun, str]]:
     """Run (or skip, or resume) every combination; returns ``(run, outcome)`` pairs.
 
-    Outcomes: ``skipped`` (already completed), ``completed``, ``failed (exit N)``.
+    Outcomes: ``skipped`` (already completed), ``completed``, ``interrupted`` (stopped by a
+    signal after writing a checkpoint: the next sweep resumes it), ``failed (exit N)``.
     """
     if jobs < 1:
         raise ConfigError(f"--jobs must be >= 1, got {jobs}")
@@ -136,7 +142,11 @@ def run_sweep(sweep_dir: Path, overrides: list[str], registry: Registry, config_
                 env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // jobs)))
             code = subprocess.call(_command(run, config_file), stdout=handle, stderr=subprocess.STDOUT,
                                    env=env)
-        outcome = "completed" if code == 0 else f"failed (exit {code}, see {log})"
+        status = read_status(run.run_dir) or {}
+        if code != 0:
+            outcome = f"failed (exit {code}, see {log})"
+        else:
+            outcome = "completed" if status.get("status") == "completed" else "interrupted"
         print(f"[{run.name}] {outcome} in {time.perf_counter() - start:.0f} s", flush=True)
         return run, outcome
 

@@ -18,13 +18,13 @@ import time
 from typing import Any
 
 import torch
-from omegaconf import OmegaConf
 
 from rlzoo import distributed
 from rlzoo.batch import RolloutBatch
 from rlzoo.config import ResolvedConfig
+from rlzoo.checkpoint import STATE_FILE, check_optimizer_fits, first_non_finite
 from rlzoo.context import RunContext
-from rlzoo.errors import ConfigError
+from rlzoo.errors import ConfigError, TrainingError
 from rlzoo.learner import Learner
 from rlzoo.models import build_run_models
 from rlzoo.plugins import PluginManager
@@ -40,11 +40,14 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 class Trainer:
     """One RL run: ``Trainer(resolved, registry, pm).run()``; see :func:`train`.
 
-    Construction builds everything the plan asks for (and, with ``resume=``, loads the
-    checkpoint); nothing is written until :meth:`run`.
+    Construction claims the run directory (:class:`rlzoo.rundir.RunDirectory`: creates and
+    locks it, or refuses it) and builds everything the plan asks for (with ``resume=``,
+    loading the checkpoint); the run's files are written from :meth:`run` on.
+    ``overwrite``: a new run may delete another run's files in its directory first.
     """
 
-    def __init__(self, resolved: ResolvedConfig, registry: Registry, pm: PluginManager) -> None:
+    def __init__(self, resolved: ResolvedConfig, registry: Registry, pm: PluginManager,
+                 overwrite: bool = False) -> None:
         self.resolved, self.pm, self.plan = resolved, pm, resolved.plan
         cfg = self.cfg = resolved.cfg
         if cfg.trainer.device == "cuda" and not torch.cuda.is_available():
@@ -57,7 +60,16 @@ class Trainer:
         self.dist = distributed.init(cfg.distributed.backend, device_type, cfg.distributed.timeout_s)
         self.device = (torch.device(device_type, self.dist.local_rank) if device_type == "cuda"
                        and self.dist.enabled else torch.device(device_type))
-        self.run_dir = RunDirectory(cfg, self.dist)
+        self.run_dir = RunDirectory(cfg, self.dist, overwrite)
+        try:
+            self._build(resolved, pm)
+        except BaseException:
+            self.run_dir.close()
+            raise
+
+    def _build(self, resolved: ResolvedConfig, pm: PluginManager) -> None:
+        """Everything after the run directory is claimed: models, sampler, learner, state."""
+        cfg = self.cfg
         resume_state = self.run_dir.load_state() if self.run_dir.resume_from is not None else None
         if resume_state is not None and int(resume_state["world_size"]) != self.dist.world:
             raise ConfigError(f"{self.run_dir.resume_from} was written by {resume_state['world_size']} "
@@ -104,6 +116,7 @@ class Trainer:
         metrics = self._batch_metrics(batch)
         update_start = time.perf_counter()
         metrics.update(self.learn(batch))
+        self._check_weights()
         self.sampler.backend.sync_weights(self.models.policy_weights)
         update_s = time.perf_counter() - update_start
         tokens = distributed.all_reduce_floats(
@@ -127,6 +140,14 @@ class Trainer:
         self.pm.hook.rlzoo_before_update(batch=batch, ctx=self.ctx)
         metrics.update(self.learner.update(batch))
         return metrics
+
+    def _check_weights(self) -> None:
+        """:raises TrainingError: the update left a NaN or inf weight (on any rank)."""
+        trained = {"policy": self.models.policy, "critic": self.models.critic}
+        bad = first_non_finite({name: model for name, model in trained.items() if model is not None})
+        if distributed.all_reduce_floats({"bad": float(bad is not None)}, self.dist, "max")["bad"]:
+            raise TrainingError(f"non-finite weights after the update of step {self.step} ({bad or 'on another rank'})"
+                                "; the run stopped before any checkpoint of this step, the newest one stays resumable")
 
     def _batch_metrics(self, batch: RolloutBatch) -> dict[str, float]:
         """Reward and length statistics of the global batch (all ranks)."""
@@ -153,15 +174,25 @@ class Trainer:
                                if hasattr(plugin, "state_dict")}}
 
     def _restore(self, state: dict[str, Any]) -> None:
-        self.step = int(state["step"])
-        self.learner.load_state_dict(state["learner"])
-        rng = state["ranks"][self.dist.rank]
-        set_global_rng_state(rng)
-        self.sampler.load_state_dict(rng["sampler"])
-        self.ctx.state.update(rng["ctx_state"])
-        for name, plugin in self.extensions:
-            if name in state["extensions"] and hasattr(plugin, "load_state_dict"):
-                plugin.load_state_dict(state["extensions"][name])
+        where = self.run_dir.resume_from / STATE_FILE
+        try:
+            self.step = int(state["step"])
+            self.learner.load_state_dict(state["learner"])
+            for optimizer in (self.learner.optimizer, self.learner.critic_optimizer):
+                check_optimizer_fits(optimizer, where)
+            rng = state["ranks"][self.dist.rank]
+            set_global_rng_state(rng)
+            self.sampler.load_state_dict(rng["sampler"])
+            self.ctx.state.update(rng["ctx_state"])
+            for name, plugin in self.extensions:
+                if name in state["extensions"] and hasattr(plugin, "load_state_dict"):
+                    plugin.load_state_dict(state["extensions"][name])
+        except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as exc:
+            raise ConfigError(f"{where} does not fit this run ({type(exc).__name__}: {exc}); was it written by "
+                              "another run?") from exc
+        if self.step > self.cfg.trainer.total_steps:
+            raise ConfigError(f"trainer.total_steps={self.cfg.trainer.total_steps} is below the step of "
+                              f"{self.run_dir.resume_from.name}; resume with trainer.total_steps >= {self.step}")
 
     def save(self) -> None:
         """Write a checkpoint of this step (a collective: every rank calls it; rank 0 writes)."""
@@ -171,18 +202,26 @@ class Trainer:
     # ---------------------------------------------------------------- the loop
 
     def _on_stop_signal(self, signum: int, frame: Any) -> None:
+        """The first SIGINT or SIGTERM asks for a stop after this step; a second SIGINT aborts.
+        More SIGTERMs change nothing: a scheduler may signal every process of a job."""
         if self._stop_requested:
-            raise KeyboardInterrupt
+            if signum == signal.SIGINT:
+                raise KeyboardInterrupt
+            return
         self._stop_requested = True
-        print(f"\nrlzoo: {signal.Signals(signum).name} received; finishing this step and writing a "
-              "checkpoint (send it again to abort without one)", flush=True)
+        if self.dist.is_main:
+            print(f"\nrlzoo: {signal.Signals(signum).name} received; finishing this step and writing a "
+                  "checkpoint (Ctrl-C again aborts without one)", flush=True)
 
     def run(self) -> dict[str, float]:
         """Train for ``trainer.total_steps`` steps; returns the last step's metrics."""
         cfg, main = self.cfg, self.dist.is_main
         if self.run_dir.resume_from is None:
-            self.run_dir.start(OmegaConf.to_yaml(cfg), self.plan.render(), self.models.saveable_policy(),
-                               self.models.tokenizer)
+            with self.run_dir.starting():  # a start that fails leaves the directory as it was
+                self.run_dir.start(cfg, self.plan.render(), self.models.saveable_policy(), self.models.tokenizer)
+                self.save()  # step 0: from here on, the run is resumable
+        else:
+            self.run_dir.record_resume(self.step, self.resolved.resume_changes, self.plan.render())
         tracker = None
         if main:
             tracker = Tracker(str(self.run_dir.path), purge_step=self.step + 1 if self.run_dir.resume_from else None)
@@ -199,7 +238,7 @@ class Trainer:
             from tqdm import tqdm
 
             progress = tqdm(total=cfg.trainer.total_steps, initial=self.step, desc="rlzoo train", dynamic_ncols=True)
-        status, metrics = "failed", {}
+        status, metrics, failing = "failed", {}, False
         try:
             while self.step < cfg.trainer.total_steps:
                 metrics = self.train_step()
@@ -226,6 +265,9 @@ class Trainer:
                     break
             else:
                 status = "completed"
+        except BaseException:
+            failing = True  # its error is what the user sees, not a status file that failed too
+            raise
         finally:
             if progress is not None:
                 progress.close()
@@ -234,7 +276,7 @@ class Trainer:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             self.pm.hook.rlzoo_run_end(ctx=self.ctx, status=status)
-            self.run_dir.write_status(status, self.step, cfg.trainer.total_steps)
+            self.run_dir.write_status(status, self.step, cfg.trainer.total_steps, quiet=failing)
             self.close()
         if main and status == "interrupted":
             print(f"rlzoo: checkpoint written at step {self.step}; continue with "
@@ -244,17 +286,23 @@ class Trainer:
         return metrics
 
     def close(self) -> None:
-        """Unregister the run's extensions from the plugin manager (idempotent)."""
+        """Unregister the run's extensions and release the run directory (idempotent)."""
         for _, plugin in self.extensions:
             if self.pm.is_registered(plugin):
                 self.pm.unregister(plugin)
+        self.run_dir.close()
 
 
-def train(resolved: ResolvedConfig, registry: Registry, pm: PluginManager) -> dict[str, float]:
+def train(resolved: ResolvedConfig, registry: Registry, pm: PluginManager, overwrite: bool = False) -> dict[str, float]:
     """Build a :class:`Trainer` and run it; returns the last step's metrics.
 
     Under ``torchrun`` every process calls this; the process group is left at the end.
+    ``overwrite``: a new run may delete another run in its directory first (``--overwrite``).
     """
-    metrics = Trainer(resolved, registry, pm).run()
+    try:
+        metrics = Trainer(resolved, registry, pm, overwrite).run()
+    except RuntimeError as exc:
+        distributed.check_collective_failure(exc)  # a dead peer: one line, not a traceback
+        raise
     distributed.shutdown()  # on an error the process exits instead, and torchrun stops the others
     return metrics

@@ -122,7 +122,7 @@ def test_launcher_trains_logs_on_rank_zero_and_resumes_with_the_same_world(tmp_p
 
     proc = _rlzoo("train", f"resume={run_dir}", "trainer.total_steps=4", "launcher.nproc=1")
     assert proc.returncode == 2
-    assert "written by 2 process(es)" in proc.stderr and "Traceback" not in proc.stderr
+    assert "cannot change launcher.nproc (2 -> 1)" in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_fsdp_checkpoints_whole_weights_and_resumes(tmp_path: Path) -> None:

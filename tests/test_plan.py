@@ -92,6 +92,7 @@ def test_mismatch_is_logged_when_old_log_probs_exist_and_is_zero_in_float32(tmp_
         metrics = trainer.train_step()
         assert metrics["rollout/mismatch_k3"] < 1e-9, (temperature, metrics["rollout/mismatch_k3"])
         assert metrics["rollout/max_abs_log_ratio"] < 1e-4, (temperature, metrics["rollout/max_abs_log_ratio"])
+        trainer.close()                                                 # releases the run directory
     metrics = _trainer(tmp_path, "trainer.num_mini_batches=1", "kl.coef=0").train_step()   # no old log-probs
     assert "rollout/mismatch_k3" not in metrics
 
