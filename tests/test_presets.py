@@ -117,43 +117,49 @@ PM = make_plugin_manager()
 REG = build_registry(PM)
 
 
-def _scored_batch():
-    trainer = Trainer(load_config(REG, ["algo=grpo", "run_dir=/nonexistent", "logging.progress=false"]), REG, PM)
+def _trainer(run_dir: Path, *overrides: str) -> Trainer:
+    return Trainer(load_config(REG, ["algo=grpo", f"run_dir={run_dir}", "logging.progress=false", *overrides]),
+                   REG, PM)
+
+
+def _scored_batch(run_dir: Path):
+    trainer = _trainer(run_dir)
     batch = trainer.sampler.sample(16)
+    trainer.close()
     scores = torch.rand(len(batch), generator=torch.Generator().manual_seed(7))
     batch.scores, batch.rewards = scores, scores.clone()
     return batch
 
 
-def _update(batch, *overrides: str) -> tuple[torch.Tensor, dict[str, float]]:
+def _update(run_dir: Path, batch, *overrides: str) -> tuple[torch.Tensor, dict[str, float]]:
     """The policy's parameters after one learn() on a copy of ``batch`` (same init, same RNG)."""
-    trainer = Trainer(load_config(REG, ["algo=grpo", "run_dir=/nonexistent", "logging.progress=false",
-                                        *overrides]), REG, PM)
+    trainer = _trainer(run_dir, *overrides)
     torch.manual_seed(1)
     metrics = trainer.learn(copy.deepcopy(batch))
+    trainer.close()
     return torch.cat([p.detach().flatten() for p in trainer.models.policy.parameters()]), metrics
 
 
 @pytest.mark.slow
-def test_policy_losses_give_pairwise_different_updates_under_the_grpo_update_structure() -> None:
-    batch = _scored_batch()
+def test_policy_losses_give_pairwise_different_updates_under_the_grpo_update_structure(tmp_path: Path) -> None:
+    batch = _scored_batch(tmp_path / "sample")
     losses = ["ppo_clip", "vanilla_pg", "cispo", "gspo", "sapo", "{name: dual_clip, clip_ratio_c: 1.25}"]
-    params = {loss: _update(batch, f"policy_loss={loss}")[0] for loss in losses}
+    params = {loss: _update(tmp_path / f"l{i}", batch, f"policy_loss={loss}")[0] for i, loss in enumerate(losses)}
     for a, b in itertools.combinations(losses, 2):
         assert (params[a] - params[b]).abs().max() > 1e-6, (a, b)
     # dual clip with its paper's c = 3 bounds only negative-advantage tokens whose ratio
     # exceeded 3: synchronous updates never get there on this batch, so it is ppo_clip
-    default_dual, metrics = _update(batch, "policy_loss=dual_clip")
+    default_dual, metrics = _update(tmp_path / "dual", batch, "policy_loss=dual_clip")
     assert metrics["policy/clipfrac_lower"] == 0.0 and torch.equal(default_dual, params["ppo_clip"])
 
 
 @pytest.mark.slow
-def test_default_run_ppo_clip_and_vanilla_pg_no_longer_train_to_identical_weights() -> None:
+def test_default_run_ppo_clip_and_vanilla_pg_no_longer_train_to_identical_weights(tmp_path: Path) -> None:
     weights = {}
     for loss in ("ppo_clip", "vanilla_pg"):
-        trainer = Trainer(load_config(REG, [f"policy_loss={loss}", "run_dir=/nonexistent",
-                                            "logging.progress=false"]), REG, PM)
+        trainer = _trainer(tmp_path / loss, f"policy_loss={loss}")
         clipfrac = [trainer.train_step()["policy/clipfrac"] for _ in range(5)]
+        trainer.close()
         weights[loss] = torch.cat([p.detach().flatten() for p in trainer.models.policy.parameters()])
         if loss == "ppo_clip":
             assert sum(clipfrac) > 0, "the default grpo run never clips"
