@@ -38,6 +38,7 @@ import torch
 
 from rlzoo import hookimpl
 from rlzoo.distributed import batch_sum
+from rlzoo.errors import TrainingError
 from rlzoo.masked import masked_sum, masked_var, masked_whiten
 
 RLZOO_API_VERSION = "2"
@@ -444,6 +445,47 @@ def gpg(token_rewards: torch.Tensor, response_mask: torch.Tensor, group_ids: tor
     return advantages, advantages
 
 
+@dataclass
+class MaxRLParams:
+    """Parameters of ``maxrl``.
+
+    :ivar epsilon: added to the group mean before dividing (> 0), as the official code.
+    """
+
+    epsilon: float = 1e-6
+
+    def __post_init__(self) -> None:
+        _check_positive("epsilon", self.epsilon)
+
+
+@torch.no_grad()
+def maxrl(token_rewards: torch.Tensor, response_mask: torch.Tensor, group_ids: torch.Tensor,
+          params: Optional[MaxRLParams] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """MaxRL (arXiv:2602.02710): A_i = (s_i − mean_g(s)) / (mean_g(s) + ε), broadcast over
+    the valid tokens; a group whose mean is 0 (no success) gets 0, as the paper drops it; a
+    group of size 1 keeps its raw score (mean 0, no division: the official code would divide
+    by ε there). Rewards are success rates: a negative group mean is an error, because the
+    division would flip the advantage's sign. Official code tajwarfahim/maxrl
+    ``compute_maxrl_outcome_advantage``. Shapes: ``(B, T)`` in and out.
+
+    :raises TrainingError: a group's mean score is negative.
+    """
+    params = params or MaxRLParams()
+    scores = _scores64(token_rewards, response_mask)
+    groups = _Groups.of(group_ids, scores.device)
+    mean = groups.total(scores) / groups.size
+    negative = (groups.size > 1) & (mean < 0)
+    if bool(negative.any()):
+        i = int(negative.nonzero()[0])
+        raise TrainingError(f"advantage 'maxrl' needs non-negative rewards (success rates): group "
+                            f"{int(torch.as_tensor(group_ids).reshape(-1)[i])} has mean score {float(mean[i]):.4g}")
+    centered = groups.centered(scores)
+    ratio = centered / (mean + params.epsilon)
+    advantage = torch.where(groups.size > 1, torch.where(mean > 0, ratio, torch.zeros_like(ratio)), scores)
+    advantages = _broadcast(advantage, response_mask, token_rewards.dtype)
+    return advantages, advantages
+
+
 # -------------------------------------------------------------------------- registration
 
 
@@ -470,5 +512,8 @@ def rlzoo_register_advantage_estimators(register) -> None:
     register("grpo_passk", grpo_passk, params=GRPOPassKParams, needs=("groups",),
              paper="arXiv:2503.19595",
              description="only each group's best response learns: r_max − r_second (÷ std)")
+    register("maxrl", maxrl, params=MaxRLParams, needs=("groups",), paper="arXiv:2602.02710",
+             nonnegative_rewards=True,
+             description="(s − group mean) / group mean: the success-rate-normalised advantage (MaxRL)")
     register("gpg", gpg, needs=("groups",), paper="arXiv:2504.02546",
              description="α·(s − group mean), α = B / #non-zero scores (GPG)")

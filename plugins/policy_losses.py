@@ -28,7 +28,7 @@ from typing import Optional
 import torch
 
 from rlzoo import hookimpl
-from rlzoo.masked import masked_mean
+from rlzoo.masked import masked_mean, masked_sum
 
 RLZOO_API_VERSION = "2"
 
@@ -569,6 +569,169 @@ def kl_cov(
     }
 
 
+# ---------------------------------------------------------------------------- luspo
+
+
+@dataclass
+class LUSPOParams(GSPOParams):
+    """Parameters of ``luspo``: GSPO's, with the clip ranges of the LUSPO paper's runs."""
+
+    clip_low: float = 2e-3
+    """ε_low on the sequence ratio; in (0, 1) (LUSPO §5.1 via TRL's reproduction config)."""
+    clip_high: float = 2.5e-3
+    """ε_high on the sequence ratio; > 0."""
+
+
+# luspo is gspo's per-token loss (the function above) aggregated with seq-mean-token-sum:
+# (1/B)·Σ_i Σ_t L_i = (1/B)·Σ_i |y_i|·L_i, the GSPO objective times each response's length.
+
+
+# ---------------------------------------------------------------------------- vespo
+
+
+@dataclass
+class VESPOParams:
+    """Parameters of ``vespo``: the shape of the weight φ(w) = w^k·e^{λ(1 − w)} per sign of A."""
+
+    k_pos: float = 2.0
+    """k for sequences with A ≥ 0; ≥ 0."""
+    lam_pos: float = 3.0
+    """λ for sequences with A ≥ 0; > 0."""
+    k_neg: float = 3.0
+    """k for sequences with A < 0; ≥ 0."""
+    lam_neg: float = 2.0
+    """λ for sequences with A < 0; > 0."""
+
+    def __post_init__(self) -> None:
+        for name in ("k_pos", "k_neg"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("lam_pos", "lam_neg"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+
+
+def vespo(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    params: Optional[VESPOParams] = None,
+) -> tuple[torch.Tensor, Metrics]:
+    """VESPO: REINFORCE weighted by a smooth, sequence-level function of the product ratio.
+
+    log w_i = Σ_t clamp(logp − old_logp, ±20) (the product ratio of sequence i, clamped to
+    ±20 again), φ_i = sg(w_i^k·e^{λ(1 − w_i)}) = sg(exp(λ + k·log w_i − λ·w_i)) with
+    (k, λ) = (k_pos, λ_pos) if the sequence's advantage Ā_i ≥ 0 else (k_neg, λ_neg);
+    L_t = −φ_i·A_t·logp_t. φ(1) = 1: on-policy it is REINFORCE; it fades smoothly as the
+    sequence drifts off-policy in either direction. arXiv:2602.10693; official code
+    ``recipe/vespo/code/core_algos.py::compute_policy_loss_vespo`` (defaults as its
+    scripts). Tensors ``(B, T)``.
+
+    :return: loss ``(B, T)``; metrics ``clipfrac`` (0: nothing is clipped), ``weight_mean``
+        (mean φ over the batch's non-empty sequences), ``approx_kl``.
+    """
+    params = params or VESPOParams()
+    logp, old_logp, advantages, valid, mask = _prepare(logp, old_logp, advantages, response_mask)
+    token_log_ratio = (logp - old_logp).detach().clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    log_w = masked_sum(token_log_ratio, mask, dim=-1).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)   # (B,)
+    positive = masked_mean(advantages, mask, dim=-1) >= 0                                     # (B,)
+    k = torch.where(positive, torch.full_like(log_w, params.k_pos), torch.full_like(log_w, params.k_neg))
+    lam = torch.where(positive, torch.full_like(log_w, params.lam_pos), torch.full_like(log_w, params.lam_neg))
+    phi = torch.exp(lam + k * log_w - lam * torch.exp(log_w))                                  # (B,)
+    loss = -phi.unsqueeze(-1) * advantages * logp
+    non_empty = (mask.sum(-1) > 0).to(mask.dtype)
+    return _on_valid(loss, valid), {
+        "clipfrac": torch.zeros((), dtype=mask.dtype, device=mask.device),
+        "weight_mean": masked_mean(phi, non_empty).detach(),
+        "approx_kl": _approx_kl(logp, old_logp, mask),
+    }
+
+
+# ---------------------------------------------------------------------------- dppo
+
+DPPO_DIVERGENCES = {"tv": 0.15, "kl": 0.05}
+"""Divergence -> the default δ of verl's DPPO example (dppo_tv, dppo_kl)."""
+
+
+@dataclass
+class DPPOParams:
+    """Parameters of ``dppo``."""
+
+    divergence: str = "tv"
+    """How the probability shift is measured: ``tv`` (π − π_anchor) or ``kl`` (the binary
+    KL between the token's two probabilities)."""
+    delta_low: Optional[float] = None
+    """Threshold for tokens with A ≤ 0; None: 0.15 (tv) or 0.05 (kl), verl's example."""
+    delta_high: Optional[float] = None
+    """Threshold for tokens with A > 0; None: as ``delta_low``'s default."""
+    cap: float = 10.0
+    """The detached importance ratio π/π_anchor is capped at this (> 0)."""
+    anchor: str = "rollout"
+    """``rollout``: shifts against μ, the distribution the rollout sampled from (the
+    paper, Stable-RL); ``old``: against π_old (verl)."""
+
+    def __post_init__(self) -> None:
+        if self.divergence not in DPPO_DIVERGENCES:
+            raise ValueError(f"divergence must be one of {', '.join(DPPO_DIVERGENCES)}, got {self.divergence!r}")
+        if self.anchor not in ("rollout", "old"):
+            raise ValueError(f"anchor must be 'rollout' or 'old', got {self.anchor!r}")
+        for name in ("delta_low", "delta_high"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"{name} must be > 0, got {value}")
+        if not self.cap > 0:
+            raise ValueError(f"cap must be > 0, got {self.cap}")
+
+
+def dppo(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    rollout_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    params: Optional[DPPOParams] = None,
+) -> tuple[torch.Tensor, Metrics]:
+    """DPPO: REINFORCE with a capped importance weight, masking a token whose probability
+    has already moved more than δ in its advantage's direction (a trust region on the
+    probability, in place of PPO's ratio clip).
+
+    p = exp(logp), q = exp(anchor logp) (μ or π_old); w = min(exp(min(logp − anchor, 20)),
+    cap), detached; masked: A > 0 and shift > δ_high with p above q, or A ≤ 0 and shift >
+    δ_low with p below q, where the shift is |p − q| (``tv``) or
+    q·log(q/p) + (1 − q)·log((1 − q)/(1 − p)) (``kl``); L = −w·A·logp on unmasked tokens,
+    0 on masked ones (which stay in the aggregation's denominator).
+    arXiv:2602.04879; reference code sail-sg/Stable-RL ``dppo_binary_tv`` /
+    ``dppo_binary_kl``; verl ``dppo_tv`` / ``dppo_kl`` (anchored at π_old). ``(B, T)``.
+
+    :return: loss ``(B, T)``; metrics ``clipfrac`` (share of valid tokens masked),
+        ``clipfrac_lower`` (masked with A ≤ 0), ``approx_kl``.
+    """
+    params = params or DPPOParams()
+    logp, old_logp, advantages, valid, mask = _prepare(logp, old_logp, advantages, response_mask)
+    anchor = rollout_logp if params.anchor == "rollout" else old_logp
+    anchor = torch.where(valid, anchor.detach(), torch.zeros_like(anchor))
+    weight = torch.exp(torch.clamp(logp.detach() - anchor, max=LOG_RATIO_CLAMP)).clamp(max=params.cap)
+    p, q = torch.exp(logp.detach()).clamp(max=1.0), torch.exp(anchor).clamp(max=1.0)   # probabilities
+    default = DPPO_DIVERGENCES[params.divergence]
+    low = params.delta_low if params.delta_low is not None else default
+    high = params.delta_high if params.delta_high is not None else default
+    if params.divergence == "tv":
+        up, down = p - q > high, q - p > low
+    else:
+        eps = 1e-8
+        shift = q * (torch.log(q + eps) - torch.log(p + eps)) + (1 - q) * torch.log((1 - q + eps) / (1 - p + eps))
+        up, down = (shift > high) & (p > q), (shift > low) & (p < q)
+    positive = advantages > 0
+    masked = valid & ((positive & up) | (~positive & down))
+    loss = torch.where(masked, torch.zeros_like(logp), -weight * advantages * logp)
+    return _on_valid(loss, valid), {
+        "clipfrac": _share(masked, mask),
+        "clipfrac_lower": _share(masked & ~positive, mask),
+        "approx_kl": _approx_kl(logp, old_logp, mask),
+    }
+
+
 # ---------------------------------------------------------------------------- registration
 
 
@@ -585,6 +748,15 @@ def rlzoo_register_policy_losses(register) -> None:
     register("gspo", gspo, params=GSPOParams, loss_agg="seq-mean-token-mean",
              description="sequence-level (length-normalised) importance ratio and clipping",
              paper="arXiv:2507.18071")
+    register("luspo", gspo, params=LUSPOParams, loss_agg="seq-mean-token-sum",
+             description="GSPO's loss times each response's length (length-unbiased sequence ratio)",
+             paper="arXiv:2602.05261")
+    register("vespo", vespo, params=VESPOParams,
+             description="REINFORCE weighted by w^k·e^{λ(1−w)} of the sequence ratio (smooth, no clip)",
+             paper="arXiv:2602.10693")
+    register("dppo", dppo, params=DPPOParams,
+             description="REINFORCE with a capped IS weight; mask tokens whose probability moved > δ with A",
+             paper="arXiv:2602.04879")
     register("cispo", cispo, params=CISPOParams,
              description="REINFORCE weighted by the clipped, stop-gradient importance ratio",
              paper="arXiv:2506.13585")

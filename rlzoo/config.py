@@ -124,6 +124,7 @@ class RunConfig:
     reward: Any = MISSING
     model: ModelConfig = field(default_factory=ModelConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    rollout_correction: Any = MISSING
     advantage: Any = MISSING
     policy_loss: Any = MISSING
     loss_agg: Any = MISSING
@@ -146,6 +147,7 @@ COMPONENT_FIELDS: dict[str, str] = {
     "kl.estimator": "kl_estimator",
     "kl.controller": "kl_controller",
     "rollout.backend": "rollout",
+    "rollout_correction": "rollout_correction",
 }
 """Config path -> component kind, for every single-component choice."""
 

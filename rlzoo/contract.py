@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 REQUIRED_METRICS: dict[str, tuple[str, ...]] = {
     "policy_loss": ("clipfrac", "approx_kl"),
     "value_loss": (),
+    "rollout_correction": (),
 }
 """Metrics a kind's ``(loss, metrics)`` output must hold."""
 
@@ -164,6 +165,13 @@ def _check_kl(bound: BoundComponent, result: Any, available: dict[str, Any]) -> 
     _expect_matrix(bound, result, shape, "a per-token KL")
 
 
+def _check_weights(bound: BoundComponent, result: Any, available: dict[str, Any]) -> None:
+    if not (isinstance(result, tuple) and len(result) == 2):
+        raise bound.fail(f"returned {type(result).__name__}; the contract is (weights, metrics)")
+    _expect_matrix(bound, result[0], available["response_mask"].shape, "weights")
+    _expect_metrics(bound, result[1])
+
+
 def _check_scalar(bound: BoundComponent, result: Any, available: dict[str, Any]) -> None:
     if not isinstance(result, torch.Tensor) or result.numel() != 1:
         raise bound.fail(f"returned {_shape(result)}; the contract is a scalar tensor")
@@ -174,5 +182,6 @@ _CHECKS: dict[str, Callable[[BoundComponent, Any, dict[str, Any]], None]] = {
     "policy_loss": _loss_and_metrics("response_mask"),
     "value_loss": _loss_and_metrics("response_mask"),
     "kl_estimator": _check_kl,
+    "rollout_correction": _check_weights,
     "loss_agg": _check_scalar,
 }

@@ -141,6 +141,15 @@ INPUTS: dict[str, dict[str, Input]] = {
         "completions": Input(None, "list[str] of B decoded completions"),
         "references": Input(None, "list of B reference answers (the task's Example.reference)"),
     },
+    "rollout_correction": {
+        "old_logp": Input("old_logp", "(B, T) float: log-probs under π_old, the trained policy before this "
+                                      "step's update (the plan runs the old-log-prob pass)"),
+        "rollout_logp": Input(None, "(B, T) float: log-probs under μ, the distribution the rollout backend "
+                                    "sampled from"),
+        "logp": Input(None, "(B, T) float: log-probs under the policy being trained, detached"),
+        "advantages": Input(None, "(B, T) float: the advantage estimator's output"),
+        "response_mask": Input(None, _MASK),
+    },
     "task": {},
     "kl_controller": {
         "init_coef": Input(None, "float: the initial coefficient beta (kl.coef)"),
@@ -197,6 +206,23 @@ def rlzoo_register_policy_losses(register: Register) -> None:
 
     A loss whose formula is defined under one aggregation only (GSPO, GMPO) registers with
     ``loss_agg="<mode>"``; a run that configures another ``loss_agg`` is refused.
+    """
+
+
+@hookspec
+def rlzoo_register_rollout_corrections(register: Register) -> None:
+    """Register rollout corrections (kind ``rollout_correction``), e.g. ``tis``, ``icepop``.
+
+    :param register: call ``register(name, fn, ...)`` once per correction.
+
+    A correction reweights the per-token policy loss for the gap between μ, the
+    distribution the rollout backend sampled from, and the trained policy. The engine calls
+    ``fn(**inputs, params=...)`` with the inputs ``fn`` names from
+    ``INPUTS["rollout_correction"]`` (``old_logp``, ``rollout_logp``, ``logp`` (detached),
+    ``advantages``, ``response_mask``; all ``(B, T)``) in every update micro-batch and
+    gets ``(weights, metrics)``: ``weights`` ``(B, T)`` multiply the per-token policy loss
+    (detached; 0 drops a token, and it stays in the aggregation's denominator), and
+    ``metrics`` is a dict of detached scalars logged as ``rollout_correction/<name>``.
     """
 
 
@@ -385,6 +411,7 @@ def rlzoo_run_end(ctx: "RunContext", status: str) -> None:
 REGISTRATION_HOOKS: dict[str, str] = {
     "advantage": "rlzoo_register_advantage_estimators",
     "policy_loss": "rlzoo_register_policy_losses",
+    "rollout_correction": "rlzoo_register_rollout_corrections",
     "kl_estimator": "rlzoo_register_kl_estimators",
     "kl_controller": "rlzoo_register_kl_controllers",
     "loss_agg": "rlzoo_register_loss_aggregations",
@@ -405,6 +432,7 @@ LIFECYCLE_HOOKS: tuple[str, ...] = (
 KIND_TITLES: dict[str, str] = {
     "advantage": "Advantage estimators",
     "policy_loss": "Policy losses",
+    "rollout_correction": "Rollout corrections",
     "kl_estimator": "KL estimators",
     "kl_controller": "KL controllers",
     "loss_agg": "Loss aggregations",

@@ -109,6 +109,7 @@ class Learner:
         self.advantage = resolved.bound("advantage")
         self.policy_loss = resolved.bound("policy_loss")
         self.aggregate = resolved.bound("loss_agg")
+        self.correction = resolved.bound("rollout_correction")
         self.kl = resolved.bound("kl.estimator") if self.plan.kl else None
         self.kl_controller = resolved.build("kl.controller", init_coef=float(cfg.kl.coef))
         self.value_loss = resolved.bound("value_loss") if models.critic else None
@@ -246,8 +247,14 @@ class Learner:
         token_loss, loss_metrics = self.policy_loss(
             logp=logp, old_logp=old_logp, advantages=mb.advantages, response_mask=mask,
             rollout_logp=mb.rollout_logp, ref_logp=mb.ref_logp)
-        loss = self.aggregate(loss=token_loss, mask=mask, counts=counts)
         weight = float(mask.sum())
+        weights, correction_metrics = self.correction(
+            old_logp=old_logp, rollout_logp=mb.rollout_logp, logp=logp.detach(), advantages=mb.advantages,
+            response_mask=mask)
+        token_loss = token_loss * weights.detach()
+        for key, value in correction_metrics.items():
+            means.add(f"rollout_correction/{key}", float(value), weight)
+        loss = self.aggregate(loss=token_loss, mask=mask, counts=counts)
         means.add("policy/loss", float(loss.detach()) * counts.tokens / max(weight, 1.0), weight)
         for key, value in loss_metrics.items():
             means.add(f"policy/{key}", float(value), weight)

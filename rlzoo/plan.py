@@ -88,6 +88,7 @@ class RunPlan:
     :ivar logprob_temperature: log-probs (old, new, reference, entropy) are taken under
         logits / this, the sampling temperature (as verl and TRL do).
     :ivar rollout: the rollout backend's name and the dtype it generates in.
+    :ivar correction: the rollout correction's name (``none``: weights of 1).
     :ivar warnings: choices that cannot act under this plan, in words.
     """
 
@@ -101,6 +102,7 @@ class RunPlan:
     update: UpdatePlan
     logprob_temperature: float
     rollout: dict[str, Any]
+    correction: str = "none"
     warnings: list[str] = field(default_factory=list)
 
     def runs(self, name: str) -> bool:
@@ -126,6 +128,7 @@ class RunPlan:
                 "micro_batch_size": self.update.micro_batch_size},
             "logprob_temperature": self.logprob_temperature,
             "rollout": dict(self.rollout),
+            "rollout_correction": self.correction,
             "warnings": list(self.warnings),
         }
 
@@ -138,6 +141,8 @@ class RunPlan:
         lines.append(f"  rollout: {self.rollout['backend']} backend, {u.sequences} sequences "
                      f"({self.rollout['dtype']})")
         lines += [f"  {name}: {why}" for name, why in self.passes.items()]
+        if self.correction != "none":
+            lines.append(f"rollout correction: {self.correction} weights the per-token policy loss")
         if self.kl is None:
             lines.append("kl: off (kl.coef = 0)")
         else:
@@ -243,7 +248,8 @@ def build_plan(resolved: "ResolvedConfig") -> RunPlan:
     plan = RunPlan(world=world, needs=frozenset(needs), models=models, passes=passes, kl=kl,
                    aggregation=aggregation, masks=masks, update=update,
                    logprob_temperature=float(cfg.rollout.temperature),
-                   rollout={"backend": comps["rollout.backend"].name, "dtype": rollout_dtype})
+                   rollout={"backend": comps["rollout.backend"].name, "dtype": rollout_dtype},
+                   correction=comps["rollout_correction"].name)
     plan.warnings.extend(_inert_choices(resolved, plan))
     return plan
 
@@ -285,6 +291,7 @@ def _check_consistency(resolved: "ResolvedConfig", needs: set[str], kl_on: bool,
 
 def _inert_choices(resolved: "ResolvedConfig", plan: RunPlan) -> list[str]:
     """Choices that cannot change anything under ``plan``, said in words."""
+    cfg = resolved.cfg
     warnings = []
     loss = resolved.components["policy_loss"]
     if plan.update.on_policy and not loss.meta.get("ratio_free"):
@@ -298,6 +305,13 @@ def _inert_choices(resolved: "ResolvedConfig", plan: RunPlan) -> list[str]:
         if set_by_user:
             warnings.append(f"kl.coef=0: KL is off, so {', '.join(k.removesuffix('.name') for k in set_by_user)} "
                             "has no effect")
+    correction = resolved.components["rollout_correction"]
+    same_distribution = (plan.rollout["backend"] == "hf" and plan.rollout["dtype"] == cfg.model.dtype
+                         and float(cfg.rollout.top_p) == 1.0)
+    if correction.name != "none" and "logp" not in correction.inputs and same_distribution:
+        warnings.append(f"rollout_correction {correction.name} corrects for μ ≠ π_old, but the hf backend samples "
+                        "from the trained policy itself in its own dtype (rollout/mismatch_k3 ≈ 0): its weights are 1 "
+                        "to float rounding; set rollout.dtype=bfloat16 (or rollout.top_p < 1) for a gap to correct")
     if "critic" not in plan.needs and resolved.sources.get("value_loss.name") == "command line":
         warnings.append("value_loss is set but no component needs a critic: it has no effect")
     return warnings

@@ -254,12 +254,49 @@ def check_value_loss(fn: Callable[..., Any], name: str = "value_loss") -> None:
     _assert_finite(name, "errors of 1e4", big * mask)
 
 
+def check_rollout_correction(fn: Callable[..., Any], name: str = "rollout_correction") -> None:
+    """Invariants of ``fn(old_logp=, rollout_logp=, logp=, advantages=, response_mask=) ->
+    (weights (B, T), metrics)``: weight 1 on every valid token when μ = π_old = π, 0 on
+    padding, padding never changes a valid weight, finite for log-ratios of ±50, no
+    gradient into any input."""
+    gen = torch.Generator().manual_seed(5)
+    mask = _mask()
+    old = -torch.rand(B, T, generator=gen) * 3
+    adv = torch.randn(B, T, generator=gen)
+
+    def run(o, r, lp, a, m):
+        o, r, lp = (t.clone().requires_grad_(True) for t in (o, r, lp))
+        weights, metrics = _call(fn, old_logp=o, rollout_logp=r, logp=lp, advantages=a, response_mask=m)
+        return weights, metrics, (o, r, lp)
+
+    weights, metrics, _ = run(old, old, old, adv, mask)
+    assert weights.shape == (B, T), f"{name}: weights shape {tuple(weights.shape)}, expected {(B, T)}"
+    assert _close(weights * mask, mask), f"{name}: weights are not 1 where μ = π_old = π"
+    assert (weights * (1 - mask)).abs().max() == 0, f"{name}: non-zero weight on padding"
+    for key, value in metrics.items():
+        value = torch.as_tensor(value)
+        assert value.dim() == 0 and torch.isfinite(value), f"{name}: metric {key!r} is not a finite scalar"
+    rollout = old + 0.3 * torch.randn(B, T, generator=gen)
+    base, _, inputs = run(old, rollout, old + 0.1, adv, mask)
+    assert not base.requires_grad and all(t.grad is None for t in inputs), f"{name}: weights carry a gradient"
+    garbage, _, _ = run(_garbage_where(old, mask, 40.0), _garbage_where(rollout, mask, -40.0),
+                        _garbage_where(old + 0.1, mask, 40.0), _garbage_where(adv, mask, 1e4), mask)
+    assert _close(base * mask, garbage * mask), f"{name}: masked positions change valid weights"
+    for shift in (50.0, -50.0):
+        extreme, extreme_metrics, _ = run(old + shift, old, old, adv, mask)
+        values = [torch.as_tensor(v) for v in extreme_metrics.values()]
+        _assert_finite(name, f"log-ratio {shift:+.0f}", extreme, *values)
+    empty, _, _ = run(old, rollout, old, adv, torch.zeros_like(mask))
+    _assert_finite(name, "an all-empty batch", empty)
+
+
 _CHECKS: dict[str, Callable[..., None]] = {
     "policy_loss": check_policy_loss,
     "advantage": check_advantage_estimator,
     "kl_estimator": check_kl_estimator,
     "loss_agg": check_loss_aggregation,
     "value_loss": check_value_loss,
+    "rollout_correction": check_rollout_correction,
 }
 CHECKED_KINDS = tuple(_CHECKS)
 """The component kinds :func:`check_component` has invariant checks for."""

@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlzoo.config import build_params
-from rlzoo.errors import ConfigError
+from rlzoo.errors import ConfigError, TrainingError
 from rlzoo.plugins import build_registry, make_plugin_manager
 from rlzoo.testing import check_component
 from zoo import REGISTRY, builtin_names
@@ -48,9 +48,13 @@ def _outcome_batch(lengths, scores, width):
 
 
 def _run(reg, name, rewards, mask, groups, values=None, baseline=None, **params):
-    """Call the estimator as the engine does: by input name (those it does not name are dropped)."""
-    return reg.get("advantage", name)(token_rewards=rewards, response_mask=mask, group_ids=groups,
-                                      values=values, baseline_scores=baseline, **params)
+    """Call the estimator as the engine does: by input name (those it does not name are dropped).
+    An estimator for success rates (``nonnegative_rewards``) gets |rewards|."""
+    component = reg.get("advantage", name)
+    if component.meta.get("nonnegative_rewards"):
+        rewards = rewards.abs()
+    return component(token_rewards=rewards, response_mask=mask, group_ids=groups, values=values,
+                     baseline_scores=baseline, **params)
 
 
 def _per_seq(adv, mask):
@@ -669,3 +673,18 @@ def test_doc_names_every_component() -> None:
     text = DOC.read_text()
     for name in NAMES:
         assert f"## `{name}`" in text, name
+
+
+def test_hand_computed_maxrl_and_its_edge_cases(reg) -> None:
+    maxrl = reg.get("advantage", "maxrl")
+    rewards, mask = _outcome_batch([1, 1, 1, 1, 2, 1], [1.0, 0.0, 0.0, 0.0, 0.0, 0.7], 2)
+    groups = torch.tensor([5, 5, 5, 5, 8, 9])            # group 5: mean 0.25; groups 8, 9: size 1 (raw score)
+    adv, ret = maxrl(token_rewards=rewards, response_mask=mask, group_ids=groups)
+    per_seq = _per_seq(adv, mask)
+    expected = [0.75 / (0.25 + 1e-6), -0.25 / (0.25 + 1e-6), -0.25 / (0.25 + 1e-6), -0.25 / (0.25 + 1e-6),
+                0.0, 0.7]
+    assert per_seq.tolist() == pytest.approx(expected, rel=1e-6)
+    assert torch.equal(adv, ret)
+    negative, mask2 = _outcome_batch([1, 1], [-1.0, 0.5], 1)
+    with pytest.raises(TrainingError, match=r"maxrl.*non-negative.*group 3 has mean score -0.25"):
+        maxrl(token_rewards=negative, response_mask=mask2, group_ids=torch.tensor([3, 3]))

@@ -19,6 +19,7 @@ PAGES = {
     "value_loss": "docs/algorithms/value.md",
     "extension": "docs/algorithms/extensions.md",
     "rollout": "docs/design.md",
+    "rollout_correction": "docs/algorithms/corrections.md",
 }
 DOCUMENTED = [(kind, name) for kind in PAGES for name in builtin_names(kind)]
 

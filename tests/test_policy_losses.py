@@ -39,6 +39,9 @@ VARIANTS = {
     "sapo": {"tau_pos": 1.0, "tau_neg": 2.0},
     "clip_cov": {"clip_ratio": 0.2, "clip_cov_lb": 0.2, "clip_cov_ub": 3.0},
     "kl_cov": {"kl_cov_ratio": 0.2, "ppo_kl_coef": 0.5},
+    "luspo": {"clip_low": 0.05, "clip_high": 0.1},
+    "vespo": {"k_pos": 1.0, "lam_pos": 2.0, "k_neg": 2.0, "lam_neg": 1.0},
+    "dppo": {"divergence": "kl", "anchor": "old", "cap": 3.0},
 }
 
 
@@ -46,11 +49,14 @@ def test_every_registered_loss_has_a_variant_and_a_reference_in_this_file() -> N
     assert set(VARIANTS) == set(NAMES)
 
 
-def call(name: str, logp, old, adv, mask=None, seed: int = 0, **params):
-    """The registered loss; torch's global RNG seeded first (clip_cov draws from it)."""
+def call(name: str, logp, old, adv, mask=None, seed: int = 0, rollout=None, **params):
+    """The registered loss called as the engine calls it, by input name (rollout log-probs
+    default to the old ones); torch's global RNG seeded first (clip_cov draws from it)."""
     mask = torch.ones_like(logp) if mask is None else mask
+    rollout = old.detach() if rollout is None else rollout
     torch.manual_seed(seed)
-    return REG.get("policy_loss", name)(logp, old, adv, mask, **params)
+    return REG.get("policy_loss", name)(logp=logp, old_logp=old, advantages=adv, response_mask=mask,
+                                        rollout_logp=rollout, **params)
 
 
 def random_inputs(seed: int, b: int = 6, t: int = 7, adv_scale: float = 1.0, dtype=torch.float64):
@@ -169,6 +175,34 @@ def kl_cov_ref(logp, old, adv, mask, ratio=2e-4, coef=1.0):
     return loss, top
 
 
+def dppo_ref(lp, anchor, a, divergence="tv", low=None, high=None, cap=10.0) -> float:
+    p, q = min(math.exp(lp), 1.0), min(math.exp(anchor), 1.0)        # probabilities (inputs may exceed 0)
+    low = {"tv": 0.15, "kl": 0.05}[divergence] if low is None else low
+    high = {"tv": 0.15, "kl": 0.05}[divergence] if high is None else high
+    if divergence == "tv":
+        up, down = p - q > high, q - p > low
+    else:
+        shift = q * (math.log(q) - math.log(p)) + (1 - q) * math.log((1 - q + 1e-8) / (1 - p + 1e-8))
+        up, down = shift > high and p > q, shift > low and p < q
+    masked = (a > 0 and up) or (a <= 0 and down)
+    return 0.0 if masked else -min(math.exp(min(lp - anchor, 20.0)), cap) * a * lp
+
+
+def vespo_ref(logp, old, adv, mask, k_pos=2.0, lam_pos=3.0, k_neg=3.0, lam_neg=2.0) -> dict:
+    out = {}
+    for i in range(logp.shape[0]):
+        ts = [t for t in range(logp.shape[1]) if mask[i, t]]
+        if not ts:
+            continue
+        log_w = clip(sum(clip(logp[i, t].item() - old[i, t].item(), -20, 20) for t in ts), -20, 20)
+        positive = sum(adv[i, t].item() for t in ts) / len(ts) >= 0
+        k, lam = (k_pos, lam_pos) if positive else (k_neg, lam_neg)
+        phi = math.exp(lam + k * log_w - lam * math.exp(log_w))
+        for t in ts:
+            out[i, t] = -phi * adv[i, t].item() * logp[i, t].item()
+    return out
+
+
 def token_refs(name: str, params: dict):
     """Per-element reference of the token-level losses with the given params."""
     return {
@@ -179,6 +213,8 @@ def token_refs(name: str, params: dict):
         "cispo": lambda lp, o, a: cispo_ref(lp, o, a, params.get("clip_low", 1.0), params.get("clip_high", 4.0)),
         "vanilla_pg": lambda lp, o, a: -a * lp,
         "sapo": lambda lp, o, a: sapo_ref(lp, o, a, params.get("tau_pos", 1.0), params.get("tau_neg", 1.05)),
+        "dppo": lambda lp, o, a: dppo_ref(lp, o, a, params.get("divergence", "tv"), params.get("delta_low"),
+                                          params.get("delta_high"), params.get("cap", 10.0)),
     }[name]
 
 
@@ -487,7 +523,7 @@ def test_kl_cov_hand_computed() -> None:
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-@pytest.mark.parametrize("name", ["ppo_clip", "dual_clip", "cispo", "vanilla_pg", "sapo"])
+@pytest.mark.parametrize("name", ["ppo_clip", "dual_clip", "cispo", "vanilla_pg", "sapo", "dppo"])
 @pytest.mark.parametrize("variant", ["default", "variant"])
 def test_token_losses_match_per_element_formula(seed: int, name: str, variant: str) -> None:
     logp, old, adv, mask = random_inputs(seed)
@@ -526,6 +562,13 @@ def test_sequence_losses_match_per_sequence_formula(seed: int, outcome: bool) ->
     assert_loss_matches(loss, gspo_ref(logp, old, adv, mask, gspo_params["clip_low"], gspo_params["clip_high"]), mask)
     loss, _ = call("gspo", logp, old, adv, mask)
     assert_loss_matches(loss, gspo_ref(logp, old, adv, mask), mask)
+    for params in ({}, VARIANTS["luspo"]):       # luspo is gspo's per-token loss (its aggregation differs)
+        loss, _ = call("luspo", logp, old, adv, mask, **params)
+        expected = gspo_ref(logp, old, adv, mask, params.get("clip_low", 2e-3), params.get("clip_high", 2.5e-3))
+        assert_loss_matches(loss, expected, mask)
+    for params in ({}, VARIANTS["vespo"]):
+        loss, _ = call("vespo", logp, old, adv, mask, **params)
+        assert_loss_matches(loss, vespo_ref(logp, old, adv, mask, **params), mask)
     for params in ({}, VARIANTS["geo_mean"]):
         loss, metrics = call("geo_mean", logp, old, adv, mask, **params)
         lo, hi = params.get("clip_low", 0.4), params.get("clip_high", 0.4)
@@ -699,10 +742,11 @@ def test_masked_positions_never_affect_valid_ones_property(name: str, data) -> N
 @pytest.mark.parametrize("name", NAMES)
 def test_registered_with_paper_and_description(name: str) -> None:
     component = REG.get("policy_loss", name)
-    assert component.fn is getattr(module, name)
+    assert component.fn is getattr(module, "gspo" if name == "luspo" else name)     # luspo: gspo's loss
     assert component.plugin and component.description and component.paper.startswith("arXiv:")
     assert component.needs == frozenset()
-    expected_agg = "seq-mean-token-mean" if name in ("gspo", "geo_mean") else None
+    expected_agg = {"gspo": "seq-mean-token-mean", "geo_mean": "seq-mean-token-mean",
+                    "luspo": "seq-mean-token-sum"}.get(name)
     assert component.meta.get("loss_agg") == expected_agg
 
 
@@ -728,6 +772,9 @@ def test_documented_defaults() -> None:
     assert defaults["clip_cov"] == module.ClipCovParams(0.2, 0.2, 2e-4, 1.0, 5.0)
     assert defaults["kl_cov"] == module.KLCovParams(2e-4, 1.0)
     assert defaults["vanilla_pg"] is None
+    assert defaults["luspo"] == module.LUSPOParams(2e-3, 2.5e-3)
+    assert defaults["vespo"] == module.VESPOParams(2.0, 3.0, 3.0, 2.0)
+    assert defaults["dppo"] == module.DPPOParams("tv", None, None, 10.0, "rollout")
 
 
 @pytest.mark.parametrize("name, given, fragment", [
@@ -749,6 +796,12 @@ def test_documented_defaults() -> None:
     ("clip_cov", {"clip_high": 0.0}, "clip_high must be > 0, got 0.0"),
     ("kl_cov", {"kl_cov_ratio": 1.5}, "kl_cov_ratio must be in (0, 1], got 1.5"),
     ("kl_cov", {"ppo_kl_coef": -1.0}, "ppo_kl_coef must be >= 0, got -1.0"),
+    ("vespo", {"lam_pos": 0.0}, "lam_pos must be > 0, got 0.0"),
+    ("vespo", {"k_neg": -1.0}, "k_neg must be >= 0, got -1.0"),
+    ("dppo", {"divergence": "js"}, "divergence must be one of tv, kl, got 'js'"),
+    ("dppo", {"anchor": "ref"}, "anchor must be 'rollout' or 'old', got 'ref'"),
+    ("dppo", {"delta_low": 0.0}, "delta_low must be > 0, got 0.0"),
+    ("luspo", {"clip_low": 1.0}, "clip_low must be in (0, 1), got 1.0"),
 ])
 def test_out_of_range_parameters_are_rejected_by_name(name: str, given: dict, fragment: str) -> None:
     with pytest.raises(ConfigError, match=re.escape(fragment)):
@@ -807,3 +860,59 @@ def test_doc_covers_every_component_and_parameter() -> None:
         if component.params is not None:
             for field in component.params.__dataclass_fields__:
                 assert f"`{field}`" in text, (name, field)
+
+
+# ============================================================== luspo, vespo, dppo by hand
+
+
+def test_luspo_is_gspo_times_the_length_under_its_aggregation() -> None:
+    """luspo's per-token loss is gspo's; it registers seq-mean-token-sum, so one sequence of
+    |y| tokens contributes |y|·L_i where gspo (seq-mean-token-mean) contributes L_i."""
+    logp = torch.tensor([[0.0, -0.1, -0.2], [-0.3, 0.0, 0.0]], dtype=torch.float64)
+    old = torch.zeros_like(logp)
+    adv = torch.tensor([[1.0, 1.0, 1.0], [-1.0, -1.0, 0.0]], dtype=torch.float64)
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]], dtype=torch.float64)
+    params = {"clip_low": 0.5, "clip_high": 0.5}
+    luspo_loss, _ = call("luspo", logp, old, adv, mask, **params)
+    gspo_loss, _ = call("gspo", logp, old, adv, mask, **params)
+    assert torch.equal(luspo_loss, gspo_loss)
+    assert REG.get("policy_loss", "luspo").meta["loss_agg"] == "seq-mean-token-sum"
+    agg = {m: REG.get("loss_agg", m) for m in ("seq-mean-token-sum", "seq-mean-token-mean")}
+    # sequence 0: s = exp(-0.1) = 0.904837 inside [0.5, 1.5]: L = -s; sequence 1: s = exp(-0.15), L = +s
+    s0, s1 = math.exp(-0.1), math.exp(-0.15)
+    assert float(agg["seq-mean-token-sum"](loss=luspo_loss, mask=mask)) == pytest.approx((3 * -s0 + 2 * s1) / 2)
+    assert float(agg["seq-mean-token-mean"](loss=gspo_loss, mask=mask)) == pytest.approx((-s0 + s1) / 2)
+
+
+def test_vespo_hand_computed_weight_and_gradient() -> None:
+    # one positive sequence: log w = 0.2 + 0.1 = 0.3; φ = exp(3 + 2·0.3 − 3·e^0.3) (k 2, λ 3)
+    logp = torch.tensor([[-0.8, -0.9]], dtype=torch.float64, requires_grad=True)
+    old = torch.tensor([[-1.0, -1.0]], dtype=torch.float64)
+    adv = torch.tensor([[2.0, 2.0]], dtype=torch.float64)
+    loss, metrics = call("vespo", logp, old, adv, torch.ones(1, 2, dtype=torch.float64))
+    phi = math.exp(3 + 2 * 0.3 - 3 * math.exp(0.3))
+    assert loss.detach().flatten().tolist() == pytest.approx([-phi * 2 * -0.8, -phi * 2 * -0.9])
+    assert metrics["weight_mean"].item() == pytest.approx(phi) and metrics["clipfrac"].item() == 0.0
+    loss.sum().backward()
+    assert logp.grad.flatten().tolist() == pytest.approx([-2 * phi, -2 * phi])    # φ is a stop-gradient weight
+    on_policy, metrics = call("vespo", old.clone(), old, adv, torch.ones(1, 2, dtype=torch.float64))
+    assert metrics["weight_mean"].item() == pytest.approx(1.0)                    # φ(1) = 1: REINFORCE
+
+
+def test_dppo_masks_tokens_that_moved_past_delta_in_the_advantages_direction() -> None:
+    # anchor (rollout) probabilities 0.5; current 0.7 (+0.2), 0.6 (+0.1), 0.3 (−0.2), 0.45 (−0.05)
+    p = torch.tensor([[0.7, 0.6, 0.3, 0.45]], dtype=torch.float64)
+    logp = p.log().requires_grad_(True)
+    rollout = torch.full_like(p, math.log(0.5))
+    old = logp.detach().clone()                                   # π_old = π: only μ differs
+    adv = torch.tensor([[1.0, 1.0, -1.0, -1.0]], dtype=torch.float64)
+    loss, metrics = call("dppo", logp, old, adv, torch.ones_like(p), rollout=rollout)
+    # tv, δ 0.15: token 0 (+0.2 with A > 0) and token 2 (−0.2 with A ≤ 0) are masked
+    w1, w3 = 0.6 / 0.5, 0.45 / 0.5
+    assert loss.detach().flatten().tolist() == pytest.approx([0.0, -w1 * math.log(0.6), 0.0, w3 * math.log(0.45)])
+    assert metrics["clipfrac"].item() == 0.5 and metrics["clipfrac_lower"].item() == 0.25
+    loss.sum().backward()
+    assert logp.grad.flatten().tolist() == pytest.approx([0.0, -w1, 0.0, w3])     # no gradient through w
+    # anchored at π_old instead nothing moved, so nothing is masked
+    _, metrics = call("dppo", logp.detach(), old, adv, torch.ones_like(p), rollout=rollout, anchor="old")
+    assert metrics["clipfrac"].item() == 0.0

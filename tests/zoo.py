@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from rlzoo.plugins import build_registry, make_plugin_manager
 
-REGISTRY = build_registry(make_plugin_manager())
+PM = make_plugin_manager()
+REGISTRY = build_registry(PM)
 
 
 def builtin_names(kind: str) -> tuple[str, ...]:

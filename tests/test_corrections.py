@@ -1,0 +1,128 @@
+"""Rollout corrections (kind ``rollout_correction``): hand-computed weights, the invariants,
+the docs page, and their effect in a run whose rollout samples from a bf16 copy."""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlzoo.config import build_params, load_config
+from rlzoo.errors import ConfigError
+from rlzoo.testing import check_component
+from zoo import PM as REGISTRY_PM
+from zoo import REGISTRY, builtin_names
+
+DOC = Path(__file__).parents[1] / "docs" / "algorithms" / "corrections.md"
+NAMES = builtin_names("rollout_correction")
+LOG = math.log
+
+
+def call(name: str, old, rollout, mask=None, logp=None, advantages=None, **params):
+    mask = torch.ones_like(old) if mask is None else mask
+    return REGISTRY.get("rollout_correction", name)(
+        old_logp=old, rollout_logp=rollout, logp=old if logp is None else logp,
+        advantages=torch.ones_like(old) if advantages is None else advantages, response_mask=mask, **params)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_invariants(name: str) -> None:
+    check_component(REGISTRY.get("rollout_correction", name))
+
+
+def test_tis_truncates_the_ratio_at_the_cap() -> None:
+    # π_old/μ = 0.5, 1, 3 (and padding): w = min(r, 2)
+    old = torch.tensor([[LOG(0.5), 0.0, LOG(3.0), 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
+    weights, metrics = call("tis", old, torch.zeros(1, 4), mask)
+    assert weights.tolist() == [pytest.approx([0.5, 1.0, 2.0, 0.0])]
+    assert metrics["truncated_frac"].item() == pytest.approx(1 / 3)
+    assert metrics["weight_mean"].item() == pytest.approx(3.5 / 3) and metrics["dropped_frac"] == 0
+    weights, _ = call("tis", old, torch.zeros(1, 4), mask, cap=5.0)
+    assert weights[0, 2].item() == pytest.approx(3.0)
+
+
+def test_icepop_keeps_the_ratio_inside_the_band_and_zeroes_the_rest() -> None:
+    old = torch.tensor([[LOG(0.4), LOG(0.5), LOG(2.0), LOG(5.0), LOG(6.0)]])
+    weights, metrics = call("icepop", old, torch.zeros(1, 5))
+    assert weights.tolist() == [pytest.approx([0.0, 0.5, 2.0, 5.0, 0.0])]       # bounds inclusive
+    assert metrics["dropped_frac"].item() == pytest.approx(0.4)
+
+
+def test_seq_is_mask_drops_whole_sequences_by_geometric_or_product_ratio() -> None:
+    # sequence 0: x = (0.0005, 0.0005) -> mean 5e-4 (geo 1.0005 inside [0.999, 1.001]), sum 1e-3
+    # sequence 1: x = (0.002, 0.0)     -> mean 1e-3 (geo 1.001001 > 1.001: dropped), sum 2e-3
+    # sequence 2: x = (1.0, -0.5)      -> sum 0.5 (product 1.65 inside [0.5, 2]), mean 0.25: dropped (geo)
+    old = torch.tensor([[5e-4, 5e-4], [2e-3, 0.0], [1.0, -0.5]], dtype=torch.float64)
+    rollout = torch.zeros_like(old)
+    weights, metrics = call("seq_is_mask", old, rollout)
+    assert weights.tolist() == [[1.0, 1.0], [0.0, 0.0], [0.0, 0.0]]
+    assert metrics["dropped_seq_frac"].item() == pytest.approx(2 / 3)
+    weights, _ = call("seq_is_mask", old, rollout, aggregate="product")
+    assert weights.tolist() == [[1.0, 1.0], [1.0, 1.0], [1.0, 1.0]]
+    weights, _ = call("seq_is_mask", old, rollout, aggregate="product", high=1.5)
+    assert weights.tolist() == [[1.0, 1.0], [1.0, 1.0], [0.0, 0.0]]
+
+
+def test_opmask_drops_negative_sequences_that_drifted_from_the_rollout() -> None:
+    # mean log μ − log π: sequence 0: 0.3 (A < 0: dropped), 1: 0.3 (A > 0: kept), 2: 0 (kept)
+    rollout = torch.tensor([[0.0, 0.0], [0.0, 0.0], [0.0, 0.0]])
+    logp = torch.tensor([[-0.2, -0.4], [-0.2, -0.4], [0.0, 0.0]])
+    advantages = torch.tensor([[-1.0, -1.0], [1.0, 1.0], [-1.0, -1.0]])
+    weights, metrics = call("opmask", rollout.clone(), rollout, logp=logp, advantages=advantages)
+    assert weights.tolist() == [[0.0, 0.0], [1.0, 1.0], [1.0, 1.0]]
+    assert metrics["dropped_seq_frac"].item() == pytest.approx(1 / 3)
+    weights, _ = call("opmask", rollout.clone(), rollout, logp=logp, advantages=advantages, delta=0.5)
+    assert weights.sum().item() == 6.0
+
+
+@pytest.mark.parametrize("name, given, fragment", [
+    ("tis", {"cap": 0.0}, "cap must be > 0"),
+    ("icepop", {"low": 2.0, "high": 1.0}, "need 0 < low < high"),
+    ("seq_is_mask", {"aggregate": "mean"}, "aggregate must be one of geometric, product"),
+    ("seq_is_mask", {"low": 1.5}, "need 0 < low < high"),
+    ("opmask", {"delta": 0.0}, "delta must be > 0"),
+])
+def test_parameters_are_validated(name: str, given: dict, fragment: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(fragment)):
+        build_params(REGISTRY.get("rollout_correction", name), given)
+
+
+def test_the_plan_runs_old_log_probs_for_corrections_and_warns_when_there_is_no_gap() -> None:
+    plan = load_config(REGISTRY, ["rollout_correction=tis", "trainer.num_mini_batches=1", "kl.coef=0"]).plan
+    assert "old_logp" in plan.passes and "rollout_correction tis" in plan.passes["old_logp"]
+    assert any("rollout.dtype=bfloat16" in w for w in plan.warnings)
+    plan = load_config(REGISTRY, ["rollout_correction=tis", "rollout.dtype=bfloat16"]).plan
+    assert not any("rollout_correction" in w for w in plan.warnings) and "rollout" in plan.models
+    assert "rollout correction: tis" in plan.render()
+
+
+@pytest.mark.slow
+def test_a_bf16_rollout_is_a_real_gap_that_the_corrections_see(tmp_path: Path) -> None:
+    from rlzoo.trainer import Trainer
+
+    resolved = load_config(REGISTRY, ["rollout.dtype=bfloat16", "rollout_correction={name: tis, cap: 1.001}",
+                                      f"run_dir={tmp_path}", "logging.progress=false"])
+    trainer = Trainer(resolved, REGISTRY, REGISTRY_PM)
+    try:
+        metrics = trainer.train_step()
+    finally:
+        trainer.close()
+    assert metrics["rollout/max_abs_log_ratio"] > 1e-4                       # bf16 vs float32 log-probs
+    assert 0 < metrics["rollout_correction/truncated_frac"] < 1              # some ratios above 1.001
+    assert metrics["rollout_correction/weight_mean"] != 1.0
+
+
+def test_docs_page_names_every_correction_and_its_parameters() -> None:
+    text = DOC.read_text()
+    for name in NAMES:
+        component = REGISTRY.get("rollout_correction", name)
+        assert f"## `{name}`" in text, name
+        for field in (component.params.__dataclass_fields__ if component.params else ()):
+            assert f"`{field}`" in text, (name, field)
+    for block in re.findall(r"```python\n(.*?)```", text, flags=re.S):
+        exec(compile(block, str(DOC), "exec"), {})
+
