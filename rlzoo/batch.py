@@ -105,6 +105,13 @@ class RolloutBatch:
                 values[f.name] = value
         return RolloutBatch(**values)
 
+    def to(self, device: torch.device | str) -> "RolloutBatch":
+        """A batch with every tensor on ``device`` (this one when they already are)."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        if all(not isinstance(v, torch.Tensor) or v.device == torch.device(device) for v in values.values()):
+            return self
+        return RolloutBatch(**{k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in values.items()})
+
     def copy_from(self, other: "RolloutBatch") -> None:
         """Make this batch ``other`` (every field), in place."""
         for f in fields(self):

@@ -98,6 +98,18 @@ def _parser() -> argparse.ArgumentParser:
     diff.add_argument("--a", nargs="*", default=[], metavar="KEY=VALUE", help="overrides of side A only")
     diff.add_argument("--b", nargs="*", default=[], metavar="KEY=VALUE", help="overrides of side B only")
 
+    ab = sub.add_parser("ab", help="train two learners on the identical recorded rollouts of a run",
+                        description="Replay the rollouts a run recorded (rollout.record=true) through two "
+                        "learners, A and B, each the run's config plus its overrides, from the run's initial "
+                        "weights and with the same mini-batch shuffles; report per step the cosine between "
+                        "their updates, KL(A||B) on the batch, each one's distance from the recording policy "
+                        "and its update metrics, to TensorBoard (ab/...) and ab.png.")
+    ab.add_argument("run_dir", metavar="RUN_DIR", help="a run recorded with rollout.record=true")
+    ab.add_argument("--a", nargs="*", default=[], metavar="KEY=VALUE", help="overrides of learner A")
+    ab.add_argument("--b", nargs="*", default=[], metavar="KEY=VALUE", help="overrides of learner B")
+    ab.add_argument("--steps", type=int, help="replay only the first N recorded steps")
+    ab.add_argument("--out", metavar="DIR", help="output directory (default RUN_DIR-ab-<timestamp>)")
+
     listing = sub.add_parser("list", help="list registered components by kind")
     listing.add_argument("--json", action="store_true", help="print JSON instead of text")
     listing.add_argument("--kind", choices=sorted(REGISTRATION_HOOKS), help="only this kind")
@@ -178,6 +190,23 @@ def _cmd_diff(args: argparse.Namespace) -> int:
     text = diff(load_config(registry, left, args.config), load_config(registry, right, args.config), registry,
                 labels)
     sys.stdout.write(text)
+    return 0
+
+
+def _cmd_ab(args: argparse.Namespace) -> int:
+    from rlzoo.ab import run_ab
+    from rlzoo.errors import ConfigError
+
+    if args.steps is not None and args.steps < 1:
+        raise ConfigError(f"--steps must be >= 1, got {args.steps}")
+    _quiet_transformers()
+    result = run_ab(args.run_dir, args.a, args.b, args.out, args.steps)
+    series = result.series
+    print("| recorded step | cosine(ΔA, ΔB) | KL(A‖B) | KL(μ‖A) | KL(μ‖B) |\n|---|---|---|---|---|")
+    for i, step in enumerate(result.steps):
+        print(f"| {step} | {series['ab/cosine'][i]:.4f} | {series['ab/kl_a_b'][i]:.3g} | "
+              f"{series['ab/kl_recording_a'][i]:.3g} | {series['ab/kl_recording_b'][i]:.3g} |")
+    print(f"\nwrote {result.out_dir / 'ab.png'}; tensorboard --logdir {result.out_dir}")
     return 0
 
 
@@ -310,4 +339,4 @@ def _cmd_list(args: argparse.Namespace) -> int:
 
 
 _COMMANDS = {"train": _cmd_train, "sft": _cmd_sft, "sweep": _cmd_sweep, "compare": _cmd_compare,
-             "config": _cmd_config, "explain": _cmd_explain, "diff": _cmd_diff, "list": _cmd_list}
+             "config": _cmd_config, "explain": _cmd_explain, "diff": _cmd_diff, "ab": _cmd_ab, "list": _cmd_list}

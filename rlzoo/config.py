@@ -56,6 +56,7 @@ class RolloutConfig:
     temperature: float = MISSING
     top_p: float = MISSING
     dtype: Optional[str] = MISSING
+    record: bool = MISSING
     backend: Any = MISSING
 
 

@@ -89,6 +89,7 @@ class RunPlan:
         logits / this, the sampling temperature (as verl and TRL do).
     :ivar rollout: the rollout backend's name and the dtype it generates in.
     :ivar correction: the rollout correction's name (``none``: weights of 1).
+    :ivar record: each step's batch is written to ``rollouts/`` (``rollout.record``).
     :ivar warnings: choices that cannot act under this plan, in words.
     """
 
@@ -103,6 +104,7 @@ class RunPlan:
     logprob_temperature: float
     rollout: dict[str, Any]
     correction: str = "none"
+    record: bool = False
     warnings: list[str] = field(default_factory=list)
 
     def runs(self, name: str) -> bool:
@@ -143,6 +145,8 @@ class RunPlan:
         lines += [f"  {name}: {why}" for name, why in self.passes.items()]
         if self.correction != "none":
             lines.append(f"rollout correction: {self.correction} weights the per-token policy loss")
+        if self.record:
+            lines.append("each step's batch is recorded in rollouts/ (rlzoo ab replays it)")
         if self.kl is None:
             lines.append("kl: off (kl.coef = 0)")
         else:
@@ -249,7 +253,7 @@ def build_plan(resolved: "ResolvedConfig") -> RunPlan:
                    aggregation=aggregation, masks=masks, update=update,
                    logprob_temperature=float(cfg.rollout.temperature),
                    rollout={"backend": comps["rollout.backend"].name, "dtype": rollout_dtype},
-                   correction=comps["rollout_correction"].name)
+                   correction=comps["rollout_correction"].name, record=bool(cfg.rollout.record))
     plan.warnings.extend(_inert_choices(resolved, plan))
     return plan
 
@@ -261,6 +265,9 @@ def _check_consistency(resolved: "ResolvedConfig", needs: set[str], kl_on: bool,
     if "groups" in needs and cfg.rollout.n < 2:
         raise ConfigError(f"{_names(acting, 'groups')} need groups of completions: set rollout.n >= 2 "
                           f"(got {cfg.rollout.n})")
+    if cfg.rollout.record and world > 1:
+        raise ConfigError("rollout.record=true records one process's batches; record a run of a single process "
+                          f"(this job has {world})")
     if cfg.rollout.prompts_per_step % world:
         raise ConfigError(f"rollout.prompts_per_step={cfg.rollout.prompts_per_step} must be divisible by the "
                           f"number of processes ({world}): each process takes whole groups")

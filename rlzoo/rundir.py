@@ -51,6 +51,7 @@ from rlzoo.checkpoint import (
     write_error,
 )
 from rlzoo.errors import ConfigError, RlzooError, TrainingError
+from rlzoo.recording import ROLLOUT_DIR, record
 
 INIT_MODEL_DIR = "init_model"
 STATUS_FILE = "status.json"
@@ -59,7 +60,7 @@ PLAN_FILE = "plan.txt"
 RESUMES_FILE = "resumes.jsonl"
 LOCK_FILE = ".lock"
 RUN_FILES = (CONFIG_FILE, PLAN_FILE, RESUMES_FILE, STATUS_FILE, f".{STATUS_FILE}.tmp", INIT_MODEL_DIR,
-             CHECKPOINT_DIR, "events.out.tfevents.*")
+             CHECKPOINT_DIR, ROLLOUT_DIR, "events.out.tfevents.*")
 """What a run writes into its directory (glob patterns): what ``--overwrite`` deletes.
 Anything else there (``rlzoo sweep``'s ``train.log``, your notes) is left alone."""
 
@@ -442,6 +443,15 @@ class RunDirectory:
                 raise TrainingError(f"cannot record the resume in {self.path}: {write_error(exc, self.path)}") from exc
 
         self._on_main(write)
+
+    def record_rollout(self, step: int, batch: Any) -> None:
+        """Write ``batch`` as the recording of ``step`` (``rollout.record``; single process)."""
+        if self.dist.is_main:
+            try:
+                record(self.path, step, batch)
+            except OSError as exc:
+                raise TrainingError(f"cannot record the rollout of step {step} in {self.path / ROLLOUT_DIR}: "
+                                    f"{write_error(exc, self.path)}") from exc
 
     def save_checkpoint(self, step: int, models: dict[str, Any], state: dict[str, Any], keep: int) -> None:
         """Write checkpoint ``step`` (rank 0; every rank calls this, the others wait).

@@ -113,6 +113,8 @@ class Trainer:
         self.pm.hook.rlzoo_after_rollout(batch=batch, ctx=self.ctx)
         self.pm.hook.rlzoo_shape_rewards(batch=batch, ctx=self.ctx)
         rollout_s = time.perf_counter() - start
+        if self.cfg.rollout.record:
+            self.run_dir.record_rollout(self.step, batch)
         metrics = self._batch_metrics(batch)
         update_start = time.perf_counter()
         metrics.update(self.learn(batch))

@@ -1,0 +1,88 @@
+"""Recorded rollouts and ``rlzoo ab``: two learners on the identical batches."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlzoo import recording
+from rlzoo.ab import run_ab
+from rlzoo.batch import RolloutBatch
+from rlzoo.cli import main
+
+TINY = ["model.hidden_size=32", "model.intermediate_size=64", "model.num_layers=1", "model.num_heads=2",
+        "model.num_kv_heads=1", "task.num_digits=3", "rollout.prompts_per_step=4", "rollout.n=4",
+        "rollout.max_new_tokens=5", "logging.progress=false", "trainer.threads=1"]
+
+
+def test_a_recorded_batch_reads_back_exactly(tmp_path: Path) -> None:
+    batch = RolloutBatch(prompt_ids=torch.tensor([[0, 5], [3, 4]]), prompt_mask=torch.tensor([[0, 1], [1, 1]]),
+                         response_ids=torch.tensor([[7, 2], [8, 0]]),
+                         response_mask=torch.tensor([[1.0, 1.0], [1.0, 0.0]]),
+                         group_ids=torch.tensor([4, 4]), scores=torch.tensor([0.5, 1.0]),
+                         truncated=torch.tensor([False, True]), prompts=["12=", "3="], completions=["7", "8"],
+                         references=[(1, 2), "3"], rollout_logp=torch.tensor([[-0.5, -0.1], [-2.0, 0.0]]))
+    batch.rewards = batch.rewards - 0.25                    # shaped rewards are what the learner saw
+    recording.record(tmp_path, 7, batch)
+    assert recording.recorded_steps(tmp_path) == [7]
+    back = recording.load(tmp_path, 7)
+    for name in recording.RECORDED:
+        left, right = getattr(batch, name), getattr(back, name)
+        assert (left is None and right is None) or torch.equal(left, right), name
+    assert back.prompts == batch.prompts and back.references == [[1, 2], "3"]
+
+
+@pytest.fixture(scope="module")
+def recorded_run(tmp_path_factory) -> Path:
+    run_dir = tmp_path_factory.mktemp("ab") / "run"
+    assert main(["train", *TINY, f"run_dir={run_dir}", "trainer.total_steps=3", "rollout.record=true"]) == 0
+    assert recording.recorded_steps(run_dir) == [1, 2, 3]
+    return run_dir
+
+
+def _digest(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file() and p.name != ".lock"}
+
+
+@pytest.mark.slow
+def test_identical_sides_make_identical_updates_and_different_losses_diverge(recorded_run: Path,
+                                                                              tmp_path: Path) -> None:
+    before = _digest(recorded_run)
+    same = run_ab(recorded_run, ["policy_loss=ppo_clip"], ["policy_loss=ppo_clip"], tmp_path / "same")
+    assert same.steps == [1, 2, 3]
+    assert all(abs(c - 1.0) < 1e-6 for c in same.series["ab/cosine"])
+    assert all(kl < 1e-9 for kl in same.series["ab/kl_a_b"])
+    assert same.series["ab/a/policy/loss"] == same.series["ab/b/policy/loss"]
+    differ = run_ab(recorded_run, ["policy_loss=ppo_clip"], ["policy_loss=vanilla_pg"], tmp_path / "differ")
+    assert all(c < 0.99999 for c in differ.series["ab/cosine"][1:])
+    assert all(kl > 0 for kl in differ.series["ab/kl_a_b"])
+    assert all(kl > 0 for kl in differ.series["ab/kl_recording_b"])
+    assert (tmp_path / "differ" / "ab.png").is_file() and any((tmp_path / "differ").glob("events.out.tfevents.*"))
+    assert _digest(recorded_run) == before                       # the recorded run is only read
+
+
+def test_ab_refuses_a_run_without_recordings_and_an_output_inside_the_run(capsys, tmp_path: Path) -> None:
+    run_dir = tmp_path / "plain"
+    assert main(["train", *TINY, f"run_dir={run_dir}", "trainer.total_steps=1"]) == 0
+    capsys.readouterr()
+    assert main(["ab", str(run_dir), "--a", "policy_loss=cispo"]) == 2
+    assert "holds no recorded rollouts" in capsys.readouterr().err
+    recording.record(run_dir, 1, _tiny_batch())
+    assert main(["ab", str(run_dir), "--out", str(run_dir / "ab")]) == 2
+    assert "inside the recorded run" in capsys.readouterr().err
+
+
+def _tiny_batch() -> RolloutBatch:
+    return RolloutBatch(prompt_ids=torch.tensor([[4, 5]]), prompt_mask=torch.ones(1, 2, dtype=torch.long),
+                        response_ids=torch.tensor([[6]]), response_mask=torch.ones(1, 1),
+                        group_ids=torch.tensor([0]), scores=torch.tensor([0.0]), truncated=torch.tensor([False]),
+                        prompts=["1="], completions=["1"], references=["1"], rollout_logp=torch.zeros(1, 1))
+
+
+def test_recording_is_a_single_process_feature(capsys) -> None:
+    assert main(["config", "rollout.record=true", "launcher.nproc=2"]) == 2
+    assert "rollout.record=true records one process's batches" in capsys.readouterr().err
