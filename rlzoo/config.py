@@ -94,6 +94,15 @@ class LoggingConfig:
 
 
 @dataclass
+class EvalConfig:
+    every: int = MISSING
+    size: int = MISSING
+    n: int = MISSING
+    threshold: float = MISSING
+    holdout: float = MISSING
+
+
+@dataclass
 class CheckpointConfig:
     every: int = MISSING
     keep: int = MISSING
@@ -131,6 +140,7 @@ class RunConfig:
     kl: KLConfig = field(default_factory=KLConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
@@ -177,7 +187,7 @@ POSITIVE: tuple[str, ...] = (
 NON_NEGATIVE: tuple[str, ...] = (
     "trainer.lr", "trainer.critic_lr", "trainer.weight_decay", "trainer.warmup_steps",
     "trainer.max_grad_norm", "trainer.entropy_coef", "trainer.threads", "kl.coef",
-    "logging.sample_every", "checkpoint.every",
+    "logging.sample_every", "checkpoint.every", "eval.every", "eval.size", "eval.n",
 )
 
 # ------------------------------------------------------------------------- loading
@@ -581,6 +591,9 @@ def _check_values(cfg: DictConfig) -> None:
             raise ConfigError(f"invalid value for {path}: {value!r}; must be >= 0")
     if not 0 < cfg.rollout.top_p <= 1:
         raise ConfigError(f"invalid value for rollout.top_p: {cfg.rollout.top_p!r}; must be in (0, 1]")
+    if not 0 <= cfg.eval.holdout < 1:
+        raise ConfigError(f"invalid value for eval.holdout: {cfg.eval.holdout!r}; must be in [0, 1) (the share of "
+                          "each task's prompts held out of training for evaluation)")
     if len(cfg.trainer.betas) != 2:
         raise ConfigError(f"invalid value for trainer.betas: {list(cfg.trainer.betas)}; need 2 numbers")
 
