@@ -69,7 +69,9 @@ class Evaluator:
         self.every, self.n = int(cfg.eval.every), int(cfg.eval.n)
         self.threshold = float(cfg.eval.threshold)
         self.rollout = cfg.rollout
-        self.chunk = max(1, int(cfg.rollout.prompts_per_step))
+        # at most as many sequences per generate call as a training rollout (the size the
+        # user made fit in memory): every prompt once greedily, or eval.n samples each
+        self.sequences = max(1, int(cfg.rollout.prompts_per_step) * int(cfg.rollout.n))
         self.samples: list[Sample] = []
         """Greedy answers to the first held-out prompts at the last evaluation (logged as text)."""
 
@@ -101,31 +103,36 @@ class Evaluator:
         """Whether to evaluate after ``step``."""
         return last or (self.every > 0 and step % self.every == 0)
 
+    def _generate(self, examples: list[Example], samples: int) -> tuple[list[float], list[str]]:
+        """Scores and completions of ``samples`` completions per example (one greedy one
+        when 0), example-major, in calls of at most ``self.sequences`` sequences."""
+        sampler, cfg = self.sampler, self.rollout
+        per_example = max(1, samples)
+        per_call = max(1, self.sequences // per_example)
+        scores: list[float] = []
+        completions: list[str] = []
+        for start in range(0, len(examples), per_call):
+            part = examples[start:start + per_call]
+            gen = sampler.backend.generate(sampler.encode_prompts([e.prompt for e in part]),
+                                           num_samples=per_example, max_new_tokens=cfg.max_new_tokens,
+                                           temperature=cfg.temperature, top_p=cfg.top_p, greedy=samples == 0)
+            texts = sampler.decode(gen.response_ids, gen.response_mask)
+            repeat = lambda items: [x for x in items for _ in range(per_example)]  # noqa: E731
+            scores += sampler.score(repeat([e.prompt for e in part]), texts, repeat([e.reference for e in part]),
+                                    repeat([dict(e.row) for e in part])).tolist()
+            completions += texts
+        return scores, completions
+
     def _answer(self, examples: list[Example], seed: int) -> list[tuple[float, list[float], str]]:
         """``(greedy score, sample scores, greedy completion)`` per example."""
-        sampler, cfg = self.sampler, self.rollout
-        out = []
-        with torch.random.fork_rng(devices=_devices(sampler.device)):
+        with torch.random.fork_rng(devices=_devices(self.sampler.device)):
             torch.manual_seed(seed)
-            for start in range(0, len(examples), self.chunk):
-                part = examples[start:start + self.chunk]
-                prompts, references = [e.prompt for e in part], [e.reference for e in part]
-                rows = [dict(e.row) for e in part]
-                ids = sampler.encode_prompts(prompts)
-                greedy = sampler.backend.generate(ids, num_samples=1, max_new_tokens=cfg.max_new_tokens,
-                                                  temperature=cfg.temperature, top_p=cfg.top_p, greedy=True)
-                completions = sampler.decode(greedy.response_ids, greedy.response_mask)
-                greedy_scores = sampler.score(prompts, completions, references, rows).tolist()
-                sampled = [[] for _ in part]
-                if self.n:
-                    gen = sampler.backend.generate(ids, num_samples=self.n, max_new_tokens=cfg.max_new_tokens,
-                                                   temperature=cfg.temperature, top_p=cfg.top_p)
-                    repeat = lambda items: [x for x in items for _ in range(self.n)]  # noqa: E731
-                    scores = sampler.score(repeat(prompts), sampler.decode(gen.response_ids, gen.response_mask),
-                                           repeat(references), repeat(rows))
-                    sampled = scores.reshape(len(part), self.n).tolist()
-                out += list(zip(greedy_scores, sampled, completions))
-        return out
+            greedy, completions = self._generate(examples, 0)
+            sampled: list[list[float]] = [[] for _ in examples]
+            if self.n:
+                flat, _ = self._generate(examples, self.n)
+                sampled = [flat[i * self.n:(i + 1) * self.n] for i in range(len(examples))]
+        return list(zip(greedy, sampled, completions))
 
     def run(self, step: int) -> dict[str, float]:
         """Evaluate now; returns the ``eval/...`` metrics and ``timing/eval_s`` (the same on
