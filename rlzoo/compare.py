@@ -16,17 +16,17 @@ import yaml
 
 from rlzoo.errors import RlzooError
 from rlzoo.events import read_events
-from rlzoo.tracking import NOT_HPARAMS, flatten_config
+from rlzoo.tracking import NOT_HPARAMS, flatten_config, matches
 
-GROUPING_IGNORES = ("seed", "logging.", "checkpoint.", "trainer.threads", "eval.every")
-"""Effective-hparam keys (or prefixes) that do not separate groups: the seed, and keys
-that change how a run is logged, saved or threaded but not what it trains."""
+GROUPING_IGNORES = ("seed", "trainer.threads", "eval.every")
+"""Hyperparameters that do not separate groups: the seed, and keys that change how fast a
+run goes or how often it is evaluated but not what it trains."""
 
 
 COLUMNS: list[tuple[str, str]] = [
-    ("group", "runs whose effective hyperparameters (as TensorBoard's HParams shows them) are equal except "
-              "for the seed and logging, checkpoint and thread settings; labelled by the keys that differ "
-              "between groups (keys an algorithm preset sets are folded into `algo=`)"),
+    ("group", "runs whose hyperparameters (as TensorBoard's HParams shows them) are equal except for "
+              "`seed`, `trainer.threads` and `eval.every`; labelled by the keys that differ between groups "
+              "(keys an algorithm preset sets are folded into `algo=`)"),
     ("seeds", "runs in the group; every other cell is their mean ± standard deviation (n−1 denominator)"),
     ("eval acc", "`eval/greedy_accuracy` at the last evaluation (after the last step): share of the held-out "
                  "prompts whose greedy completion scores at least `eval.threshold`"),
@@ -121,7 +121,7 @@ def summarise(run_dir: Path, threshold: float, window: int, tag: str = "reward/m
     hparams = events.hparams
     if hparams is None:  # a run from before rlzoo recorded effective hparams
         config = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
-        hparams = {k: v for k, v in flatten_config(config).items() if k not in NOT_HPARAMS}
+        hparams = {k: v for k, v in flatten_config(config).items() if not matches(k, NOT_HPARAMS)}
     step_times = [v for _, v in curves.get("timing/step_s", [])]
     return RunSummary(
         run_dir=run_dir, hparams={k: _plain(v) for k, v in hparams.items()}, steps=smoothed_steps,
@@ -135,15 +135,11 @@ def summarise(run_dir: Path, threshold: float, window: int, tag: str = "reward/m
     )
 
 
-def _ignored(key: str) -> bool:
-    return any(key == item or (item.endswith(".") and key.startswith(item)) for item in GROUPING_IGNORES)
-
-
 def group_runs(summaries: list[RunSummary]) -> list[Group]:
     """Group runs (see the ``group`` column of :data:`COLUMNS`) and label each group."""
     keyed: dict[tuple, list[RunSummary]] = {}
     for summary in summaries:
-        key = tuple(sorted((k, str(v)) for k, v in summary.hparams.items() if not _ignored(k)))
+        key = tuple(sorted((k, str(v)) for k, v in summary.hparams.items() if not matches(k, GROUPING_IGNORES)))
         keyed.setdefault(key, []).append(summary)
     keys = [dict(key) for key in keyed]
     all_names = sorted({name for key in keys for name in key})

@@ -10,7 +10,7 @@ when evaluation runs (:mod:`rlzoo.evaluation`); plus any metric a component or e
 adds under its own name.
 
 **HParams.** Each run records its *effective* hyperparameters (:func:`effective_hparams`:
-every config key, with the knobs that cannot act under the run plan written as ``off``,
+every config key but :data:`NOT_HPARAMS`, with the knobs that cannot act under the run plan written as ``off``,
 so KL knobs of a run without KL do not show as differing) and an experiment summary that
 names the metrics, evaluation and reward first. TensorBoard reads one experiment summary
 per log directory; a sweep writes one for all its runs (:func:`write_experiment`, with
@@ -36,8 +36,14 @@ if TYPE_CHECKING:
     from rlzoo.batch import RolloutBatch
     from rlzoo.plan import RunPlan
 
-NOT_HPARAMS = ("run_name", "run_dir", "resume", "logging.progress")
-"""Config keys that name or place a run rather than configure it: not hyperparameters."""
+NOT_HPARAMS = ("run_name", "run_dir", "resume", "logging.", "checkpoint.")
+"""Config keys (a trailing dot: every key under it) that name or place a run, or say how it
+is logged and saved, rather than what it trains: not hyperparameters."""
+
+
+def matches(key: str, patterns: tuple[str, ...]) -> bool:
+    """Whether ``key`` is one of ``patterns`` or lies under one that ends with a dot."""
+    return any(key == p or (p.endswith(".") and key.startswith(p)) for p in patterns)
 
 OFF = "off"
 """The hparams value of a knob that cannot act under the run's plan."""
@@ -100,7 +106,7 @@ def effective_hparams(cfg: DictConfig, plan: "RunPlan") -> dict[str, Any]:
     inert = inert_prefixes(plan)
     out: dict[str, Any] = {}
     for key, value in flatten_config(cfg).items():
-        if key in NOT_HPARAMS:
+        if matches(key, NOT_HPARAMS):
             continue
         prefix = next((p for p in inert if key == p or key.startswith(p + ".")), None)
         if prefix is not None:
