@@ -147,15 +147,20 @@ class Task:
         """Restore :meth:`state_dict`."""
 
 
-def _unencodable(text: str, tokenizer: Any) -> str:
-    """The characters of ``text`` the tokenizer maps to its unknown token ('' if none)."""
+def _unencodable(texts: list[str], tokenizer: Any) -> list[tuple[str, str]]:
+    """``(text, characters)`` for every text the tokenizer maps partly to its unknown token
+    (byte-level tokenizers have none: nothing is unencodable). One batched call for all."""
     unk = getattr(tokenizer, "unk_token_id", None)
-    if unk is None or not text:
-        return ""
-    ids = tokenizer(text, add_special_tokens=False).input_ids
-    if unk not in ids:
-        return ""
-    return "".join(sorted({ch for ch in text if unk in tokenizer(ch, add_special_tokens=False).input_ids}))
+    if unk is None or not texts:
+        return []
+    encoded = tokenizer(texts, add_special_tokens=False).input_ids
+    bad = []
+    for text, ids in zip(texts, encoded):
+        if unk in ids:
+            chars = sorted(set(text))
+            per_char = tokenizer(chars, add_special_tokens=False).input_ids
+            bad.append((text, "".join(ch for ch, char_ids in zip(chars, per_char) if unk in char_ids)))
+    return bad
 
 
 def check_encodable(task: Task, task_name: str, tokenizer: Any, holdout: Holdout) -> list[str]:
@@ -173,15 +178,8 @@ def check_encodable(task: Task, task_name: str, tokenizer: Any, holdout: Holdout
     examples = task.examples()
     if examples is None:
         examples = task.eval_set(16, holdout) + task.sample(PROBE_DRAWS, random.Random("rlzoo-probe"))
-    bad_answers, bad_prompts = [], []
-    for example in examples:
-        answer = task.answer_text(example)
-        missing = _unencodable(answer, tokenizer)
-        if missing:
-            bad_answers.append((answer, missing))
-        missing = _unencodable(example.prompt, tokenizer)
-        if missing:
-            bad_prompts.append((example.prompt, missing))
+    bad_answers = _unencodable([task.answer_text(e) for e in examples], tokenizer)
+    bad_prompts = _unencodable([e.prompt for e in examples], tokenizer)
     where = f"task {task_name!r}"
     union = lambda bad: "".join(sorted({ch for _, missing in bad for ch in missing}))  # noqa: E731
     if bad_answers:

@@ -36,7 +36,7 @@ from rlzoo.rundir import RunDirectory, summary_line
 from rlzoo.sampler import Sampler
 from rlzoo.sweep import in_sweep
 from rlzoo.tasks import check_encodable
-from rlzoo.tracking import Progress, Tracker, group_samples
+from rlzoo.tracking import Progress, Sample, Tracker, group_samples
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -92,7 +92,7 @@ class Trainer:
         self.extensions = [(component.name, component.bind(params)()) for component, params in resolved.extensions]
         pm.register_run_extensions(self.extensions)
         self.step = 0
-        self.last_samples: list[tuple[str, str, str, float]] = []
+        self.last_samples: list[Sample] = []
         self._stop_requested = False
         if resume_state is not None:
             self._restore(resume_state)
