@@ -120,3 +120,14 @@ def test_the_compare_tutorial_shows_the_legend_compare_prints() -> None:
     text = (Path(__file__).parents[1] / "docs" / "compare.md").read_text()
     for line in legend(0.5, 25).splitlines():
         assert line in text, line
+
+
+def test_compare_without_matplotlib_is_one_clear_error(monkeypatch) -> None:
+    import sys
+
+    from rlzoo.compare import _pyplot
+    from rlzoo.errors import RlzooError
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)   # what an environment without it looks like
+    with pytest.raises(RlzooError, match="pip install matplotlib"):
+        _pyplot()
