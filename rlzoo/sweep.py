@@ -28,7 +28,7 @@ from rlzoo.config import ResolvedConfig, load_config
 from rlzoo.errors import ConfigError
 from rlzoo.registry import Registry
 from rlzoo.rundir import read_status
-from rlzoo.tracking import effective_hparams, hparam_metrics, write_experiment
+from rlzoo.tracking import ALGORITHM_KEYS, effective_hparams, hparam_metrics, write_experiment
 
 RELAYED = ("rlzoo: step ", "rlzoo: error", "rlzoo: evaluation")
 """Lines of a run's output the sweep repeats on its own output (prefixed with the run)."""
@@ -119,11 +119,16 @@ def validate(runs: list[SweepRun], registry: Registry, config_file: str | None) 
     return resolved
 
 
-def write_sweep_experiment(sweep_dir: Path, resolved: list[ResolvedConfig]) -> None:
+def write_sweep_experiment(sweep_dir: Path, resolved: list[ResolvedConfig], swept: list[str]) -> None:
     """TensorBoard's hparams experiment for the whole sweep: every run's effective
-    hparams, ``differs`` on the keys whose values differ, the metrics of every run."""
+    hparams, the metrics of every run, and ``differs`` on what the sweep varied: the swept
+    keys (everything under them) and the :data:`rlzoo.tracking.ALGORITHM_KEYS` whose
+    values differ. Keys that differ only as a consequence (a preset's settings, the
+    parameters of a component that differs) are listed unmarked, so the five columns
+    TensorBoard shows first are the ones that explain the runs."""
     metrics = list(dict.fromkeys(tag for r in resolved for tag in hparam_metrics(r.cfg)))
-    write_experiment(sweep_dir, [effective_hparams(r.cfg, r.plan) for r in resolved], metrics)
+    shown = ALGORITHM_KEYS + tuple(pattern for key in swept for pattern in (key, key + "."))
+    write_experiment(sweep_dir, [effective_hparams(r.cfg, r.plan) for r in resolved], metrics, shown)
 
 
 def _command(run: SweepRun, config_file: str | None) -> list[str]:
@@ -148,7 +153,7 @@ def run_sweep(sweep_dir: Path, overrides: list[str], registry: Registry, config_
     resolved = validate(runs, registry, config_file)
     sweep_dir.mkdir(parents=True, exist_ok=True)
     (sweep_dir / SWEEP_FILE).write_text(" ".join(overrides) + "\n")
-    write_sweep_experiment(sweep_dir, resolved)
+    write_sweep_experiment(sweep_dir, resolved, [key for key, _ in expand(overrides)[1]])
 
     def execute(run: SweepRun) -> tuple[SweepRun, str]:
         status = read_status(run.run_dir)

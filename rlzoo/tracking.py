@@ -14,8 +14,8 @@ every config key but :data:`NOT_HPARAMS`, with the knobs that cannot act under t
 so KL knobs of a run without KL do not show as differing) and an experiment summary that
 names the metrics, evaluation and reward first. TensorBoard reads one experiment summary
 per log directory; a sweep writes one for all its runs (:func:`write_experiment`, with
-``differs`` set on the keys whose values differ), and runs inside a sweep directory leave
-it to the sweep.
+``differs`` set on the swept keys and the :data:`ALGORITHM_KEYS` whose values differ), and
+runs inside a sweep directory leave it to the sweep.
 
 **Layout.** TensorBoard's Time Series tab groups tags by prefix in alphabetical order; the
 custom-scalars layout every run writes (tab CUSTOM SCALARS) shows reward and evaluation
@@ -31,6 +31,8 @@ from typing import TYPE_CHECKING, Any
 from omegaconf import DictConfig, OmegaConf
 from torch.utils.tensorboard import SummaryWriter
 from torch.utils.tensorboard.summary import hparams
+
+from rlzoo.config import COMPONENT_FIELDS
 
 if TYPE_CHECKING:
     from rlzoo.batch import RolloutBatch
@@ -102,15 +104,16 @@ def inert_prefixes(plan: "RunPlan") -> tuple[str, ...]:
 def effective_hparams(cfg: DictConfig, plan: "RunPlan") -> dict[str, Any]:
     """The run's hyperparameters as TensorBoard and ``rlzoo compare`` see them: every config
     key but :data:`NOT_HPARAMS`; keys under :func:`inert_prefixes` collapse into one
-    ``<prefix>: off`` entry each."""
+    entry each, ``off``: ``<path>.name`` for a component choice (``kl.estimator.name``),
+    the key itself otherwise (``kl.apply``)."""
     inert = inert_prefixes(plan)
     out: dict[str, Any] = {}
     for key, value in flatten_config(cfg).items():
         if matches(key, NOT_HPARAMS):
             continue
         prefix = next((p for p in inert if key == p or key.startswith(p + ".")), None)
-        if prefix is not None:
-            out[prefix] = OFF
+        if prefix is not None:  # a component choice keeps its column: <path>.name = off
+            out[f"{prefix}.name" if prefix in COMPONENT_FIELDS else prefix] = OFF
         else:
             out[key] = value
     return out
@@ -127,10 +130,18 @@ def hparam_metrics(cfg: DictConfig) -> list[str]:
         "response_length/mean", "kl/value", "timing/step_s", "throughput/tokens_per_s"]
 
 
-def experiment_summary(runs: list[dict[str, Any]], metrics: list[str]) -> Any:
+ALGORITHM_KEYS = ("algo", "task.name", "reward.name", "advantage.name", "policy_loss.name", "loss_agg.name",
+                  "kl.coef")
+"""The hyperparameters that say which algorithm ran: a sweep's HParams marks them when they
+differ, with the swept keys (the rest that differs follows from them)."""
+
+
+def experiment_summary(runs: list[dict[str, Any]], metrics: list[str], shown: tuple[str, ...] | None = None) -> Any:
     """The hparams experiment summary for runs with these effective hparams: every key
-    any run has, typed, ``differs`` where the values differ (a key missing from some runs
-    differs); no domains, so no run is filtered out. ``metrics`` in display order."""
+    any run has, typed, without domains (so no run is filtered out); ``metrics`` in display
+    order. ``differs`` marks the keys whose values differ between the runs (a key missing
+    from some runs differs) and, when ``shown`` is given, that match one of its patterns
+    (:func:`matches`): TensorBoard shows marked keys first, and only five at first."""
     from tensorboard.compat.proto.summary_pb2 import Summary, SummaryMetadata
     from tensorboard.plugins.hparams.api_pb2 import DataType, Experiment, HParamInfo, MetricInfo, MetricName
     from tensorboard.plugins.hparams.metadata import EXPERIMENT_TAG, PLUGIN_DATA_VERSION, PLUGIN_NAME
@@ -142,7 +153,7 @@ def experiment_summary(runs: list[dict[str, Any]], metrics: list[str]) -> Any:
         present = [v for v in values if v is not None]
         kind = ("DATA_TYPE_STRING" if any(isinstance(v, str) for v in present)
                 else "DATA_TYPE_BOOL" if all(isinstance(v, bool) for v in present) else "DATA_TYPE_FLOAT64")
-        differs = len({repr(v) for v in values}) > 1
+        differs = len({repr(v) for v in values}) > 1 and (shown is None or matches(key, shown))
         infos.append(HParamInfo(name=key, type=DataType.Value(kind), differs=differs))
     experiment = Experiment(hparam_infos=infos, metric_infos=[MetricInfo(name=MetricName(tag=m)) for m in metrics])
     content = HParamsPluginData(experiment=experiment, version=PLUGIN_DATA_VERSION).SerializeToString()
@@ -153,13 +164,15 @@ def experiment_summary(runs: list[dict[str, Any]], metrics: list[str]) -> Any:
 EXPERIMENT_SUFFIX = ".rlzoo-experiment"
 
 
-def write_experiment(log_dir: Path, runs: list[dict[str, Any]], metrics: list[str]) -> None:
+def write_experiment(log_dir: Path, runs: list[dict[str, Any]], metrics: list[str],
+                     shown: tuple[str, ...] | None = None) -> None:
     """Write (or replace) the experiment summary of ``log_dir`` covering ``runs`` (their
-    effective hparams). Only the event file this function wrote before is replaced."""
+    effective hparams; see :func:`experiment_summary`). Only the event file this function
+    wrote before is replaced."""
     for old in Path(log_dir).glob(f"events.out.tfevents.*{EXPERIMENT_SUFFIX}"):
         old.unlink()
     writer = SummaryWriter(log_dir=str(log_dir), filename_suffix=EXPERIMENT_SUFFIX)
-    writer.file_writer.add_summary(experiment_summary(runs, metrics))
+    writer.file_writer.add_summary(experiment_summary(runs, metrics, shown))
     writer.close()
 
 

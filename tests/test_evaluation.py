@@ -171,8 +171,8 @@ def test_evaluator_metrics_hand_computed() -> None:
     answers = {"a": ("1.0", ["1.0", "0.0", "0.0", "1.0"]),    # greedy correct, 2 of 4 samples
                "b": ("0.5", ["0.0", "0.0", "0.0", "0.0"]),    # partial credit is not correct
                "c": ("0.0", ["1.0", "1.0", "1.0", "1.0"])}
-    cfg = SimpleNamespace(eval=SimpleNamespace(every=10, n=4, threshold=1.0),
-                          rollout=SimpleNamespace(prompts_per_step=2, n=2, max_new_tokens=3, temperature=1.0, top_p=1.0))
+    rollout = SimpleNamespace(prompts_per_step=2, n=2, max_new_tokens=3, temperature=1.0, top_p=1.0)
+    cfg = SimpleNamespace(eval=SimpleNamespace(every=10, n=4, threshold=1.0), rollout=rollout)
     examples = [Example(p, None) for p in answers]
     evaluator = Evaluator(examples, _ScriptedSampler(answers), cfg, SimpleNamespace(world=1, rank=0, enabled=False))
     metrics = evaluator.run(step=10)

@@ -23,8 +23,9 @@ def _resolve(registry, *overrides: str):
 
 def test_knobs_that_cannot_act_are_recorded_as_off(registry) -> None:
     off = effective_hparams(*_attrs(_resolve(registry, "algo=grpo", "kl.estimator=k1")))
-    assert off["kl.estimator"] == off["kl.apply"] == off["kl.controller"] == OFF and off["kl.coef"] == 0
-    assert off["value_loss"] == off["trainer.critic_lr"] == OFF
+    assert off["kl.estimator.name"] == off["kl.apply"] == off["kl.controller.name"] == OFF and off["kl.coef"] == 0
+    assert off["value_loss.name"] == off["trainer.critic_lr"] == OFF
+    assert not any(key.startswith("kl.controller.") and key != "kl.controller.name" for key in off)
     assert "run_dir" not in off and "logging.progress" not in off and off["loss_agg.name"] == "seq-mean-token-mean"
     ppo = effective_hparams(*_attrs(_resolve(registry, "algo=ppo")))
     assert ppo["kl.estimator.name"] == "k1" and ppo["value_loss.name"] == "clipped"
@@ -44,23 +45,28 @@ def _experiment(log_dir: Path):
 
 def test_the_sweep_experiment_marks_what_differs_and_lists_eval_and_reward_first(registry, tmp_path: Path) -> None:
     runs = [_resolve(registry, "algo=grpo", f"kl.estimator={k}", f"seed={s}") for k in ("k1", "k3") for s in (0, 1)]
-    runs.append(_resolve(registry, "algo=rloo"))
-    write_sweep_experiment(tmp_path, runs)
-    write_sweep_experiment(tmp_path, runs)          # re-running replaces its own file only
+    runs.append(_resolve(registry, "algo=ppo"))
+    swept = ["algo", "seed", "kl.estimator"]
+    write_sweep_experiment(tmp_path, runs, swept)
+    write_sweep_experiment(tmp_path, runs, swept)   # re-running replaces its own file only
     experiment = _experiment(tmp_path)
     differs = {info.name: info.differs for info in experiment.hparam_infos}
-    assert differs["seed"] and differs["algo"] and differs["loss_agg.name"]
-    assert not differs["trainer.lr"]
-    assert differs["kl.estimator"]                  # rloo has KL: off vs its k1 is a real difference ...
-    grpo_only = _experiment_of(registry, tmp_path / "grpo", runs[:4])
-    assert not grpo_only["kl.estimator"]            # ... but k1 vs k3 with KL off is not
+    assert differs["seed"] and differs["algo"] and differs["loss_agg.name"] and differs["advantage.name"]
+    assert differs["kl.coef"]                       # ppo has KL: a real difference, and it says which algorithm
+    assert not differs["trainer.lr"] and not differs["trainer.update_epochs"]   # the same / follows from algo
+    assert not differs["advantage.gamma"]           # a parameter of the differing estimator (gae's)
+    assert differs["kl.estimator.name"]             # swept, and off vs ppo's k1
+    grpo_only = _experiment_of(registry, tmp_path / "grpo", runs[:4], swept)
+    assert not grpo_only["kl.estimator.name"]       # k1 vs k3 with KL off is no difference
+    shown = [info.name for info in sorted(experiment.hparam_infos, key=lambda i: (not i.differs, i.name))][:5]
+    assert shown == ["advantage.name", "algo", "kl.coef", "kl.estimator.name", "loss_agg.name"]
     metrics = [info.name.tag for info in experiment.metric_infos]
     assert metrics[:4] == ["eval/greedy_accuracy", "eval/pass@1", "eval/pass@8", "reward/mean"]
 
 
-def _experiment_of(registry, log_dir: Path, runs) -> dict[str, bool]:
+def _experiment_of(registry, log_dir: Path, runs, swept) -> dict[str, bool]:
     log_dir.mkdir()
-    write_sweep_experiment(log_dir, runs)
+    write_sweep_experiment(log_dir, runs, swept)
     return {info.name: info.differs for info in _experiment(log_dir).hparam_infos}
 
 
