@@ -54,7 +54,7 @@ def numeric_match(prompts: list[str], completions: list[str], references: list[o
 @dataclass
 class CountdownRewardParams:
     format_score: float = 0.1
-    """Score of a well-formed expression over allowed numbers that misses the target."""
+    """Score of a well-formed expression over allowed numbers that misses the target; in [0, 1]."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.format_score <= 1:

@@ -1,8 +1,10 @@
 """Built-in tasks with verifiable answers, and the prompt-file task.
 
 Each task is a factory ``factory(params) -> rlzoo.tasks.Task`` registered with the name of
-its default reward function (``reward=`` meta). docs/tasks.md explains the choice of the
-default task.
+its default reward function (``reward=`` meta). The generated tasks implement only
+``sample``: the engine holds out a share of their prompt space for evaluation
+(``eval.holdout``). docs/tasks.md is the guide (and docs/training.md explains the choice
+of the default task).
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ class SortDigits(Task):
 @dataclass
 class ArithmeticParams:
     max_operand: int = 99
-    """Operands are drawn uniformly from [0, max_operand]."""
+    """Operands are drawn uniformly from [0, max_operand]; in [1, 1000000]."""
     operations: str = "+-"
     """Characters among '+', '-', '*' to draw the operation from."""
 
@@ -92,7 +94,7 @@ class CountdownParams:
     num_numbers: int = 3
     """How many numbers the prompt offers (2..6)."""
     max_number: int = 9
-    """Numbers are drawn from [1, max_number]."""
+    """Numbers are drawn from [1, max_number]; in [2, 99]."""
 
     def __post_init__(self) -> None:
         if not 2 <= self.num_numbers <= 6:
@@ -160,7 +162,12 @@ class FileTaskParams:
     path: Optional[str] = None
     """A .jsonl or .parquet file of prompts and reference answers (required)."""
     prompt_key: str = "prompt"
+    """Column holding the prompt text."""
     answer_key: str = "answer"
+    """Column holding the reference answer (the reward's ``references``)."""
+    eval_path: Optional[str] = None
+    """A file of evaluation rows (same format); None: the rows whose prompt falls in the
+    held-out share (``eval.holdout``) evaluate and the rest train."""
 
     def __post_init__(self) -> None:
         if not self.path:
@@ -168,7 +175,7 @@ class FileTaskParams:
 
 
 def _file_task(params: FileTaskParams) -> Task:
-    return FileTask(params.path, params.prompt_key, params.answer_key)
+    return FileTask(params.path, params.prompt_key, params.answer_key, params.eval_path)
 
 
 @hookimpl
@@ -181,4 +188,4 @@ def rlzoo_register_tasks(register) -> None:
              description="reach the target with + - * over the given numbers",
              paper="TinyZero countdown")
     register("file", _file_task, params=FileTaskParams, reward="exact_match",
-             description="prompts + reference answers from a JSONL/Parquet file")
+             description="prompts + reference answers from a JSONL/Parquet file, in shuffled epochs")

@@ -293,9 +293,10 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
+    from rlzoo.config import describe_params
     from rlzoo.plugins import build_registry, make_plugin_manager
 
-    registry = build_registry(make_plugin_manager())
+    registry = build_registry(make_plugin_manager(), strict=False)  # report name collisions, list the rest
     kinds = [args.kind] if args.kind else list(REGISTRATION_HOOKS)
     entries = [
         {
@@ -307,6 +308,8 @@ def _cmd_list(args: argparse.Namespace) -> int:
             "description": c.description,
             "paper": c.paper,
             "needs": sorted(c.needs),
+            "inputs": list(c.inputs),
+            "params": describe_params(c),
         }
         for kind in kinds
         for c in registry.components(kind)

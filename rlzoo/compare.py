@@ -1,20 +1,13 @@
-"""``rlzoo compare``: a table, a reward-curve PNG and a Markdown report over run groups.
+"""``rlzoo compare``: a table, a curve PNG and a Markdown report over groups of runs.
 
 Runs are found under the given directories (a run is a directory holding TensorBoard
-event files and a ``config.yaml``). Runs whose configs differ only in ``seed`` (and the
-run name and directory) form one group; a group's label lists the config keys that
-differ between groups. Per group, over its seeds (mean ± std):
-
-- final reward: mean of the last 10% of steps' ``reward/mean``;
-- best reward: the maximum of the smoothed curve;
-- steps to threshold: the first step where the smoothed curve reaches ``--threshold``
-  (runs that never reach it are counted as not reached: "n/N" shows how many did);
-- wall time: sum of ``timing/step_s``; tokens/s: mean of ``throughput/tokens_per_s``.
+event files and a ``config.yaml``). Every column is defined once, in :data:`COLUMNS`, and
+that text is the legend printed under the table and written into ``compare.md``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,23 +15,59 @@ import numpy as np
 import yaml
 
 from rlzoo.errors import RlzooError
-from rlzoo.events import read_scalars
-from rlzoo.plots import smooth
+from rlzoo.events import read_events
+from rlzoo.tracking import NOT_HPARAMS, flatten_config, matches
 
-IGNORED_KEYS = {"seed", "run_name", "run_dir", "resume", "logging.progress"}
+GROUPING_IGNORES = ("seed", "trainer.threads", "eval.every")
+"""Hyperparameters that do not separate groups: the seed, and keys that change how fast a
+run goes or how often it is evaluated but not what it trains."""
+
+
+COLUMNS: list[tuple[str, str]] = [
+    ("group", "runs whose hyperparameters (as TensorBoard's HParams shows them) are equal except for "
+              "`seed`, `trainer.threads` and `eval.every`; labelled by the keys that differ between groups "
+              "(keys an algorithm preset sets are folded into `algo=`)"),
+    ("seeds", "runs in the group; every other cell is their mean ± standard deviation (n−1 denominator)"),
+    ("eval acc", "`eval/greedy_accuracy` at the last evaluation (after the last step): share of the held-out "
+                 "prompts whose greedy completion scores at least `eval.threshold`"),
+    ("eval pass@1", "`eval/pass@1` at the last evaluation: per held-out prompt, the share of its `eval.n` "
+                    "sampled completions that are correct, averaged"),
+    ("reward final", "the smoothed training reward at the last step. Smoothed training reward: the mean of "
+                     "`reward/mean` over W consecutive logged steps (W = `--window`, or all of a run's steps if "
+                     "it has fewer), defined where a full window exists"),
+    ("reward best", "the highest smoothed training reward of the run (so never below `reward final`)"),
+    ("steps to T", "the first step at which the smoothed training reward reaches T (`--threshold`), averaged "
+                   "over the runs that reach it; (k/N): how many of the N runs did"),
+    ("train s", "seconds of training steps (rollout, scoring and update: the sum of `timing/step_s`; mean "
+                "logged step × steps when `logging.log_every` > 1); start-up, evaluation and checkpoints "
+                "are not included"),
+    ("eval s", "seconds spent in evaluation (the sum of `timing/eval_s`)"),
+    ("tokens/s", "prompt + response tokens per second of step time (`throughput/tokens_per_s`), mean over "
+                 "logged steps"),
+]
+"""(header, definition) of every column of the table, in order; the definitions are the legend."""
 
 
 @dataclass
 class RunSummary:
+    """One run, reduced to the table's numbers (see :data:`COLUMNS`)."""
+
     run_dir: Path
-    config: dict[str, Any]
+    hparams: dict[str, Any]
     steps: np.ndarray
-    rewards: np.ndarray
-    final_reward: float
-    best_reward: float
+    smoothed: np.ndarray
+    reward_final: float
+    reward_best: float
     steps_to_threshold: float | None
-    wall_s: float
+    train_s: float
+    eval_s: float
     tokens_per_s: float
+    eval_curves: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+
+    def final_eval(self, tag: str) -> float | None:
+        """The value of ``tag`` at the run's last evaluation, or ``None``."""
+        curve = self.eval_curves.get(tag)
+        return float(curve[1][-1]) if curve is not None and len(curve[1]) else None
 
 
 @dataclass
@@ -47,59 +76,70 @@ class Group:
     runs: list[RunSummary]
 
 
+def is_run(path: Path) -> bool:
+    """A run directory: ``config.yaml`` and TensorBoard events (not inside a checkpoint)."""
+    return (path / "config.yaml").is_file() and any(path.glob("events.out.tfevents.*")) \
+        and "checkpoints" not in path.parts
+
+
 def find_runs(paths: list[str | Path]) -> list[Path]:
     """Run directories at or under ``paths`` (sorted, unique)."""
     found: set[Path] = set()
     for path in map(Path, paths):
         if not path.exists():
             raise RlzooError(f"{str(path)!r} does not exist")
-        for config in [path / "config.yaml", *path.rglob("config.yaml")]:
-            run = config.parent
-            if config.is_file() and any(run.glob("events.out.tfevents.*")) \
-                    and "checkpoints" not in run.parts:
-                found.add(run)
+        found.update(config.parent for config in [path / "config.yaml", *path.rglob("config.yaml")]
+                     if is_run(config.parent))
     if not found:
         raise RlzooError(f"no runs (config.yaml + TensorBoard events) under {', '.join(map(str, paths))}")
     return sorted(found)
 
 
+def windows(values: np.ndarray, window: int) -> np.ndarray:
+    """Means of every ``window`` consecutive values (all values when there are fewer):
+    ``len(values) - w + 1`` points, the i-th ending at ``values[i + w - 1]``."""
+    w = max(1, min(window, len(values)))
+    cumulative = np.cumsum(np.insert(np.asarray(values, dtype=float), 0, 0.0))
+    return (cumulative[w:] - cumulative[:-w]) / w
+
+
+def _plain(value: Any) -> Any:
+    """TensorBoard stores every number as a float: integral ones back to int."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
 def summarise(run_dir: Path, threshold: float, window: int, tag: str = "reward/mean") -> RunSummary:
-    curves = read_scalars(run_dir)
-    if tag not in curves:
-        raise RlzooError(f"run {str(run_dir)!r} has no scalar {tag!r}")
+    """Reduce one run to :class:`RunSummary` (its curves, the table's numbers)."""
+    events = read_events(run_dir)
+    curves = events.scalars
+    if not curves.get(tag):
+        raise RlzooError(f"run {str(run_dir)!r} has no scalar {tag!r} (has it logged a step yet?)")
     steps = np.array([s for s, _ in curves[tag]], dtype=float)
-    rewards = np.array([v for _, v in curves[tag]], dtype=float)
-    smoothed = smooth(rewards, window)
-    tail = max(1, len(rewards) // 10)
+    smoothed = windows(np.array([v for _, v in curves[tag]]), window)
+    smoothed_steps = steps[len(steps) - len(smoothed):]
     reached = np.nonzero(smoothed >= threshold)[0]
-    config = flatten_config_dict(yaml.safe_load((run_dir / "config.yaml").read_text()))
+    hparams = events.hparams
+    if hparams is None:  # a run from before rlzoo recorded effective hparams
+        config = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
+        hparams = {k: v for k, v in flatten_config(config).items() if not matches(k, NOT_HPARAMS)}
+    step_times = [v for _, v in curves.get("timing/step_s", [])]
     return RunSummary(
-        run_dir=run_dir, config=config, steps=steps, rewards=rewards,
-        final_reward=float(rewards[-tail:].mean()), best_reward=float(smoothed.max()),
-        steps_to_threshold=float(steps[reached[0]]) if len(reached) else None,
-        wall_s=float(sum(v for _, v in curves.get("timing/step_s", []))),
+        run_dir=run_dir, hparams={k: _plain(v) for k, v in hparams.items()}, steps=smoothed_steps,
+        smoothed=smoothed, reward_final=float(smoothed[-1]), reward_best=float(smoothed.max()),
+        steps_to_threshold=float(smoothed_steps[reached[0]]) if len(reached) else None,
+        train_s=float(np.mean(step_times) * steps[-1]) if step_times else 0.0,
+        eval_s=float(sum(v for _, v in curves.get("timing/eval_s", []))),
         tokens_per_s=float(np.mean([v for _, v in curves.get("throughput/tokens_per_s", [(0, 0.0)])])),
+        eval_curves={t: (np.array([s for s, _ in c], dtype=float), np.array([v for _, v in c]))
+                     for t, c in curves.items() if t.startswith("eval/")},
     )
 
 
-def flatten_config_dict(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """A saved ``config.yaml`` as ``{"a.b": scalar}`` (lists and None as strings), exactly as
-    saved: a ``${...}`` left in it (rlzoo 0.1 stored them) is shown as written, never
-    resolved in the environment of whoever runs ``rlzoo compare``."""
-    out: dict[str, Any] = {}
-    for key, value in data.items():
-        if isinstance(value, dict):
-            out.update(flatten_config_dict(value, f"{prefix}{key}."))
-        else:
-            out[f"{prefix}{key}"] = value if isinstance(value, (bool, int, float, str)) else str(value)
-    return out
-
-
 def group_runs(summaries: list[RunSummary]) -> list[Group]:
-    """Group by config minus seed; label by the keys that differ between groups."""
+    """Group runs (see the ``group`` column of :data:`COLUMNS`) and label each group."""
     keyed: dict[tuple, list[RunSummary]] = {}
     for summary in summaries:
-        key = tuple(sorted((k, str(v)) for k, v in summary.config.items() if k not in IGNORED_KEYS))
+        key = tuple(sorted((k, str(v)) for k, v in summary.hparams.items() if not matches(k, GROUPING_IGNORES)))
         keyed.setdefault(key, []).append(summary)
     keys = [dict(key) for key in keyed]
     all_names = sorted({name for key in keys for name in key})
@@ -113,57 +153,97 @@ def group_runs(summaries: list[RunSummary]) -> list[Group]:
         differing = ["algo"] + [name for name in differing if name != "algo" and not implied(name)]
     groups = []
     for key, members in zip(keys, keyed.values()):
-        label = ", ".join(f"{name}={key.get(name)}" for name in differing) or members[0].run_dir.name
+        label = ", ".join(f"{name.removesuffix('.name')}={key.get(name)}" for name in differing) \
+            or members[0].run_dir.name
         groups.append(Group(label=label, runs=members))
     return sorted(groups, key=lambda g: g.label)
 
 
-def _mean_std(values: list[float]) -> str:
-    if not values:
+def _mean_std(values: list[float | None], digits: int = 3) -> str:
+    present = [v for v in values if v is not None]
+    if not present:
         return "—"
-    arr = np.array(values)
-    return f"{arr.mean():.3f} ± {arr.std():.3f}" if len(arr) > 1 else f"{arr.mean():.3f}"
+    arr = np.array(present, dtype=float)
+    text = f"{arr.mean():.{digits}f}"
+    if len(arr) > 1:
+        text += f" ± {arr.std(ddof=1):.{digits}f}"
+    return text + (f" ({len(present)}/{len(values)})" if len(present) < len(values) else "")
 
 
 def table(groups: list[Group], threshold: float) -> str:
-    """The comparison as a Markdown table."""
-    header = ("| group | seeds | final reward | best reward | steps to "
-              f"{threshold:g} | wall time (s) | tokens/s |")
-    lines = [header, "|---|---|---|---|---|---|---|"]
+    """The comparison as a Markdown table (columns: :data:`COLUMNS`)."""
+    headers = [h.replace("T", f"{threshold:g}") if h == "steps to T" else h for h, _ in COLUMNS]
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     for group in groups:
-        reached = [r.steps_to_threshold for r in group.runs if r.steps_to_threshold is not None]
-        steps = f"{np.mean(reached):.0f} ({len(reached)}/{len(group.runs)})" if reached else \
-            f"not reached (0/{len(group.runs)})"
-        lines.append(
-            f"| {group.label} | {len(group.runs)} | {_mean_std([r.final_reward for r in group.runs])} | "
-            f"{_mean_std([r.best_reward for r in group.runs])} | {steps} | "
-            f"{np.mean([r.wall_s for r in group.runs]):.0f} | "
-            f"{np.mean([r.tokens_per_s for r in group.runs]):.0f} |"
-        )
+        runs = group.runs
+        reached = [r.steps_to_threshold for r in runs if r.steps_to_threshold is not None]
+        steps = f"{np.mean(reached):.0f} ({len(reached)}/{len(runs)})" if reached else f"not reached (0/{len(runs)})"
+        cells = [group.label, str(len(runs)),
+                 _mean_std([r.final_eval("eval/greedy_accuracy") for r in runs]),
+                 _mean_std([r.final_eval("eval/pass@1") for r in runs]),
+                 _mean_std([r.reward_final for r in runs]), _mean_std([r.reward_best for r in runs]), steps,
+                 _mean_std([r.train_s for r in runs], 0), _mean_std([r.eval_s for r in runs], 0),
+                 _mean_std([r.tokens_per_s for r in runs], 0)]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
+def legend(threshold: float, window: int) -> str:
+    """The definitions of the table's columns (W and T filled in)."""
+    return "\n".join(f"- **{h}**: {text}".replace("W = `--window`", f"W = {window}")
+                     .replace("reaches T (`--threshold`)", f"reaches {threshold:g}") for h, text in COLUMNS)
+
+
+def _pyplot() -> Any:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        raise RlzooError("rlzoo compare draws with matplotlib, which is not importable here "
+                         f"({exc}); install it: pip install matplotlib") from exc
+    return plt
+
+
+def _band(ax: Any, steps: np.ndarray, curves: list[np.ndarray], label: str, **style: Any) -> None:
+    """The mean of aligned curves with a ±1 std band (over seeds)."""
+    length = min(len(c) for c in curves)
+    stacked = np.stack([c[:length] for c in curves])
+    mean = stacked.mean(0)
+    line, = ax.plot(steps[:length], mean, label=label, linewidth=2, **style)
+    if len(curves) > 1:
+        std = stacked.std(0, ddof=1)
+        ax.fill_between(steps[:length], mean - std, mean + std, color=line.get_color(), alpha=0.2)
+
+
 def plot(groups: list[Group], out: Path, window: int, title: str) -> Path:
-    """Mean smoothed reward per group with a ±1 std band over seeds."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=120)
+    """Smoothed training reward per group (left) and, when the runs evaluated, held-out
+    greedy accuracy (right); mean over seeds with a ±1 std band."""
+    plt = _pyplot()
+    with_eval = any("eval/greedy_accuracy" in r.eval_curves for g in groups for r in g.runs)
+    fig, axes = plt.subplots(1, 2 if with_eval else 1, figsize=(13 if with_eval else 8, 4.5), dpi=110,
+                             squeeze=False)
+    reward_ax = axes[0][0]
     for group in groups:
-        length = min(len(r.rewards) for r in group.runs)
-        steps = group.runs[0].steps[:length]
-        curves = np.stack([smooth(r.rewards[:length], window) for r in group.runs])
-        mean, std = curves.mean(0), curves.std(0)
-        line, = ax.plot(steps, mean, label=f"{group.label} (n={len(group.runs)})", linewidth=2)
-        if len(group.runs) > 1:
-            ax.fill_between(steps, mean - std, mean + std, color=line.get_color(), alpha=0.2)
-    ax.set_xlabel("step")
-    ax.set_ylabel(f"reward/mean (moving average, {window} steps)")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend(loc="lower right", fontsize=8)
+        label = f"{group.label} (n={len(group.runs)})"
+        _band(reward_ax, group.runs[0].steps, [r.smoothed for r in group.runs], label)
+        if with_eval:
+            runs = [r for r in group.runs if "eval/greedy_accuracy" in r.eval_curves]
+            if runs:
+                steps = runs[0].eval_curves["eval/greedy_accuracy"][0]
+                _band(axes[0][1], steps, [r.eval_curves["eval/greedy_accuracy"][1] for r in runs], label,
+                      marker="o", markersize=3)
+    reward_ax.set_ylabel(f"reward/mean, mean over {window} steps")
+    reward_ax.set_title("training reward")
+    if with_eval:
+        axes[0][1].set_ylabel("eval/greedy_accuracy")
+        axes[0][1].set_title("held-out greedy accuracy")
+    for ax in axes[0]:
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        ax.legend(loc="lower right", fontsize=8)
+    fig.suptitle(title)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out)
@@ -171,22 +251,33 @@ def plot(groups: list[Group], out: Path, window: int, title: str) -> Path:
     return out
 
 
+def default_out(paths: list[str | Path]) -> Path:
+    """Where compare writes by default: the first path, or its parent when the first path
+    is itself a run (compare never writes into a run directory)."""
+    first = Path(paths[0])
+    return first.parent if is_run(first) else first
+
+
 def compare(paths: list[str | Path], out_dir: str | Path | None = None, threshold: float = 0.5,
             window: int = 25) -> tuple[str, Path, Path]:
     """Summarise runs; write ``compare.png`` and ``compare.md`` into ``out_dir`` (default:
-    the first path). Returns ``(table, png, report)``."""
+    :func:`default_out`). Returns ``(table and legend, png, report)``.
+
+    :raises RlzooError: no runs, a run without ``reward/mean``, an out directory that is a
+        run, a window below 1, or no matplotlib.
+    """
+    if window < 1:
+        raise RlzooError(f"--window must be >= 1, got {window}")
     runs = find_runs(paths)
+    out = Path(out_dir) if out_dir is not None else default_out(paths)
+    if is_run(out):
+        raise RlzooError(f"--out {str(out)!r} is a run directory; compare writes only outside runs")
+    _pyplot()  # fail before reading every run
     groups = group_runs([summarise(run, threshold, window) for run in runs])
-    out = Path(out_dir or paths[0])
     text = table(groups, threshold)
-    title = f"reward/mean over {len(runs)} runs"
-    png = plot(groups, out / "compare.png", window, title)
+    notes = legend(threshold, window)
+    png = plot(groups, out / "compare.png", window, f"{len(runs)} runs in {len(groups)} groups")
     report = out / "compare.md"
     run_list = "\n".join(f"- `{r}`" for r in runs)
-    report.write_text(
-        f"# Comparison\n\n{text}\n\n![reward curves](compare.png)\n\n"
-        f"Final reward: mean of the last 10% of steps; best: max of the {window}-step moving "
-        f"average; steps to {threshold:g}: first step the moving average reaches it (runs that "
-        f"reached it / runs). Mean ± std over seeds.\n\nRuns:\n{run_list}\n"
-    )
-    return text, png, report
+    report.write_text(f"# Comparison\n\n{text}\n\n{notes}\n\n![curves](compare.png)\n\nRuns:\n{run_list}\n")
+    return f"{text}\n\n{notes}", png, report

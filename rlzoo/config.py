@@ -95,6 +95,15 @@ class LoggingConfig:
 
 
 @dataclass
+class EvalConfig:
+    every: int = MISSING
+    size: int = MISSING
+    n: int = MISSING
+    threshold: float = MISSING
+    holdout: float = MISSING
+
+
+@dataclass
 class CheckpointConfig:
     every: int = MISSING
     keep: int = MISSING
@@ -133,6 +142,7 @@ class RunConfig:
     kl: KLConfig = field(default_factory=KLConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
@@ -151,6 +161,10 @@ COMPONENT_FIELDS: dict[str, str] = {
     "rollout_correction": "rollout_correction",
 }
 """Config path -> component kind, for every single-component choice."""
+
+PRESET_REFUSED_KEYS: tuple[str, ...] = ("algo", "plugins", "seed", "run_name", "run_dir", "resume")
+"""Top-level keys an algorithm preset may not set: they choose the preset, are read before
+presets (``plugins``), or name and place a run rather than describe an algorithm."""
 
 RENAMED_KEYS: dict[str, str] = {
     "trainer.ppo_epochs": "trainer.update_epochs",
@@ -187,7 +201,7 @@ POSITIVE: tuple[str, ...] = (
 NON_NEGATIVE: tuple[str, ...] = (
     "trainer.lr", "trainer.critic_lr", "trainer.weight_decay", "trainer.warmup_steps",
     "trainer.max_grad_norm", "trainer.entropy_coef", "trainer.threads", "kl.coef",
-    "logging.sample_every", "checkpoint.every",
+    "logging.sample_every", "checkpoint.every", "eval.every", "eval.size", "eval.n",
 )
 
 # ------------------------------------------------------------------------- loading
@@ -420,11 +434,16 @@ def load_config(
         if "algo" in layer:
             algo = layer["algo"]
     preset_layer: dict[str, Any] = {}
+    preset_label = None
     if algo is not None and base is None:
         preset = registry.get("algorithm", str(algo))
         preset_layer = _preset_mapping(preset)
-        if "algo" in preset_layer:
-            raise ConfigError(f"algorithm preset {preset.name!r} must not set 'algo'")
+        preset_label = f"algorithm preset {preset.name!r} (package {preset.package or '?'})"
+        refused = sorted(set(preset_layer) & set(PRESET_REFUSED_KEYS))
+        if refused:
+            raise ConfigError(f"{preset_label} sets {', '.join(refused)}: a preset holds a recipe (components, "
+                              f"their parameters, rollout / trainer / kl / eval / model keys), not "
+                              f"{', '.join(PRESET_REFUSED_KEYS)}")
     labelled = [("defaults" if base is None else base_label, defaults), (f"preset {algo}", preset_layer),
                 (f"--config {config_file}", file_layer), ("command line", cli_layer)]
     labelled = [(label, _deep_copy(layer)) for label, layer in labelled]
@@ -461,8 +480,11 @@ def load_config(
     OmegaConf.update(schema, "extensions", [], force_add=True)
     OmegaConf.set_struct(schema, True)
     cfg = schema
-    for _, layer in labelled:
-        cfg = _merge_checked(cfg, layer)
+    for label, layer in labelled:
+        try:
+            cfg = _merge_checked(cfg, layer)
+        except ConfigError as exc:
+            raise ConfigError(f"{preset_label}: {exc}" if label.startswith("preset ") else str(exc)) from exc
     _resolve_interpolations(cfg)
     missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:
@@ -482,7 +504,13 @@ def load_config(
         spec = specs[path]
         if spec is None:
             continue
-        component, instance, expanded = _resolve_component(registry, kind, path, spec)
+        try:
+            component, instance, expanded = _resolve_component(registry, kind, path, spec)
+        except ConfigError as exc:
+            setters = {v for k, v in sources.items() if k.startswith(path + ".")}
+            from_preset = any(v.startswith("preset ") for v in setters) and not setters & {
+                f"--config {config_file}", "command line"}
+            raise ConfigError(f"{preset_label}: {exc}" if from_preset and preset_label else str(exc)) from exc
         components[path] = component
         params[path] = instance
         OmegaConf.update(cfg, path, expanded, force_add=True)
@@ -626,6 +654,9 @@ def _check_values(cfg: DictConfig) -> None:
             raise ConfigError(f"invalid value for {path}: {value!r}; must be >= 0")
     if not 0 < cfg.rollout.top_p <= 1:
         raise ConfigError(f"invalid value for rollout.top_p: {cfg.rollout.top_p!r}; must be in (0, 1]")
+    if not 0 <= cfg.eval.holdout < 1:
+        raise ConfigError(f"invalid value for eval.holdout: {cfg.eval.holdout!r}; must be in [0, 1) (the share of "
+                          "each task's prompts held out of training for evaluation)")
     if len(cfg.trainer.betas) != 2:
         raise ConfigError(f"invalid value for trainer.betas: {list(cfg.trainer.betas)}; need 2 numbers")
 
@@ -692,3 +723,70 @@ def build_params(component: Component, given: dict[str, Any], where: str | None 
         raise ConfigError(f"invalid parameter for {label}: {exc}") from exc
     except OmegaConfBaseException as exc:
         raise ConfigError(f"invalid parameters for {label}: {exc}") from exc
+
+
+_RANGE_PATTERNS = (
+    re.compile(r"\bin\s+([\[(][^\])]*[\])])"),                                # "in (0, 1)", "in [0, 1]"
+    # "; > 0", "must be > 1": a bound that ends the clause (not "A < 0 the ...", "> 1 + c")
+    re.compile(r"(?:^|;\s*|must be\s+)((?:>=|<=|>|<|≥|≤)\s*-?\d+(?:\.\d+)?(?:e-?\d+)?)(?=\.?(?:$|[;,)]|\s\())"),
+    re.compile(r"\((\d+)\.\.(\d+)\)"),                                        # "(1..30)"
+)
+
+
+def _field_docs(cls: type) -> dict[str, str]:
+    """The attribute docstrings of a dataclass (the string right after each field)."""
+    import ast
+    import inspect
+    import textwrap
+
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    except (OSError, TypeError, SyntaxError):
+        return {}
+    body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
+    docs = {}
+    for node, following in zip(body, body[1:]):
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and \
+                isinstance(following, ast.Expr) and isinstance(following.value, ast.Constant) and \
+                isinstance(following.value.value, str):
+            docs[node.target.id] = " ".join(following.value.value.split())
+    return docs
+
+
+def describe_params(component: Component) -> list[dict[str, Any]]:
+    """The component's parameters for tools and people (``rlzoo list --json``): ``name``,
+    ``type``, ``default``, ``doc`` (the field's docstring) and ``range`` (a field's
+    ``metadata["range"]``, else the interval its docstring states, e.g. ``(0, 1)``,
+    ``> 0``; ``None`` when it states none)."""
+    import typing
+
+    if component.params is None:
+        return []
+    try:
+        hints = typing.get_type_hints(component.params)
+    except Exception:  # noqa: BLE001 - an unresolvable annotation: fall back to its text
+        hints = {}
+    docs = _field_docs(component.params)
+    out = []
+    for f in dataclasses.fields(component.params):
+        hint = hints.get(f.name, f.type)
+        type_name = hint.__name__ if isinstance(hint, type) else str(hint).replace("typing.", "")
+        if f.default is not dataclasses.MISSING:
+            default = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
+        else:
+            default = None
+        if isinstance(default, tuple):
+            default = list(default)
+        if not isinstance(default, (str, int, float, bool, list, dict, type(None))):
+            default = repr(default)
+        doc = docs.get(f.name)
+        span = f.metadata.get("range")
+        for pattern in _RANGE_PATTERNS if span is None and doc else ():
+            match = pattern.search(doc)
+            if match:
+                span = f"[{match.group(1)}, {match.group(2)}]" if pattern.groups == 2 else match.group(1)
+                break
+        out.append({"name": f.name, "type": type_name, "default": default, "doc": doc, "range": span})
+    return out

@@ -140,6 +140,8 @@ INPUTS: dict[str, dict[str, Input]] = {
         "prompts": Input(None, "list[str] of B prompts (as the task wrote them)"),
         "completions": Input(None, "list[str] of B decoded completions"),
         "references": Input(None, "list of B reference answers (the task's Example.reference)"),
+        "rows": Input(None, "list of B dicts: the rest of each example's data row (Example.row; a file "
+                            "task's whole row, every column; {} for the generated built-in tasks)"),
     },
     "rollout_correction": {
         "old_logp": Input("old_logp", "(B, T) float: log-probs under π_old, the trained policy before this "
@@ -283,9 +285,10 @@ def rlzoo_register_reward_functions(register: Register) -> None:
     """Register reward functions (kind ``reward``), e.g. ``sorted_digits``.
 
     :param register: call ``register(name, fn, ...)``. The engine calls ``fn(prompts=...,
-        completions=..., references=..., params=...)`` (those ``fn`` names) with lists of
-        equal length ``B`` (prompt text, decoded completion text, the task's reference
-        answer) and expects ``B`` finite floats (a list or a ``(B,)`` tensor).
+        completions=..., references=..., rows=..., params=...)`` (those ``fn`` names) with
+        lists of equal length ``B`` (prompt text, decoded completion text, the task's
+        reference answer, the example's data row as a dict) and expects ``B`` finite floats
+        (a list or a ``(B,)`` tensor). Evaluation calls it the same way on held-out prompts.
     """
 
 
@@ -294,8 +297,11 @@ def rlzoo_register_tasks(register: Register) -> None:
     """Register tasks (kind ``task``): prompt sources with their default reward.
 
     :param register: call ``register(name, factory, ...)``; ``factory(params=...)`` (or
-        ``factory()`` without parameters) returns a :class:`rlzoo.tasks.Task`. Pass
-        ``reward="<reward name>"`` as meta to name the task's default reward function.
+        ``factory()`` without parameters) returns a :class:`rlzoo.tasks.Task`: it implements
+        ``sample(n, rng) -> list[Example]`` drawing only from ``rng`` (a ``random.Random``);
+        the engine holds out a share of its prompts for evaluation (``Task.sample_train``,
+        ``Task.eval_set``; docs/tasks.md). Pass ``reward="<reward name>"`` as meta to name
+        the task's default reward function.
     """
 
 

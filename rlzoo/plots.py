@@ -1,4 +1,5 @@
-"""Reward curves from TensorBoard logs as a PNG (needs matplotlib: ``pip install rlzoo[plot]``)."""
+"""Curves of single runs from TensorBoard logs as a PNG (benchmarks/learning_curves.py).
+``rlzoo compare`` draws groups of runs itself (:mod:`rlzoo.compare`)."""
 
 from __future__ import annotations
 
@@ -31,7 +32,8 @@ def plot_runs(runs: dict[str, str | Path], out: str | Path, tag: str = "reward/m
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as exc:
-        raise RlzooError("plotting needs matplotlib: pip install 'rlzoo[plot]'") from exc
+        raise RlzooError(f"plotting needs matplotlib, which is not importable here ({exc}): "
+                         "pip install matplotlib") from exc
     fig, ax = plt.subplots(figsize=(7, 4), dpi=120)
     for label, run_dir in runs.items():
         curves = read_scalars(run_dir)

@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata as md
+import importlib.util
 import os
+import re
 import sys
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import pluggy
@@ -105,10 +108,14 @@ class PluginManager(pluggy.PluginManager):
             self.register_plugin(plugin, name=f"extension:{name}:{id(plugin)}", package=f"extension {name}")
 
     def load_entry_points(self, group: str = ENTRY_POINT_GROUP) -> None:
-        """Import and register every entry point of ``group``; failures are recorded."""
+        """Import and register every entry point of ``group`` (rlzoo's own first, then by
+        distribution and name); failures are recorded."""
         only = _env_list("RLZOO_PLUGINS")
         disabled = _env_list("RLZOO_DISABLE_PLUGINS") or set()
-        for ep in sorted(md.entry_points(group=group), key=lambda e: (_dist_name(e), e.name)):
+        # rlzoo's own plugins first: a third-party name clash is then reported against them
+        entry_points = sorted(md.entry_points(group=group),
+                              key=lambda e: (_dist_name(e) != hookspecs.PROJECT_NAME, _dist_name(e), e.name))
+        for ep in entry_points:
             dist = _dist_name(ep)
             name = f"{dist}:{ep.name}"
             if only is not None and not ({name, ep.name} & only):
@@ -131,21 +138,61 @@ class PluginManager(pluggy.PluginManager):
                 self.load_errors.append(exc)
 
     def load_modules(self, modules: Iterable[str]) -> None:
-        """Import modules by dotted name and register them (``plugins=[...]`` in config).
+        """Import and register the ``plugins=[...]`` of a config: each item is a module name
+        (importable from the current directory or any installed package) or the path of a
+        ``.py`` file (relative to the current directory).
 
-        :raises PluginError: naming the module that cannot be imported.
+        :raises PluginError: naming the item that cannot be found or imported.
         """
-        for module_name in modules:
-            if self.has_plugin(f"module:{module_name}"):
+        for item in modules:
+            name = f"file:{Path(item).resolve()}" if _is_path(item) else f"module:{item}"
+            if self.has_plugin(name):
                 continue
-            try:
-                module = importlib.import_module(module_name)
-            except Exception as exc:  # noqa: BLE001
-                raise PluginError(
-                    f"plugin module {module_name!r} from config 'plugins' failed to import: "
-                    f"{type(exc).__name__}: {exc}"
-                ) from exc
-            self.register_plugin(module, name=f"module:{module_name}", package=module_name)
+            module = _import_file(item) if _is_path(item) else _import_module(item)
+            self.register_plugin(module, name=name, package=item)
+
+
+def _is_path(item: str) -> bool:
+    """A ``plugins`` item naming a file (``my_reward.py``, ``lib/rewards.py``), not a module."""
+    return item.endswith(".py") or "/" in item or os.sep in item
+
+
+def _import_module(module_name: str) -> Any:
+    """Import ``module_name``, the current directory included in the search (after the
+    installed packages), as ``python -m`` would."""
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.append(cwd)
+    try:
+        return importlib.import_module(module_name)
+    except Exception as exc:  # noqa: BLE001
+        hint = ""
+        if isinstance(exc, ModuleNotFoundError) and exc.name == module_name.split(".")[0]:
+            hint = (f" (searched the current directory {cwd} and the installed packages; a file elsewhere "
+                    f"can be given by path: plugins=[path/to/{module_name.split('.')[-1]}.py])")
+        raise PluginError(f"plugin module {module_name!r} from config 'plugins' failed to import: "
+                          f"{type(exc).__name__}: {exc}{hint}") from exc
+
+
+def _import_file(item: str) -> Any:
+    """Import the Python file ``item`` as module ``rlzoo_plugin_file_<stem>``."""
+    path = Path(item)
+    if path.suffix != ".py" or not path.is_file():
+        raise PluginError(f"plugin file {item!r} from config 'plugins' does not exist (relative to the current "
+                          f"directory {os.getcwd()}) or is not a .py file")
+    module_name = f"rlzoo_plugin_file_{re.sub(r'[^0-9A-Za-z_]', '_', path.stem)}"
+    spec = importlib.util.spec_from_file_location(module_name, path.resolve())
+    if spec is None or spec.loader is None:
+        raise PluginError(f"plugin file {item!r} cannot be imported as a module")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module  # dataclasses and pickling look modules up by name
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:  # noqa: BLE001
+        del sys.modules[module_name]
+        raise PluginError(f"plugin file {item!r} from config 'plugins' failed to import: "
+                          f"{type(exc).__name__}: {exc}") from exc
+    return module
 
 
 def _dist_name(ep: md.EntryPoint) -> str:
@@ -169,7 +216,7 @@ RENAMED_HOOKS = {"rlzoo_register_kl_penalties": "rlzoo_register_kl_estimators"}
 """Hooks of plugin API 1 -> their API 2 names."""
 
 
-def build_registry(pm: PluginManager) -> Registry:
+def build_registry(pm: PluginManager, strict: bool = True) -> Registry:
     """Call every registration hook of every plugin and collect the components.
 
     Each plugin's hook is called through pluggy on its own (``pm.subset_hook_caller``, so
@@ -191,7 +238,12 @@ def build_registry(pm: PluginManager) -> Registry:
 
             def register(name: str, fn: Any, _kind: str = kind, _p: str = plugin_name,
                          _pkg: str = package, **meta: Any) -> None:
-                registry.add(_kind, name, fn, plugin=_p, package=_pkg, **meta)
+                try:
+                    registry.add(_kind, name, fn, plugin=_p, package=_pkg, **meta)
+                except DuplicateComponentError as exc:
+                    if strict:
+                        raise
+                    registry.load_errors.append(exc)
 
             try:
                 caller(register=register)

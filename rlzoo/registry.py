@@ -152,9 +152,13 @@ class Registry:
         for label in (name, *aliases):
             owner = self._owner(kind, label)
             if owner is not None:
+                installed = [p for p in (who, owner.plugin)  # third-party entry points, not rlzoo's own
+                             if not p.startswith(("module:", "file:", "<", "rlzoo:", "extension:"))]
+                hint = (f"; skip one with RLZOO_DISABLE_PLUGINS={installed[0]} or uninstall its package"
+                        if installed else "")
                 raise DuplicateComponentError(
                     f"{kind} name {label!r} is registered twice: by plugin {owner.plugin!r} "
-                    f"({owner.package}) and by plugin {who!r} ({package or '?'})"
+                    f"({owner.package}) and by plugin {who!r} ({package or '?'}){hint}"
                 )
         component = Component(
             kind=kind,
@@ -204,8 +208,12 @@ class Registry:
                 f"{c.name} [{', '.join(c.aliases)}]" if c.aliases else c.name
                 for c in sorted(self._components[kind].values(), key=lambda c: c.name)
             ) or "(none registered)"
+            failed = ""
+            if self.load_errors:  # the component may live in a plugin that did not load
+                failed = (f" {len(self.load_errors)} plugin(s) failed to load and may hold it: "
+                          + "; ".join(str(e) for e in self.load_errors))
             raise UnknownComponentError(
-                f"unknown {kind} {name!r}; registered: {listed}.{did_you_mean(name, choices)}"
+                f"unknown {kind} {name!r}; registered: {listed}.{did_you_mean(name, choices)}{failed}"
             )
         return component
 

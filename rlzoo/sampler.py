@@ -19,7 +19,7 @@ from rlzoo.contract import BoundComponent
 from rlzoo.errors import ConfigError, TrainingError
 from rlzoo.plan import RunPlan
 from rlzoo.rollout import left_pad
-from rlzoo.tasks import Task
+from rlzoo.tasks import Holdout, Task
 
 
 class Sampler:
@@ -42,6 +42,7 @@ class Sampler:
         self.chat_template = cfg.model.chat_template
         self.plan, self.device = plan, device
         self.rng = random.Random(seed)
+        self.holdout = Holdout(float(cfg.eval.holdout))
         self.next_group = 0
         if self.chat_template is True and not getattr(tokenizer, "chat_template", None):
             raise ConfigError("model.chat_template=true but the tokenizer has no chat template")
@@ -54,28 +55,33 @@ class Sampler:
         return self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
                                                   tokenize=False, add_generation_prompt=True)
 
+    def encode_prompts(self, prompts: list[str]) -> list[list[int]]:
+        """Token ids of each prompt as the model sees it (:meth:`format_prompt`), unpadded."""
+        return self.tokenizer([self.format_prompt(p) for p in prompts], add_special_tokens=False).input_ids
+
     def sample(self, n_prompts: int) -> RolloutBatch:
-        """Draw ``n_prompts`` prompts and return their scored groups (``rollout.n`` each),
-        with fresh group ids."""
+        """Draw ``n_prompts`` training prompts (never a held-out one) and return their scored
+        groups (``rollout.n`` each), with fresh group ids."""
         cfg = self.rollout_cfg
-        examples = self.task.sample(n_prompts, self.rng)
+        examples = self.task.sample_train(n_prompts, self.rng, self.holdout)
         group_ids = torch.arange(self.next_group, self.next_group + n_prompts).repeat_interleave(cfg.n)
         self.next_group += n_prompts
         texts = [e.prompt for e in examples]
-        token_lists = self.tokenizer([self.format_prompt(p) for p in texts], add_special_tokens=False).input_ids
+        token_lists = self.encode_prompts(texts)
         gen = self.backend.generate(token_lists, num_samples=cfg.n, max_new_tokens=cfg.max_new_tokens,
                                     temperature=cfg.temperature, top_p=cfg.top_p)
         prompt_ids, prompt_mask = left_pad(token_lists, self.tokenizer.pad_token_id)
         prompts = [p for p in texts for _ in range(cfg.n)]
         references = [e.reference for e in examples for _ in range(cfg.n)]
+        rows = [dict(e.row) for e in examples for _ in range(cfg.n)]
         completions = self.decode(gen.response_ids, gen.response_mask)
-        scores = self.score(prompts, completions, references)
+        scores = self.score(prompts, completions, references, rows)
         baseline = None
         if self.plan.runs("greedy"):
             greedy = self.backend.generate(token_lists, num_samples=1, max_new_tokens=cfg.max_new_tokens,
                                            temperature=cfg.temperature, top_p=cfg.top_p, greedy=True)
             greedy_scores = self.score(texts, self.decode(greedy.response_ids, greedy.response_mask),
-                                       [e.reference for e in examples])
+                                       [e.reference for e in examples], [dict(e.row) for e in examples])
             baseline = greedy_scores.repeat_interleave(cfg.n).to(self.device)
         device = self.device
         return RolloutBatch(
@@ -91,20 +97,21 @@ class Sampler:
         rows = [ids[mask.bool()].tolist() for ids, mask in zip(response_ids.cpu(), response_mask.cpu())]
         return self.tokenizer.batch_decode(rows, skip_special_tokens=True)
 
-    def score(self, prompts: list[str], completions: list[str], references: list[Any]) -> torch.Tensor:
-        """``(B,)`` float32 scores from the reward function.
+    def score(self, prompts: list[str], completions: list[str], references: list[Any],
+              rows: list[dict[str, Any]]) -> torch.Tensor:
+        """``(B,)`` float32 scores from the reward function (given the inputs it names).
 
         :raises TrainingError: the reward raised (naming the first failing sample), returned
             the wrong number of scores or a non-finite one.
         """
         name = self.reward.name
         try:
-            raw = self.reward(prompts=prompts, completions=completions, references=references)
+            raw = self.reward(prompts=prompts, completions=completions, references=references, rows=rows)
         except Exception as exc:  # noqa: BLE001 - name the reward and find the sample
             for i in range(len(prompts)):
                 try:
                     self.reward(prompts=prompts[i:i + 1], completions=completions[i:i + 1],
-                                references=references[i:i + 1])
+                                references=references[i:i + 1], rows=rows[i:i + 1])
                 except Exception:  # noqa: BLE001
                     raise TrainingError(
                         f"reward function {name!r} raised {type(exc).__name__}: {exc} on sample "
@@ -128,10 +135,12 @@ class Sampler:
         return scores
 
     def state_dict(self) -> dict[str, Any]:
-        """The prompt RNG and group counter (plain values, for checkpoints)."""
-        return {"rng": self.rng.getstate(), "next_group": self.next_group}
+        """The prompt RNG, group counter and the task's position in its data (plain values,
+        for checkpoints)."""
+        return {"rng": self.rng.getstate(), "next_group": self.next_group, "task": self.task.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         version, internal, gauss = state["rng"]
         self.rng.setstate((version, tuple(internal), gauss))
         self.next_group = int(state["next_group"])
+        self.task.load_state_dict(state.get("task", {}))

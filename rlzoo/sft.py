@@ -22,6 +22,7 @@ from rlzoo.masked import masked_mean
 from rlzoo.models import DTYPES, build_char_tokenizer, build_tiny_model, load_pretrained
 from rlzoo.registry import Registry
 from rlzoo.rollout import left_pad
+from rlzoo.tasks import Holdout
 
 TARGETS = ("answer", "format")
 
@@ -55,8 +56,9 @@ def run_sft(resolved: ResolvedConfig, registry: Registry, steps: int = 100,
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr or cfg.trainer.lr,
                                   betas=tuple(cfg.trainer.betas))
     model.train()
+    holdout = Holdout(float(cfg.eval.holdout))  # never train on the prompts RL runs evaluate on
     for step in range(1, steps + 1):
-        examples = task.sample(batch_size, rng)
+        examples = task.sample_train(batch_size, rng, holdout)
         texts = [task.answer_text(e) if target == "answer" else task.format_text(e, rng) for e in examples]
         prompt_ids, prompt_mask = left_pad(
             [tokenizer(e.prompt, add_special_tokens=False).input_ids for e in examples],

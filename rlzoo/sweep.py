@@ -3,9 +3,12 @@
 ``rlzoo sweep algo=grpo,dr_grpo,rloo seed=0,1,2 trainer.total_steps=200`` runs 9
 trainings, each in ``runs/<sweep-name>/<run-name>/`` with a run name built from the swept
 values (``algo-grpo_seed-0``). Every combination's config is resolved before the first
-run starts, so a typo fails at once. Runs are separate processes (``python -m rlzoo
-train``), sequential or ``--jobs N`` at a time; re-running the sweep skips completed runs
-and resumes interrupted ones from their last checkpoint.
+run starts, so a typo fails at once; the sweep then writes TensorBoard's hparams
+experiment summary for all its runs into the sweep directory. Runs are separate processes
+(``python -m rlzoo train``), sequential or ``--jobs N`` at a time; each run's progress
+lines (a tenth of its steps each) are relayed prefixed with its name, its full output goes
+to its ``train.log``. Re-running the sweep skips completed runs and resumes interrupted
+ones from their last checkpoint.
 """
 
 from __future__ import annotations
@@ -20,10 +23,24 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlzoo.config import load_config
+from rlzoo.config import ResolvedConfig, load_config
 from rlzoo.errors import ConfigError
 from rlzoo.registry import Registry
 from rlzoo.rundir import CONFIG_FILE, read_status, run_files
+from rlzoo.tracking import ALGORITHM_KEYS, effective_hparams, hparam_metrics, write_experiment
+
+RELAYED = ("rlzoo: step ", "rlzoo: error", "rlzoo: evaluation")
+"""Lines of a run's output the sweep repeats on its own output (prefixed with the run)."""
+
+
+SWEEP_FILE = "sweep.txt"
+"""Written into a sweep directory (the sweep's overrides): marks it as one."""
+
+
+def in_sweep(run_dir: Path) -> bool:
+    """Whether ``run_dir`` lies directly in a sweep directory (its parent holds
+    :data:`SWEEP_FILE`): such a run leaves the hparams experiment summary to the sweep."""
+    return (Path(run_dir).resolve().parent / SWEEP_FILE).is_file()
 
 
 @dataclass(frozen=True)
@@ -90,13 +107,27 @@ def plan(sweep_dir: Path, overrides: list[str]) -> list[SweepRun]:
     return runs
 
 
-def validate(runs: list[SweepRun], registry: Registry, config_file: str | None) -> None:
+def validate(runs: list[SweepRun], registry: Registry, config_file: str | None) -> list[ResolvedConfig]:
     """Resolve every combination's config (raises :class:`ConfigError` on the first bad one)."""
+    resolved = []
     for run in runs:
         try:
-            load_config(registry, list(run.overrides), config_file)
+            resolved.append(load_config(registry, list(run.overrides), config_file))
         except ConfigError as exc:
             raise ConfigError(f"sweep run {run.name!r}: {exc}") from exc
+    return resolved
+
+
+def write_sweep_experiment(sweep_dir: Path, resolved: list[ResolvedConfig], swept: list[str]) -> None:
+    """TensorBoard's hparams experiment for the whole sweep: every run's effective
+    hparams, the metrics of every run, and ``differs`` on what the sweep varied: the swept
+    keys (everything under them) and the :data:`rlzoo.tracking.ALGORITHM_KEYS` whose
+    values differ. Keys that differ only as a consequence (a preset's settings, the
+    parameters of a component that differs) are listed unmarked, so the five columns
+    TensorBoard shows first are the ones that explain the runs."""
+    metrics = list(dict.fromkeys(tag for r in resolved for tag in hparam_metrics(r.cfg)))
+    shown = ALGORITHM_KEYS + tuple(pattern for key in swept for pattern in (key, key + "."))
+    write_experiment(sweep_dir, [effective_hparams(r.cfg, r.plan) for r in resolved], metrics, shown)
 
 
 def _command(run: SweepRun, config_file: str | None) -> list[str]:
@@ -125,9 +156,10 @@ def run_sweep(sweep_dir: Path, overrides: list[str], registry: Registry, config_
     if jobs < 1:
         raise ConfigError(f"--jobs must be >= 1, got {jobs}")
     runs = plan(sweep_dir, overrides)
-    validate(runs, registry, config_file)
+    resolved = validate(runs, registry, config_file)
     sweep_dir.mkdir(parents=True, exist_ok=True)
-    (sweep_dir / "sweep.txt").write_text(" ".join(overrides) + "\n")
+    (sweep_dir / SWEEP_FILE).write_text(" ".join(overrides) + "\n")
+    write_sweep_experiment(sweep_dir, resolved, [key for key, _ in expand(overrides)[1]])
 
     def execute(run: SweepRun) -> tuple[SweepRun, str]:
         status = read_status(run.run_dir)
@@ -136,12 +168,19 @@ def run_sweep(sweep_dir: Path, overrides: list[str], registry: Registry, config_
         run.run_dir.mkdir(parents=True, exist_ok=True)
         log = run.run_dir / "train.log"
         start = time.perf_counter()
+        env = {**os.environ}
+        if jobs > 1:
+            env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // jobs)))
+        print(f"[{run.name}] started", flush=True)
         with open(log, "a") as handle:
-            env = {**os.environ}
-            if jobs > 1:
-                env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // jobs)))
-            code = subprocess.call(_command(run, config_file), stdout=handle, stderr=subprocess.STDOUT,
-                                   env=env)
+            child = subprocess.Popen(_command(run, config_file), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     env=env, text=True, bufsize=1)
+            assert child.stdout is not None
+            for line in child.stdout:
+                handle.write(line)
+                if line.startswith(RELAYED):
+                    print(f"[{run.name}] {line.removeprefix('rlzoo: ').rstrip()}", flush=True)
+            code = child.wait()
         status = read_status(run.run_dir) or {}
         if code != 0:
             outcome = f"failed (exit {code}, see {log})"

@@ -21,7 +21,14 @@ with a message naming the broken invariant:
 - no NaN/inf on edge cases: all-equal rewards, groups of size 1, empty responses
   (all-zero mask rows), log-ratios of ±50;
 - gradients flow to ``logp`` only at valid positions and never into ``old_logp``,
-  ``ref_logp`` or advantages.
+  ``ref_logp`` or advantages;
+- tasks (:func:`check_task`) draw only from the RNG they are given, return ``Example``
+  objects, cover their ``alphabet``, and never train on their evaluation prompts;
+- reward functions (:func:`check_reward`) return one finite float per completion, for
+  empty and odd completions too, the same for the same input, and leave their inputs
+  alone;
+- presets (:func:`check_preset`) resolve into a run plan: every key and component they
+  name exists and the combination is consistent.
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ import torch
 from rlzoo.batch import BatchCounts
 from rlzoo.contract import BoundComponent
 from rlzoo.errors import TrainingError
-from rlzoo.registry import Component
+from rlzoo.registry import Component, Registry
 
 B, T = 6, 5
 
@@ -290,6 +297,108 @@ def check_rollout_correction(fn: Callable[..., Any], name: str = "rollout_correc
     _assert_finite(name, "an all-empty batch", empty)
 
 
+def check_task(task: Any, name: str = "task", holdout: float = 0.1) -> None:
+    """Invariants of a :class:`rlzoo.tasks.Task` instance: ``sample(n, rng)`` returns
+    ``n`` :class:`rlzoo.tasks.Example` with non-empty ``str`` prompts and a ``dict``-like
+    ``row``, depends only on ``rng`` (same seed, same examples; the global ``random`` state
+    is irrelevant), its ``alphabet`` (when set) covers every prompt and answer, the
+    evaluation set is non-empty and held out, training draws never hold an evaluation
+    prompt, ``answer_text`` is a ``str`` and ``state_dict`` is plain values."""
+    import random
+    from collections.abc import Mapping
+
+    from rlzoo.checkpoint import check_plain
+    from rlzoo.tasks import Example, Holdout
+
+    split = Holdout(holdout)
+    state = random.getstate()
+    random.seed(1)  # the global RNG must not matter: two different global states, one seed
+    first = task.sample(16, random.Random(0))
+    assert isinstance(first, list) and len(first) == 16, f"{name}: sample(16, rng) returned {type(first).__name__} " \
+        f"of length {len(first) if hasattr(first, '__len__') else '?'}, expected a list of 16 Examples"
+    for example in first:
+        assert isinstance(example, Example), f"{name}: sample returned a {type(example).__name__}, not an Example"
+        assert isinstance(example.prompt, str) and example.prompt, f"{name}: a prompt is not a non-empty str"
+        assert isinstance(example.row, Mapping), f"{name}: Example.row is a {type(example.row).__name__}"
+        assert isinstance(task.answer_text(example), str), f"{name}: answer_text did not return a str"
+    random.seed(2)
+    again = task.sample(16, random.Random(0))
+    random.setstate(state)
+    assert [e.prompt for e in again] == [e.prompt for e in first], \
+        f"{name}: sample(n, rng) with the same seed gave other prompts: draw only from rng"
+    if task.alphabet is not None:
+        for example in first:
+            text = example.prompt + task.answer_text(example)
+            missing = sorted(set(text) - set(task.alphabet))
+            assert not missing, f"{name}: alphabet lacks {''.join(missing)!r} used by {text!r}"
+    evals = task.eval_set(8, split)
+    assert evals, f"{name}: no evaluation prompts with eval.holdout={holdout} (the prompt space is too small?)"
+    held = {e.prompt for e in evals}
+    train = task.sample_train(64, random.Random(1), split)
+    assert len(train) == 64, f"{name}: sample_train(64, ...) returned {len(train)} examples"
+    leaked = sorted(held & {e.prompt for e in train})
+    assert not leaked, f"{name}: training drew evaluation prompts {leaked[:3]}"
+    try:
+        check_plain(task.state_dict(), f"{name}.state_dict()")
+    except TypeError as exc:
+        raise AssertionError(str(exc)) from exc
+
+
+def check_reward(fn: Callable[..., Any], name: str = "reward", task: Any = None) -> None:
+    """Invariants of a reward function ``fn(prompts=, completions=, references=, rows=)``:
+    one finite float per completion (a list or a ``(B,)`` tensor) for ordinary, empty,
+    very long and non-ASCII completions; the same scores for the same inputs; inputs not
+    modified. With ``task`` (a :class:`rlzoo.tasks.Task`) the prompts, references and rows
+    are that task's, and its perfect answers (``answer_text``) are among the completions;
+    without, references are strings (pass the task when your reward expects others)."""
+    import copy
+    import random
+
+    if task is not None:
+        examples = task.sample(4, random.Random(0))
+    else:
+        from rlzoo.tasks import Example
+
+        examples = [Example(f"prompt {i}", f"answer {i}", {"id": i}) for i in range(4)]
+    answers = [task.answer_text(e) if task is not None else str(e.reference) for e in examples]
+    odd = ["", "x" * 5000, "ünïcødé ✓ 数字", " \n\t"]
+    completions = answers + odd
+    prompts = [e.prompt for e in examples] * 2
+    references = [e.reference for e in examples] * 2
+    rows = [dict(e.row) for e in examples] * 2
+    inputs = {"prompts": prompts, "completions": completions, "references": references, "rows": rows}
+    before = copy.deepcopy(inputs)
+
+    def scores() -> torch.Tensor:
+        raw = _call(fn, **inputs)
+        try:
+            out = torch.as_tensor(raw, dtype=torch.float64)
+        except (TypeError, ValueError) as exc:
+            raise AssertionError(f"{name}: returned {type(raw).__name__}, not B floats") from exc
+        assert out.shape == (len(completions),), \
+            f"{name}: returned shape {tuple(out.shape)} for {len(completions)} completions"
+        bad = (~torch.isfinite(out)).nonzero().flatten().tolist()
+        assert not bad, f"{name}: non-finite score {float(out[bad[0]])} for completion {completions[bad[0]]!r}"
+        return out
+
+    first = scores()
+    assert inputs == before, f"{name}: modified its inputs"
+    assert torch.equal(first, scores()), f"{name}: different scores for the same inputs"
+
+
+def check_preset(component: Component, registry: Registry) -> None:
+    """A preset (kind ``algorithm``) resolves, over the defaults, into a run plan: every
+    key, component and parameter it names exists and the combination passes the plan's
+    checks (``rlzoo config algo=<name> --plan`` would succeed)."""
+    from rlzoo.config import load_config
+    from rlzoo.errors import ConfigError
+
+    try:
+        load_config(registry, [f"algo={component.name}"])
+    except ConfigError as exc:
+        raise AssertionError(f"algorithm preset {component.name!r} does not resolve: {exc}") from exc
+
+
 _CHECKS: dict[str, Callable[..., None]] = {
     "policy_loss": check_policy_loss,
     "advantage": check_advantage_estimator,
@@ -297,27 +406,48 @@ _CHECKS: dict[str, Callable[..., None]] = {
     "loss_agg": check_loss_aggregation,
     "value_loss": check_value_loss,
     "rollout_correction": check_rollout_correction,
+    "task": check_task,
+    "reward": check_reward,
+    "algorithm": check_preset,
 }
 CHECKED_KINDS = tuple(_CHECKS)
 """The component kinds :func:`check_component` has invariant checks for."""
 
 
-def check_component(component: Component, params: Any = None) -> None:
-    """Run the invariant checks of the component's kind.
+def check_component(component: Component, params: Any = None, *, registry: Registry | None = None,
+                    task: Any = None) -> None:
+    """Run the invariant checks of the component's kind (:data:`CHECKED_KINDS`).
 
     :param params: the component's parameter dataclass instance, or a dict of parameters
         (validated as the config would), or ``None`` for the defaults.
+    :param registry: for presets: the registry to resolve them in (default: every
+        installed plugin).
+    :param task: for rewards: a task instance whose examples to score (default: plain
+        strings).
+    :raises AssertionError: naming the component and the broken invariant.
+    :raises ValueError: no checks exist for the component's kind.
     """
     if component.kind not in _CHECKS:
         raise ValueError(f"no invariant checks for kind {component.kind!r}; "
                          f"kinds with checks: {', '.join(_CHECKS)}")
+    label = f"{component.kind} {component.name!r}"
+    if component.kind == "algorithm":
+        if registry is None:
+            from rlzoo.plugins import build_registry, make_plugin_manager
+
+            registry = build_registry(make_plugin_manager())
+        check_preset(component, registry)
+        return
     if isinstance(params, dict):
         from rlzoo.config import build_params
 
         params = build_params(component, params)
     fn = component.bind(params)
-    label = f"{component.kind} {component.name!r}"
-    if component.kind == "advantage":
+    if component.kind == "task":
+        check_task(fn(), label)
+    elif component.kind == "reward":
+        check_reward(fn, label, task)
+    elif component.kind == "advantage":
         check_advantage_estimator(fn, label, component.needs)
     else:
         _CHECKS[component.kind](fn, label)

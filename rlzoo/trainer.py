@@ -14,6 +14,7 @@ losses and optimizer steps (:mod:`rlzoo.learner`), the run directory and checkpo
 from __future__ import annotations
 
 import signal
+import sys
 import time
 from typing import Any
 
@@ -25,6 +26,7 @@ from rlzoo.config import ResolvedConfig
 from rlzoo.checkpoint import STATE_FILE, check_optimizer_fits, first_non_finite
 from rlzoo.context import RunContext
 from rlzoo.errors import ConfigError, TrainingError
+from rlzoo.evaluation import Evaluator, eval_only
 from rlzoo.learner import Learner
 from rlzoo.models import build_run_models
 from rlzoo.plugins import PluginManager
@@ -32,7 +34,9 @@ from rlzoo.registry import Registry
 from rlzoo.rng import global_rng_state, seed_everything, set_global_rng_state
 from rlzoo.rundir import RunDirectory, summary_line
 from rlzoo.sampler import Sampler
-from rlzoo.tracking import Tracker
+from rlzoo.sweep import in_sweep
+from rlzoo.tasks import check_encodable
+from rlzoo.tracking import Progress, Sample, Tracker, group_samples
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -89,13 +93,18 @@ class Trainer:
         stream = cfg.seed if self.dist.rank == 0 else f"{cfg.seed}/rank{self.dist.rank}"
         self.sampler = Sampler(task, resolved.bound("reward"), self.models.tokenizer, backend, cfg, self.plan,
                                self.device, stream)
+        task_name = resolved.components["task"].name
+        for warning in check_encodable(task, task_name, self.models.tokenizer, self.sampler.holdout):
+            if self.dist.is_main:
+                print(f"rlzoo: warning: {warning}", file=sys.stderr, flush=True)
+        self.evaluator = Evaluator.build(cfg, task, task_name, self.sampler, self.dist)
         self.learner = Learner(resolved, self.models, self.dist)
         self.ctx = RunContext(cfg=cfg, plan=self.plan, run_dir=self.run_dir.path, resample=self.sampler.sample,
                               prompts=cfg.rollout.prompts_per_step // self.dist.world)
         self.extensions = [(component.name, component.bind(params)()) for component, params in resolved.extensions]
         pm.register_run_extensions(self.extensions)
         self.step = 0
-        self.last_samples: list[tuple[str, str, float]] = []
+        self.last_samples: list[Sample] = []
         self._stop_requested = False
         if resume_state is not None:
             self._restore(resume_state)
@@ -161,8 +170,7 @@ class Trainer:
                    "response_length/truncated_frac": float(truncated.float().mean())}
         if not torch.equal(rewards, scores):
             metrics["reward/shaped_mean"] = float(rewards.mean())
-        self.last_samples = [(batch.prompts[i], batch.completions[i], float(batch.scores[i]))
-                             for i in range(min(8, len(batch)))]
+        self.last_samples = group_samples(batch)
         return metrics
 
     # ---------------------------------------------------------------- checkpoints
@@ -228,32 +236,33 @@ class Trainer:
         if main:
             tracker = Tracker(str(self.run_dir.path), purge_step=self.step + 1 if self.run_dir.resume_from else None)
             if self.run_dir.resume_from is None:
-                tracker.log_hparams(cfg)
+                tracker.log_hparams(cfg, self.plan, experiment=not in_sweep(self.run_dir.path))
+            if self.evaluator is not None:
+                print(self.evaluator.describe(), flush=True)
         previous = {}
         for sig in STOP_SIGNALS:
             try:
                 previous[sig] = signal.signal(sig, self._on_stop_signal)
             except ValueError:  # not the main thread
                 break
-        progress = None
-        if cfg.logging.progress and main:
-            from tqdm import tqdm
-
-            progress = tqdm(total=cfg.trainer.total_steps, initial=self.step, desc="rlzoo train", dynamic_ncols=True)
+        progress = Progress(cfg, self.step) if main else None
         status, metrics, failing = "failed", {}, False
         try:
             while self.step < cfg.trainer.total_steps:
                 metrics = self.train_step()
-                self.pm.hook.rlzoo_step_end(step=self.step, metrics=metrics, ctx=self.ctx)
                 last = self.step == cfg.trainer.total_steps
-                if tracker is not None and (self.step % cfg.logging.log_every == 0 or last):
-                    tracker.log_scalars(self.step, metrics)
+                if self.evaluator is not None and self.evaluator.due(self.step, last):
+                    metrics.update(self.evaluator.run(self.step))
+                    if tracker is not None:
+                        tracker.log_samples(self.step, self.evaluator.samples, tag="eval_samples")
+                self.pm.hook.rlzoo_step_end(step=self.step, metrics=metrics, ctx=self.ctx)
+                if tracker is not None:
+                    on_grid = self.step % cfg.logging.log_every == 0 or last
+                    tracker.log_scalars(self.step, metrics if on_grid else eval_only(metrics))
                 if tracker is not None and cfg.logging.sample_every and self.step % cfg.logging.sample_every == 0:
                     tracker.log_samples(self.step, self.last_samples)
                 if progress is not None:
-                    progress.update(1)
-                    progress.set_postfix(reward=f"{metrics['reward/mean']:.3f}",
-                                         step_s=f"{metrics['timing/step_s']:.2f}")
+                    progress.update(self.step, metrics)
                 if self.dist.enabled:  # every rank stops at the same step (signals reach them apart)
                     flag = distributed.all_reduce_floats({"stop": float(self._stop_requested)}, self.dist, "max")
                     self._stop_requested = flag["stop"] > 0

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from rlzoo.cli import main
+from rlzoo.compare import COLUMNS
 from rlzoo.errors import ConfigError
 from rlzoo.sweep import plan, split_values
 
@@ -54,6 +55,8 @@ def sweep_dir(tmp_path_factory) -> Path:
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.count("completed in") == 4
+    for run in ("algo-grpo_seed-0", "algo-rloo_seed-1"):   # each run's progress is relayed
+        assert f"[{run}] step 3/3 reward" in done.stdout
     return root
 
 
@@ -66,20 +69,36 @@ def test_sweep_reruns_skip_completed_runs(sweep_dir: Path) -> None:
 
 
 def test_compare_table_png_and_report(capsys, sweep_dir: Path, tmp_path: Path) -> None:
-    code = main(["compare", str(sweep_dir), "--threshold", "0.01", "--out", str(tmp_path)])
+    code = main(["compare", str(sweep_dir), "--threshold", "0.01", "--window", "2", "--out", str(tmp_path)])
     out, err = capsys.readouterr()
     assert code == 0, err
+    header = next(line for line in out.splitlines() if line.startswith("| group"))
+    assert [c.strip() for c in header.split("|")[1:-1]] == [
+        "group", "seeds", "eval acc", "eval pass@1", "reward final", "reward best", "steps to 0.01", "train s",
+        "eval s", "tokens/s"]
     lines = [line for line in out.splitlines() if line.startswith("| algo=")]
     assert [line.split("|")[1].strip() for line in lines] == ["algo=grpo", "algo=rloo"]
     for line in lines:
         cells = [c.strip() for c in line.split("|")[1:-1]]
         assert cells[1] == "2"                               # two seeds per group
-        assert "±" in cells[2]                               # final reward mean ± std
-        assert cells[4].endswith("(2/2)")                    # both reached the tiny threshold
+        assert all("±" in cell for cell in cells[2:6])       # eval and reward: mean ± std over the seeds
+        final, best = (float(cells[i].split(" ± ")[0]) for i in (4, 5))
+        assert best >= final
+        assert cells[6].endswith("(2/2)")                    # both reached the tiny threshold
+    for header, _ in COLUMNS:
+        assert f"- **{header}**:" in out                     # every column defined in the legend
     png = tmp_path / "compare.png"
     assert png.stat().st_size > 10_000 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     report = (tmp_path / "compare.md").read_text()
-    assert "| algo=grpo |" in report and "compare.png" in report
+    assert "| algo=grpo |" in report and "compare.png" in report and "**reward best**" in report
+
+
+def test_compare_never_writes_into_a_run(capsys, sweep_dir: Path) -> None:
+    run = sweep_dir / "algo-grpo_seed-0"
+    before = sorted(p.name for p in run.iterdir())
+    assert main(["compare", str(run), "--out", str(run)]) == 2
+    assert "is a run directory" in capsys.readouterr().err
+    assert sorted(p.name for p in run.iterdir()) == before
 
 
 def test_compare_without_runs_is_a_clear_error(capsys, tmp_path: Path) -> None:
@@ -106,16 +125,17 @@ def test_tensorboard_server_lists_every_run_tags_and_hparams(sweep_dir: Path) ->
         while time.time() < deadline:
             try:
                 runs = json.loads(urllib.request.urlopen(f"{base}/data/runs", timeout=5).read())
-                if len(runs) == 4:
+                if len(runs) == 5:
                     break
             except OSError:
                 pass
             time.sleep(1)
-        assert sorted(runs) == sorted(f"algo-{a}_seed-{s}" for a in ("grpo", "rloo") for s in (0, 1))
+        # "." is the sweep directory itself: it holds the sweep's hparams experiment
+        assert sorted(runs) == sorted([".", *(f"algo-{a}_seed-{s}" for a in ("grpo", "rloo") for s in (0, 1))])
         tags = json.loads(urllib.request.urlopen(f"{base}/data/plugin/scalars/tags", timeout=10).read())
         expected = {"reward/mean", "reward/std", "policy/loss", "kl/coef", "entropy", "grad_norm", "lr",
                     "timing/rollout_s", "throughput/tokens_per_s"}
-        for run in runs:
+        for run in set(runs) - {"."}:
             assert expected <= set(tags[run]), (run, expected - set(tags[run]))
         request = urllib.request.Request(f"{base}/data/plugin/hparams/experiment",
                                          data=json.dumps({"experimentName": ""}).encode(),
@@ -123,7 +143,10 @@ def test_tensorboard_server_lists_every_run_tags_and_hparams(sweep_dir: Path) ->
         experiment = json.loads(urllib.request.urlopen(request, timeout=10).read())
         names = {info["name"]: info for info in experiment["hparamInfos"]}
         assert names["algo"]["differs"] is True and names["seed"]["differs"] is True
-        assert "advantage.name" in names and "trainer.lr" in names
+        assert names["loss_agg.name"]["differs"] is True
+        assert not names["trainer.lr"].get("differs") and "run_dir" not in names
+        metrics = [info["name"]["tag"] for info in experiment["metricInfos"]]
+        assert metrics[:4] == ["eval/greedy_accuracy", "eval/pass@1", "eval/pass@8", "reward/mean"]
     finally:
         server.terminate()
         server.wait(timeout=20)
