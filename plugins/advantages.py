@@ -39,7 +39,7 @@ import torch
 from rlzoo import hookimpl
 from rlzoo.distributed import batch_sum
 from rlzoo.errors import TrainingError
-from rlzoo.masked import masked_sum, masked_var, masked_whiten
+from rlzoo.masked import masked_mean, masked_sum, masked_var, masked_whiten
 
 RLZOO_API_VERSION = "2"
 
@@ -486,6 +486,98 @@ def maxrl(token_rewards: torch.Tensor, response_mask: torch.Tensor, group_ids: t
     return advantages, advantages
 
 
+@dataclass
+class GDPOParams:
+    """Parameters of ``gdpo``.
+
+    :ivar epsilon: added to each std before dividing (> 0); the reference code's 1e-4.
+    :ivar whiten: whiten the weighted sum over the batch (the paper's step 3, always on in
+        the reference code; off for an ablation).
+    """
+
+    epsilon: float = 1e-4
+    whiten: bool = True
+
+    def __post_init__(self) -> None:
+        _check_positive("epsilon", self.epsilon)
+
+
+@torch.no_grad()
+def gdpo(reward_scores: Optional[torch.Tensor], reward_weights: torch.Tensor, response_mask: torch.Tensor,
+         group_ids: torch.Tensor, params: Optional[GDPOParams] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """GDPO (Liu et al. 2026, arXiv:2601.05242): each reward function normalised within its
+    group, the weighted sum whitened over the batch.
+
+    A_k,i = (r_k,i − mean_g(r_k)) / (std_g(r_k) + ε) for each reward function k (unbiased
+    std; a group of size 1 has mean 0 and std 1, as ``grpo``); S_i = Σ_k w_k·A_k,i;
+    A_i = (S_i − mean_B(S)) / (std_B(S) + ε) over all B sequences of the batch (all ranks;
+    unbiased; skipped with ``whiten=false``), broadcast over the valid tokens; returns =
+    advantages. Reference: NVlabs/GDPO ``trl-GDPO`` ``_generate_and_score_completions``
+    (ε = 1e-4 in both divisions). It reads the raw scores, so the plan refuses KL in the
+    reward and reward shaping with it. Shapes: ``reward_scores`` ``(B, K)``,
+    ``reward_weights`` ``(K,)``, masks ``(B, T)``; out ``(B, T)``.
+
+    :raises TrainingError: the batch carries no ``reward_scores`` (built without the sampler).
+    """
+    params = params or GDPOParams()
+    if reward_scores is None:
+        raise TrainingError("advantage 'gdpo' needs the batch's reward_scores (each reward function's scores), "
+                            "which this batch lacks: build batches with ctx.resample / the sampler")
+    scores = reward_scores.double()
+    groups = _Groups.of(group_ids, scores.device)
+    normalised = []
+    for k in range(scores.shape[1]):
+        centered = groups.centered(scores[:, k])
+        normalised.append(centered / (groups.std(centered) + params.epsilon))
+    total = torch.stack(normalised, dim=1) @ reward_weights.double()
+    if params.whiten:
+        every = torch.ones_like(total)
+        total = (total - masked_mean(total, every)) / (masked_var(total, every).sqrt() + params.epsilon)
+    advantages = _broadcast(total, response_mask, response_mask.dtype)
+    return advantages, advantages
+
+
+@dataclass
+class OPDParams:
+    """Parameters of ``opd``.
+
+    :ivar coef: weight of the per-token teacher term (> 0).
+    :ivar task_reward_weight: weight of the task reward (the sequence score on every token;
+        >= 0); 0 distils only.
+    """
+
+    coef: float = 1.0
+    task_reward_weight: float = 0.0
+
+    def __post_init__(self) -> None:
+        _check_positive("coef", self.coef)
+        if not self.task_reward_weight >= 0:
+            raise ValueError(f"task_reward_weight must be >= 0, got {self.task_reward_weight}")
+
+
+@torch.no_grad()
+def opd(teacher_logp: torch.Tensor, old_logp: torch.Tensor, token_rewards: torch.Tensor,
+        response_mask: torch.Tensor, params: Optional[OPDParams] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """On-policy distillation (Agarwal et al. 2024, arXiv:2306.13649; Thinking Machines,
+    "On-Policy Distillation", 2025): the student samples, a teacher scores every sampled
+    token, and the per-token advantage is the negative reverse-KL estimate
+
+        A_t = coef · (log π_T(y_t) − log π_old(y_t)) + task_reward_weight · s_i
+
+    (no gradient through it; s_i the sequence's score, broadcast over its valid tokens);
+    returns = advantages. With a policy-gradient loss this minimises the per-token reverse
+    KL(π‖π_T) on the student's own samples. π_old is the student before this step's
+    update (Tinker's cookbook uses the sampler's log-probs, equal up to the rollout
+    mismatch). Shapes: ``(B, T)`` in and out.
+    """
+    params = params or OPDParams()
+    per_token = params.coef * (teacher_logp.double() - old_logp.double())
+    if params.task_reward_weight:
+        per_token = per_token + params.task_reward_weight * _scores64(token_rewards, response_mask)[:, None]
+    advantages = torch.where(response_mask.bool(), per_token, torch.zeros_like(per_token)).to(token_rewards.dtype)
+    return advantages, advantages
+
+
 # -------------------------------------------------------------------------- registration
 
 
@@ -515,5 +607,9 @@ def rlzoo_register_advantage_estimators(register) -> None:
     register("maxrl", maxrl, params=MaxRLParams, needs=("groups",), paper="arXiv:2602.02710",
              nonnegative_rewards=True,
              description="(s − group mean) / group mean: the success-rate-normalised advantage (MaxRL)")
+    register("gdpo", gdpo, params=GDPOParams, needs=("groups",), paper="arXiv:2601.05242",
+             description="each reward function normalised in its group, weighted sum whitened over the batch (GDPO)")
+    register("opd", opd, params=OPDParams, paper="arXiv:2306.13649",
+             description="per-token teacher log-prob minus the student's (on-policy distillation, teacher.path)")
     register("gpg", gpg, needs=("groups",), paper="arXiv:2504.02546",
              description="α·(s − group mean), α = B / #non-zero scores (GPG)")

@@ -51,6 +51,18 @@ def numeric_match(prompts: list[str], completions: list[str], references: list[o
     return scores
 
 
+def length_match(prompts: list[str], completions: list[str], references: list[object]) -> list[float]:
+    """A format reward: 1 − |len(completion) − len(reference)| / len(reference) in
+    characters (surrounding whitespace stripped), floored at 0; an empty reference scores 1
+    for an empty completion, else 0. A second objective for ``reward=[...]`` (e.g. with
+    ``exact_match`` under ``gdpo``)."""
+    scores = []
+    for completion, reference in zip(completions, references):
+        got, want = len(completion.strip()), len(str(reference).strip())
+        scores.append(float(got == 0) if want == 0 else max(0.0, 1.0 - abs(got - want) / want))
+    return scores
+
+
 @dataclass
 class CountdownRewardParams:
     format_score: float = 0.1
@@ -89,5 +101,7 @@ def rlzoo_register_reward_functions(register) -> None:
              description="1 if the completion equals the reference answer")
     register("numeric_match", numeric_match,
              description="1 if the last number in the completion equals the reference")
+    register("length_match", length_match,
+             description="1 − relative length difference to the reference (a format reward)")
     register("countdown", countdown, params=CountdownRewardParams,
              description="1 if the expression hits the target using the offered numbers")

@@ -35,6 +35,10 @@ def _pad_to(t: torch.Tensor, width: int, value: float, left: bool) -> torch.Tens
     return torch.cat([pad, t], 1) if left else torch.cat([t, pad], 1)
 
 
+UNPADDED = ("reward_scores",)
+"""2-D fields whose second dimension is not a token position (never padded by concat)."""
+
+
 @dataclass
 class RolloutBatch:
     """One step's rollout as it moves through the stages; B sequences.
@@ -48,6 +52,8 @@ class RolloutBatch:
     what the advantage estimator is fed (on the last valid token). ``rollout_logp``
     ``(B, T)`` are the log-probs of the sampled tokens under the distribution the rollout
     backend sampled from (after temperature and top-p), recorded for every run.
+    ``reward_scores`` ``(B, K)`` are each reward function's raw scores (``scores`` is their
+    weighted sum; :mod:`rlzoo.scoring`).
 
     Lifecycle hooks change a batch in place (:meth:`keep`, :meth:`extend`,
     :meth:`copy_from`), so the next hook and the engine see the result.
@@ -75,6 +81,8 @@ class RolloutBatch:
     token_rewards: torch.Tensor | None = None
     advantages: torch.Tensor | None = None
     returns: torch.Tensor | None = None
+    reward_scores: torch.Tensor | None = None
+    teacher_logp: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.loss_mask is None:
@@ -141,7 +149,7 @@ class RolloutBatch:
                 values[f.name] = [x for item in items for x in item]
             elif any(v is None for v in items):
                 raise ValueError(f"cannot concatenate batches: {f.name} is set in only some")
-            elif items[0].dim() == 2:
+            elif items[0].dim() == 2 and f.name not in UNPADDED:
                 left = f.name.startswith("prompt_")
                 width = width_p if left else width_t
                 values[f.name] = torch.cat([_pad_to(v, width, 0, left) for v in items], 0)

@@ -69,6 +69,11 @@ class KLConfig:
 
 
 @dataclass
+class TeacherConfig:
+    path: Optional[str] = MISSING
+
+
+@dataclass
 class TrainerConfig:
     total_steps: int = MISSING
     lr: float = MISSING
@@ -140,6 +145,7 @@ class RunConfig:
     loss_agg: Any = MISSING
     value_loss: Any = MISSING
     kl: KLConfig = field(default_factory=KLConfig)
+    teacher: TeacherConfig = field(default_factory=TeacherConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
@@ -161,6 +167,9 @@ COMPONENT_FIELDS: dict[str, str] = {
     "rollout_correction": "rollout_correction",
 }
 """Config path -> component kind, for every single-component choice."""
+
+LIST_FIELDS: tuple[str, ...] = ("reward",)
+"""Component paths that also take a list of choices (``reward=[{name: a, weight: 1.0}, ...]``)."""
 
 PRESET_REFUSED_KEYS: tuple[str, ...] = ("algo", "plugins", "seed", "run_name", "run_dir", "resume")
 """Top-level keys an algorithm preset may not set: they choose the preset, are read before
@@ -348,6 +357,8 @@ class ResolvedConfig:
     :ivar plan: the :class:`rlzoo.plan.RunPlan` decided from all of the above.
     :ivar resume_changes: with ``resume=``, dotted key -> ``(saved, new)`` for every key
         the resume changes (only :data:`rlzoo.rundir.RESUMABLE_KEYS` may change).
+    :ivar rewards: ``(component, params, weight)`` of every reward function, in ``reward``
+        order (one, weight 1.0, unless ``reward`` is a list).
     """
 
     cfg: DictConfig
@@ -357,6 +368,7 @@ class ResolvedConfig:
     sources: dict[str, str] = field(default_factory=dict)
     plan: Any = None
     resume_changes: dict[str, tuple[Any, Any]] = field(default_factory=dict)
+    rewards: list[tuple[Component, Any, float]] = field(default_factory=list)
 
     def to_yaml(self) -> str:
         return OmegaConf.to_yaml(self.cfg)
@@ -364,6 +376,10 @@ class ResolvedConfig:
     def bound(self, path: str) -> Any:
         """The component chosen at ``path`` with its parameters bound, as the engine calls it."""
         return self.components[path].bind(self.params[path])
+
+    def reward_functions(self) -> list[tuple[Any, float]]:
+        """``(bound reward function, weight)`` pairs, in ``reward`` order."""
+        return [(component.bind(params), weight) for component, params, weight in self.rewards]
 
     def build(self, path: str, **inputs: Any) -> Any:
         """Construct the component chosen at ``path`` (a task, a rollout backend, ...) from
@@ -452,11 +468,17 @@ def load_config(
 
     sources: dict[str, str] = {}
     specs: dict[str, dict[str, Any] | None] = {}
+    lists: dict[str, list[Any]] = {}
     for path in COMPONENT_FIELDS:
         spec: dict[str, Any] | None = None
         for label, layer in labelled:
             present, value = _pop_path(layer, path)
-            if present:
+            if present and isinstance(value, list) and path in LIST_FIELDS:
+                spec, lists[path] = None, value
+                sources = {k: v for k, v in sources.items() if not k.startswith(path + ".")}
+                sources[path] = label
+            elif present:
+                lists.pop(path, None)
                 layer_spec = _as_spec(value, path)
                 if spec is None or layer_spec is None or layer_spec.get("name", spec.get("name")) != spec.get("name"):
                     sources = {k: v for k, v in sources.items() if not k.startswith(path + ".")}
@@ -491,7 +513,7 @@ def load_config(
         raise ConfigError(f"config keys without a value: {', '.join(missing)}")
     _check_values(cfg)
 
-    if specs["reward"] is None and specs["task"] is not None:
+    if specs["reward"] is None and "reward" not in lists and specs["task"] is not None:
         task = _resolve_component(registry, "task", "task", specs["task"])[0]
         if task.meta.get("reward") is None:
             raise ConfigError(f"task {task.name!r} names no default reward: set reward=NAME "
@@ -500,6 +522,12 @@ def load_config(
         sources["reward.name"] = f"task {task.name}'s default reward"
     components: dict[str, Component] = {}
     params: dict[str, Any] = {}
+    rewards = _resolve_rewards(registry, lists["reward"]) if "reward" in lists else []
+    if rewards:
+        OmegaConf.update(cfg, "reward", [{**_expand(c, p), "weight": w} for c, p, w in rewards], force_add=True)
+    elif specs["reward"] is not None and "weight" in specs["reward"]:
+        raise ConfigError(f"reward.weight={specs['reward']['weight']!r}: a weight belongs to one of several "
+                          f"reward functions; write reward=[{{name: a, weight: 1.0}}, {{name: b, weight: 0.5}}]")
     for path, kind in COMPONENT_FIELDS.items():
         spec = specs[path]
         if spec is None:
@@ -539,8 +567,10 @@ def load_config(
             changes = resume_changes(saved, OmegaConf.to_container(cfg))  # type: ignore[arg-type]
         except ConfigError as exc:
             raise ConfigError(f"resume={resume} {exc}") from exc
+    if not rewards and "reward" in components:
+        rewards = [(components["reward"], params["reward"], 1.0)]
     resolved = ResolvedConfig(cfg=cfg, components=components, params=params, extensions=extensions,
-                              sources=sources, resume_changes=changes)
+                              sources=sources, resume_changes=changes, rewards=rewards)
     resolved.plan = build_plan(resolved)
     return resolved
 
@@ -661,6 +691,44 @@ def _check_values(cfg: DictConfig) -> None:
         raise ConfigError(f"invalid value for trainer.betas: {list(cfg.trainer.betas)}; need 2 numbers")
 
 
+def _resolve_rewards(registry: Registry, items: list[Any]) -> list[tuple[Component, Any, float]]:
+    """``reward=[a, {name: b, weight: 0.5, **params}, ...]`` as ``(component, params, weight)``
+    (weight 1.0 unless given).
+
+    :raises ConfigError: an empty list, a bad item or weight, or a function named twice.
+    """
+    if not items:
+        raise ConfigError(f"reward=[] names no reward function; registered: {', '.join(registry.names('reward'))}")
+    out: list[tuple[Component, Any, float]] = []
+    for i, raw in enumerate(items):
+        spec = _as_spec(raw, f"reward[{i}]")
+        if spec is None:
+            raise ConfigError(f"reward[{i}] is null; every item names a reward function")
+        weight = spec.pop("weight", 1.0)
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
+            raise ConfigError(f"reward[{i}].weight must be a finite number, got {weight!r}")
+        component, instance, _ = _resolve_component(registry, "reward", f"reward[{i}]", spec)
+        out.append((component, instance, float(weight)))
+    names = [c.name for c, _, _ in out]
+    taken = sorted(set(names) & {"mean", "std", "max", "shaped_mean"})
+    if taken:
+        raise ConfigError(f"reward function {taken[0]!r} would be logged as reward/{taken[0]}, which rlzoo writes "
+                          "itself: register it under another name")
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ConfigError(f"reward names {', '.join(twice)} more than once; each reward function is logged as "
+                          f"reward/<name>, so list each once (register a second function for other parameters)")
+    return out
+
+
+def _expand(component: Component, instance: Any) -> dict[str, Any]:
+    """A component choice with every parameter, as it is recorded in the config."""
+    expanded: dict[str, Any] = {"name": component.name}
+    if instance is not None:
+        expanded.update(_params_container(instance))
+    return expanded
+
+
 def _resolve_component(
     registry: Registry, kind: str, where: str, spec: dict[str, Any]
 ) -> tuple[Component, Any, dict[str, Any]]:
@@ -672,10 +740,7 @@ def _resolve_component(
         raise ConfigError(f"{where}: {exc}") from exc
     given = {k: v for k, v in spec.items() if k != "name"}
     instance = build_params(component, given, where)
-    expanded: dict[str, Any] = {"name": component.name}
-    if instance is not None:
-        expanded.update(_params_container(instance))
-    return component, instance, expanded
+    return component, instance, _expand(component, instance)
 
 
 def _params_container(instance: Any) -> dict[str, Any]:

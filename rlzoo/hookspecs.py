@@ -103,6 +103,13 @@ INPUTS: dict[str, dict[str, Input]] = {
                                       "before this step's update (tempered like the sampler)"),
         "ref_logp": Input("reference", "(B, T) float: log-probs of the sampled tokens under the frozen "
                                        "reference model"),
+        "reward_scores": Input(None, "(B, K) float: each reward function's raw score (column k is reward[k]; "
+                                     "K = 1 with one function), before weighting, shaping and KL; an "
+                                     "estimator that reads it instead of token_rewards refuses KL in the "
+                                     "reward and reward shaping"),
+        "reward_weights": Input(None, "(K,) float: the weights of the reward functions (reward[k].weight)"),
+        "teacher_logp": Input("teacher", "(B, T) float: log-probs of the sampled tokens under the teacher model "
+                                         "(teacher.path; tempered like the sampler)"),
     },
     "policy_loss": {
         "logp": Input(None, "(B, T) float: log-probs of the sampled tokens under the policy being "
@@ -186,10 +193,11 @@ def rlzoo_register_advantage_estimators(register: Register) -> None:
     The engine calls ``fn(**inputs, params=...)`` with the inputs ``fn`` names from
     ``INPUTS["advantage"]``: ``token_rewards``, ``response_mask``, ``group_ids``,
     ``values`` (a critic), ``baseline_scores`` (a greedy rollout), ``old_logp``,
-    ``ref_logp``. It must return ``(advantages, returns)``, both ``(B, T)`` float, zero on
-    padding. Estimators are pure tensor functions: no gradient flows through them. Under
-    torchrun they see this process's whole groups and run inside
-    ``rlzoo.distributed.batch_statistics()``.
+    ``ref_logp``, ``reward_scores`` / ``reward_weights`` (each reward function's scores and
+    weight, e.g. ``gdpo``), ``teacher_logp`` (a teacher model, e.g. ``opd``). It must
+    return ``(advantages, returns)``, both ``(B, T)`` float, zero on padding. Estimators
+    are pure tensor functions: no gradient flows through them. Under torchrun they see
+    this process's whole groups and run inside ``rlzoo.distributed.batch_statistics()``.
     """
 
 

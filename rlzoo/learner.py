@@ -107,6 +107,7 @@ class Learner:
         self.max_response_length = int(cfg.rollout.max_new_tokens)
         self.names = {path: component.name for path, component in resolved.components.items()}
         self.advantage = resolved.bound("advantage")
+        self.reward_weights = torch.tensor([weight for _, _, weight in resolved.rewards], dtype=torch.float32)
         self.policy_loss = resolved.bound("policy_loss")
         self.aggregate = resolved.bound("loss_agg")
         self.correction = resolved.bound("rollout_correction")
@@ -161,6 +162,8 @@ class Learner:
                                                                 plan.runs("old_entropy"))
         if plan.runs("ref_logp"):
             batch.ref_logp, _ = self._logp_pass(models.reference_forward, batch, False)
+        if plan.runs("teacher_logp"):
+            batch.teacher_logp, _ = self._logp_pass(models.teacher_forward, batch, False)
         if plan.runs("values"):
             models.critic.eval()
             with torch.no_grad():
@@ -191,13 +194,21 @@ class Learner:
             if self.plan.kl.controller_updates:
                 self.kl_controller.update(sequence_kl, len(batch) * self.dist.world)
         batch.token_rewards = token_rewards
+        inputs = self.advantage.component.inputs
+        if "reward_scores" in inputs and "token_rewards" not in inputs and not torch.equal(batch.rewards, batch.scores):
+            raise TrainingError(f"advantage {self.names['advantage']!r} reads each reward function's raw scores, but "
+                                "an rlzoo_shape_rewards hook changed the rewards, which it would ignore: remove "
+                                "the shaping or make it a reward function in reward=[...]")
         advantages, returns = self.advantage(
             token_rewards=token_rewards, response_mask=mask, group_ids=batch.group_ids,
             values=batch.old_values, baseline_scores=batch.baseline_scores, old_logp=batch.old_logp,
-            ref_logp=batch.ref_logp)
+            ref_logp=batch.ref_logp, reward_scores=batch.reward_scores, teacher_logp=batch.teacher_logp,
+            reward_weights=self.reward_weights.to(mask.device))
         check_finite(advantages, "advantage estimation", self.names["advantage"])
         batch.advantages, batch.returns = advantages, returns
         metrics["advantages/mean"] = float(masked_mean(advantages, mask))
+        if batch.teacher_logp is not None and batch.old_logp is not None:  # what distillation drives to 0
+            metrics["teacher/reverse_kl"] = float(masked_mean(batch.old_logp - batch.teacher_logp, mask))
         if self.models.critic is not None:
             metrics["value/returns_mean"] = float(masked_mean(returns, mask))
 

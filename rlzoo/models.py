@@ -127,6 +127,22 @@ def load_pretrained(path: str | Path, dtype: str = "float32") -> tuple[PreTraine
     return model, tokenizer
 
 
+def load_teacher(path: str | Path, dtype: str, tokenizer: PreTrainedTokenizerBase) -> PreTrainedModel:
+    """The frozen teacher of on-policy distillation, from a local model directory.
+
+    :raises ConfigError: the directory is not a model, or its tokenizer maps text to other
+        ids than the policy's (the teacher would score other tokens than were sampled).
+    """
+    teacher, teacher_tokenizer = load_pretrained(path, dtype)
+    ours, theirs = tokenizer.get_vocab(), teacher_tokenizer.get_vocab()
+    if ours != theirs:
+        differ = sorted(set(ours.items()) ^ set(theirs.items()), key=str)[:3]
+        raise ConfigError(f"teacher.path {str(path)!r} has another tokenizer than the policy ({len(theirs)} vs "
+                          f"{len(ours)} tokens; e.g. {differ}): distillation compares log-probs of the same "
+                          "token ids, so the teacher must share the policy's tokenizer")
+    return teacher.eval().requires_grad_(False)
+
+
 @contextlib.contextmanager
 def unreadable_model(path: Path) -> Iterator[None]:
     """Turn a failure to read a model directory (garbage JSON, a truncated safetensors
@@ -222,6 +238,8 @@ class RunModels:
     :ivar reference_forward: its :class:`ResponseForward`, or ``None``.
     :ivar critic: the :class:`ValueModel`, or ``None``.
     :ivar critic_forward: the critic as the update calls it (wrapped under torchrun).
+    :ivar teacher_forward: :class:`ResponseForward` of the frozen teacher (``teacher.path``),
+        or ``None``.
     """
 
     policy: PreTrainedModel
@@ -231,6 +249,7 @@ class RunModels:
     reference_forward: torch.nn.Module | None = None
     critic: ValueModel | None = None
     critic_forward: torch.nn.Module | None = None
+    teacher_forward: torch.nn.Module | None = None
 
     def generation_context(self) -> Any:
         """A context within which the policy's weights are whole (FSDP; otherwise a no-op)."""
@@ -291,6 +310,9 @@ def build_run_models(cfg: DictConfig, plan: Any, task: Any, device: torch.device
         else:
             reference = copy.deepcopy(policy)
         reference = reference.eval().requires_grad_(False)
+    teacher = None
+    if "teacher" in plan.models:
+        teacher = load_teacher(cfg.teacher.path, cfg.model.dtype, tokenizer).to(device)
     critic = None
     if "critic" in plan.models:
         critic = ValueModel.from_policy_config(policy.config, policy).to(device)
@@ -303,7 +325,8 @@ def build_run_models(cfg: DictConfig, plan: Any, task: Any, device: torch.device
         policy.gradient_checkpointing_enable()
     models = RunModels(policy=policy, tokenizer=tokenizer, policy_forward=ResponseForward(policy),
                        reference=reference, reference_forward=ResponseForward(reference) if reference else None,
-                       critic=critic, critic_forward=critic)
+                       critic=critic, critic_forward=critic,
+                       teacher_forward=ResponseForward(teacher) if teacher is not None else None)
     if dist.enabled:
         models.policy_forward = distributed.wrap(models.policy_forward, cfg.distributed.strategy, device)
         if critic is not None:

@@ -12,6 +12,7 @@ it to ``plan.txt`` in its directory.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rlzoo import distributed
@@ -232,6 +233,9 @@ def build_plan(resolved: "ResolvedConfig") -> RunPlan:
             passes["ref_logp"] = f"reference log-probs of the sampled tokens ({_names(acting, 'reference')})"
         if "logits" in needs:
             passes["ref_logits"] = f"reference logits in each update micro-batch ({_names(acting, 'logits')})"
+    if "teacher" in needs:
+        models["teacher"] = f"frozen teacher {cfg.teacher.path} ({_names(acting, 'teacher')})"
+        passes["teacher_logp"] = f"teacher log-probs of the sampled tokens ({_names(acting, 'teacher')})"
     if "critic" in needs:
         models["critic"] = f"value model initialised from the policy ({_names(acting, 'critic')})"
         passes["values"] = "critic values of the rollout (the value loss's old values)"
@@ -284,6 +288,15 @@ def _check_consistency(resolved: "ResolvedConfig", needs: set[str], kl_on: bool,
         raise ConfigError(f"policy_loss {comps['policy_loss'].name!r} is defined with loss_agg={required} "
                           f"(it registers so); loss_agg is {comps['loss_agg'].name} (from {source}): set "
                           f"loss_agg={required}")
+    _check_reward_inputs(resolved, kl_on)
+    if "teacher" in needs:
+        teacher = cfg.teacher.path
+        if not teacher:
+            raise ConfigError(f"{_names(acting, 'teacher')} distil(s) from a teacher model: set teacher.path to a "
+                              "local model directory (written by save_pretrained; its tokenizer must be the policy's)")
+        if not (Path(str(teacher)) / "config.json").is_file():
+            raise ConfigError(f"teacher.path {str(teacher)!r} is not a local model directory (no config.json); "
+                              "rlzoo never downloads models")
     if kl_on:
         estimator, controller = comps["kl.estimator"], comps["kl.controller"]
         if "logits" in estimator.needs and cfg.kl.apply == "reward":
@@ -294,6 +307,22 @@ def _check_consistency(resolved: "ResolvedConfig", needs: set[str], kl_on: bool,
             raise ConfigError(f"kl.controller={controller.name} adapts beta of the KL folded into the reward "
                               "(Ziegler et al. 2019); with kl.apply=loss beta is fixed (as verl's kl_loss_coef): "
                               "set kl.controller=fixed or kl.apply=reward")
+
+
+def _check_reward_inputs(resolved: "ResolvedConfig", kl_on: bool) -> None:
+    """An advantage estimator that reads each reward function's raw scores (``reward_scores``)
+    rather than ``token_rewards`` never sees KL in the reward or a shaped reward: refuse both."""
+    advantage = resolved.components["advantage"]
+    if "reward_scores" not in advantage.inputs or "token_rewards" in advantage.inputs:
+        return
+    if kl_on and resolved.cfg.kl.apply == "reward":
+        raise ConfigError(f"advantage {advantage.name!r} normalises each reward function's raw scores, so KL in "
+                          "the reward would be ignored: set kl.apply=loss (or kl.coef=0)")
+    shapers = [c.name for c, _ in resolved.extensions if hasattr(c.fn, "rlzoo_shape_rewards")]
+    if shapers:
+        raise ConfigError(f"advantage {advantage.name!r} normalises each reward function's raw scores, so the "
+                          f"reward shaping of extension {', '.join(shapers)} would be ignored: remove it, or make "
+                          "the shaping a reward function of its own in reward=[...]")
 
 
 def _inert_choices(resolved: "ResolvedConfig", plan: RunPlan) -> list[str]:
@@ -319,6 +348,14 @@ def _inert_choices(resolved: "ResolvedConfig", plan: RunPlan) -> list[str]:
         warnings.append(f"rollout_correction {correction.name} corrects for μ ≠ π_old, but the hf backend samples "
                         "from the trained policy itself in its own dtype (rollout/mismatch_k3 ≈ 0): its weights are 1 "
                         "to float rounding; set rollout.dtype=bfloat16 (or rollout.top_p < 1) for a gap to correct")
+    advantage = resolved.components["advantage"]
+    if "reward_scores" in advantage.inputs and len(resolved.rewards) == 1:
+        warnings.append(f"advantage {advantage.name} normalises each of several reward functions separately; with "
+                        f"one ({resolved.rewards[0][0].name}) that is a group normalisation followed by a batch "
+                        "whitening: list the reward functions with reward=[{name: a, weight: 1.0}, ...]")
+    if cfg.teacher.path and "teacher" not in plan.needs:
+        warnings.append(f"teacher.path is set but no component reads the teacher (teacher_logp): {cfg.teacher.path} "
+                        "is not loaded; distil with advantage=opd")
     if "critic" not in plan.needs and resolved.sources.get("value_loss.name") == "command line":
         warnings.append("value_loss is set but no component needs a critic: it has no effect")
     return warnings

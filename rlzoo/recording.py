@@ -25,7 +25,7 @@ from rlzoo.errors import ConfigError
 
 ROLLOUT_DIR = "rollouts"
 RECORDED = ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "group_ids", "scores", "truncated",
-            "rollout_logp", "loss_mask", "rewards", "baseline_scores")
+            "rollout_logp", "loss_mask", "rewards", "baseline_scores", "reward_scores")
 """The batch fields a recording keeps: what sampling, the filters and shaping produced."""
 _STEP_FILE = re.compile(r"^step_(\d+)\.safetensors$")
 

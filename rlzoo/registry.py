@@ -15,7 +15,7 @@ from rlzoo.contract import BoundComponent, check_declared_needs, derived_needs, 
 from rlzoo.errors import DuplicateComponentError, PluginError, UnknownComponentError, did_you_mean
 from rlzoo.hookspecs import INPUTS, REGISTRATION_HOOKS
 
-NEEDS = frozenset({"critic", "reference", "groups", "logits", "greedy", "entropy", "old_logp"})
+NEEDS = frozenset({"critic", "reference", "groups", "logits", "greedy", "entropy", "old_logp", "teacher"})
 """What a component needs, so the engine builds and runs only that. Most needs follow from
 the inputs a component's function names (:data:`rlzoo.hookspecs.INPUTS`); ``groups``, and
 whatever an extension reads from the batch, are declared with ``needs=``:

@@ -3,7 +3,7 @@
 :meth:`Sampler.sample` makes one step's :class:`rlzoo.batch.RolloutBatch`: it draws
 prompts with the task's own seeded RNG, formats and tokenises each once, has the rollout
 backend generate ``rollout.n`` completions per prompt (with their rollout log-probs),
-decodes and scores them, and adds the greedy baseline when the plan runs one. It is public
+decodes and scores them (:mod:`rlzoo.scoring`), and adds the greedy baseline when the plan runs one. It is public
 because extensions refill batches with it (``ctx.resample``).
 """
 
@@ -15,10 +15,10 @@ from typing import Any
 import torch
 
 from rlzoo.batch import RolloutBatch
-from rlzoo.contract import BoundComponent
-from rlzoo.errors import ConfigError, TrainingError
+from rlzoo.errors import ConfigError
 from rlzoo.plan import RunPlan
 from rlzoo.rollout import left_pad
+from rlzoo.scoring import Rewards
 from rlzoo.tasks import Holdout, Task
 
 
@@ -26,7 +26,7 @@ class Sampler:
     """Generate and score groups of completions.
 
     :param task: the prompt source.
-    :param reward: the bound reward function.
+    :param rewards: the run's reward functions and weights.
     :param tokenizer: the policy's tokenizer.
     :param backend: the rollout backend (``generate``, ``sync_weights``).
     :param cfg: the run config (``rollout.*``, ``model.chat_template``).
@@ -35,9 +35,9 @@ class Sampler:
     :param seed: seeds the prompt RNG (a string makes each process's stream its own).
     """
 
-    def __init__(self, task: Task, reward: BoundComponent, tokenizer: Any, backend: Any, cfg: Any,
+    def __init__(self, task: Task, rewards: Rewards, tokenizer: Any, backend: Any, cfg: Any,
                  plan: RunPlan, device: torch.device, seed: int | str) -> None:
-        self.task, self.reward, self.tokenizer, self.backend = task, reward, tokenizer, backend
+        self.task, self.rewards, self.tokenizer, self.backend = task, rewards, tokenizer, backend
         self.rollout_cfg = cfg.rollout
         self.chat_template = cfg.model.chat_template
         self.plan, self.device = plan, device
@@ -75,7 +75,7 @@ class Sampler:
         references = [e.reference for e in examples for _ in range(cfg.n)]
         rows = [dict(e.row) for e in examples for _ in range(cfg.n)]
         completions = self.decode(gen.response_ids, gen.response_mask)
-        scores = self.score(prompts, completions, references, rows)
+        scores, reward_scores = self.rewards.score(prompts, completions, references, rows)
         baseline = None
         if self.plan.runs("greedy"):
             greedy = self.backend.generate(token_lists, num_samples=1, max_new_tokens=cfg.max_new_tokens,
@@ -90,7 +90,7 @@ class Sampler:
             response_ids=gen.response_ids.to(device), response_mask=gen.response_mask.to(device),
             group_ids=group_ids.to(device), scores=scores.to(device), truncated=gen.truncated.to(device),
             prompts=prompts, completions=completions, references=references,
-            rollout_logp=gen.logp.to(device), baseline_scores=baseline)
+            rollout_logp=gen.logp.to(device), baseline_scores=baseline, reward_scores=reward_scores.to(device))
 
     def decode(self, response_ids: torch.Tensor, response_mask: torch.Tensor) -> list[str]:
         """The completions' text (special tokens such as EOS dropped)."""
@@ -99,40 +99,9 @@ class Sampler:
 
     def score(self, prompts: list[str], completions: list[str], references: list[Any],
               rows: list[dict[str, Any]]) -> torch.Tensor:
-        """``(B,)`` float32 scores from the reward function (given the inputs it names).
-
-        :raises TrainingError: the reward raised (naming the first failing sample), returned
-            the wrong number of scores or a non-finite one.
-        """
-        name = self.reward.name
-        try:
-            raw = self.reward(prompts=prompts, completions=completions, references=references, rows=rows)
-        except Exception as exc:  # noqa: BLE001 - name the reward and find the sample
-            for i in range(len(prompts)):
-                try:
-                    self.reward(prompts=prompts[i:i + 1], completions=completions[i:i + 1],
-                                references=references[i:i + 1], rows=rows[i:i + 1])
-                except Exception:  # noqa: BLE001
-                    raise TrainingError(
-                        f"reward function {name!r} raised {type(exc).__name__}: {exc} on sample "
-                        f"prompt={prompts[i]!r} completion={completions[i]!r}"
-                    ) from exc
-            raise TrainingError(f"reward function {name!r} raised {type(exc).__name__}: {exc}") from exc
-        try:
-            scores = torch.as_tensor(raw, dtype=torch.float32).reshape(-1)
-        except (TypeError, ValueError) as exc:
-            raise TrainingError(f"reward function {name!r} returned {type(raw).__name__}, "
-                                f"not a list of {len(prompts)} floats") from exc
-        if scores.numel() != len(prompts) or torch.as_tensor(raw).dim() > 1:
-            raise TrainingError(f"reward function {name!r} returned {scores.numel()} scores "
-                                f"(shape {tuple(torch.as_tensor(raw).shape)}) for {len(prompts)} "
-                                f"completions; expected shape ({len(prompts)},)")
-        bad = (~torch.isfinite(scores)).nonzero().flatten().tolist()
-        if bad:
-            i = bad[0]
-            raise TrainingError(f"reward function {name!r} returned {scores[i].item()} (non-finite) "
-                                f"for prompt={prompts[i]!r} completion={completions[i]!r}")
-        return scores
+        """``(B,)`` float32 scores: the weighted sum of the reward functions
+        (:meth:`rlzoo.scoring.Rewards.score`)."""
+        return self.rewards.score(prompts, completions, references, rows)[0]
 
     def state_dict(self) -> dict[str, Any]:
         """The prompt RNG, group counter and the task's position in its data (plain values,

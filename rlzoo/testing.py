@@ -137,7 +137,8 @@ def check_policy_loss(fn: Callable[..., Any], name: str = "policy_loss") -> None
 def check_advantage_estimator(fn: Callable[..., Any], name: str = "advantage",
                               needs: frozenset[str] = frozenset()) -> None:
     """Invariants of ``fn(token_rewards=, response_mask=, group_ids=, values=,
-    baseline_scores=, old_logp=, ref_logp=) -> (advantages, returns)``."""
+    baseline_scores=, old_logp=, ref_logp=, reward_scores=, reward_weights=) -> (advantages,
+    returns)`` (two reward functions, weights 1 and 0.5)."""
     gen = torch.Generator().manual_seed(1)
     mask = _mask()
     lengths = mask.sum(-1).long()
@@ -149,9 +150,12 @@ def check_advantage_estimator(fn: Callable[..., Any], name: str = "advantage",
     values = torch.randn(B, T, generator=gen) * mask if "critic" in needs else None
     baseline = torch.rand(B, generator=gen) if "greedy" in needs else None
     def run(r, m, g, v, b):
+        score = torch.where(m.bool(), r, torch.zeros_like(r)).sum(-1)
+        per_reward = torch.stack([score, (1 - score).abs()], dim=1)  # two reward functions, as reward=[a, b]
         with torch.enable_grad():  # log-probs of the mask's shape, like the engine's
             adv, ret = _call(fn, token_rewards=r, response_mask=m, group_ids=g, values=v, baseline_scores=b,
-                             old_logp=-0.5 * m, ref_logp=-0.7 * m)
+                             old_logp=-0.5 * m, ref_logp=-0.7 * m, teacher_logp=-0.9 * m, reward_scores=per_reward,
+                             reward_weights=torch.tensor([1.0, 0.5]))
         return adv, ret
 
     adv, ret = run(token_rewards, mask, group_ids, values, baseline)

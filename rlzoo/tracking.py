@@ -28,7 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from omegaconf import DictConfig, OmegaConf
+import torch
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from torch.utils.tensorboard import SummaryWriter
 from torch.utils.tensorboard.summary import hparams
 
@@ -36,6 +37,7 @@ from rlzoo.config import COMPONENT_FIELDS
 
 if TYPE_CHECKING:
     from rlzoo.batch import RolloutBatch
+    from rlzoo.distributed import DistInfo
     from rlzoo.plan import RunPlan
 
 NOT_HPARAMS = ("run_name", "run_dir", "resume", "logging.", "checkpoint.")
@@ -108,7 +110,13 @@ def effective_hparams(cfg: DictConfig, plan: "RunPlan") -> dict[str, Any]:
     the key itself otherwise (``kl.apply``)."""
     inert = inert_prefixes(plan)
     out: dict[str, Any] = {}
-    for key, value in flatten_config(cfg).items():
+    flat = flatten_config(cfg)
+    if isinstance(cfg.reward, ListConfig):  # several reward functions: one column each, and their sum
+        del flat["reward"]
+        flat["reward.name"] = " + ".join(f"{item.weight:g}·{item.name}" for item in cfg.reward)
+        flat.update({f"reward.{item.name}.{key}": value for item in cfg.reward for key, value in
+                     flatten_config(item).items() if key != "name"})
+    for key, value in flat.items():
         if matches(key, NOT_HPARAMS):
             continue
         prefix = next((p for p in inert if key == p or key.startswith(p + ".")), None)
@@ -174,6 +182,28 @@ def write_experiment(log_dir: Path, runs: list[dict[str, Any]], metrics: list[st
     writer = SummaryWriter(log_dir=str(log_dir), filename_suffix=EXPERIMENT_SUFFIX)
     writer.file_writer.add_summary(experiment_summary(runs, metrics, shown))
     writer.close()
+
+
+def batch_metrics(batch: "RolloutBatch", reward_names: list[str], dist: "DistInfo") -> dict[str, float]:
+    """Reward and length statistics of the global batch (all ranks): ``reward/mean`` (the
+    weighted sum of the reward functions), ``/std``, ``/max``, ``reward/shaped_mean`` when
+    shaping changed the rewards, ``reward/<name>`` per function when there are several,
+    ``response_length/mean`` and ``/truncated_frac``."""
+    from rlzoo import distributed
+
+    per_reward = batch.reward_scores if batch.reward_scores is not None else batch.scores[:, None]
+    local = (batch.scores.cpu(), batch.rewards.cpu(), batch.response_lengths.cpu(), batch.truncated.cpu(),
+             per_reward.cpu())
+    parts = distributed.gather_objects(local, dist)
+    scores, rewards, lengths, truncated, per_reward = (torch.cat([part[i] for part in parts]) for i in range(5))
+    metrics = {"reward/mean": float(scores.mean()), "reward/std": float(scores.std()) if len(scores) > 1 else 0.0,
+               "reward/max": float(scores.max()), "response_length/mean": float(lengths.mean()),
+               "response_length/truncated_frac": float(truncated.float().mean())}
+    if not torch.equal(rewards, scores):
+        metrics["reward/shaped_mean"] = float(rewards.mean())
+    if len(reward_names) > 1:
+        metrics.update({f"reward/{name}": float(column.mean()) for name, column in zip(reward_names, per_reward.T)})
+    return metrics
 
 
 def group_samples(batch: "RolloutBatch", groups: int = 4, per_group: int = 4) -> list[Sample]:

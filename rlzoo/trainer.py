@@ -13,7 +13,6 @@ losses and optimizer steps (:mod:`rlzoo.learner`), the run directory and checkpo
 
 from __future__ import annotations
 
-import signal
 import sys
 import time
 from typing import Any
@@ -34,12 +33,11 @@ from rlzoo.registry import Registry
 from rlzoo.rng import global_rng_state, seed_everything, set_global_rng_state
 from rlzoo.rundir import RunDirectory, summary_line
 from rlzoo.sampler import Sampler
+from rlzoo.scoring import Rewards
+from rlzoo.stopping import StopRequest
 from rlzoo.sweep import in_sweep
 from rlzoo.tasks import check_encodable
-from rlzoo.tracking import Progress, Sample, Tracker, group_samples
-
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
-
+from rlzoo.tracking import Progress, Sample, Tracker, batch_metrics, group_samples
 
 class Trainer:
     """One RL run: ``Trainer(resolved, registry, pm).run()``; see :func:`train`.
@@ -91,8 +89,8 @@ class Trainer:
                              generation_context=self.models.generation_context)
         # rank 0 draws the prompts a single process draws; other ranks their own streams
         stream = cfg.seed if self.dist.rank == 0 else f"{cfg.seed}/rank{self.dist.rank}"
-        self.sampler = Sampler(task, resolved.bound("reward"), self.models.tokenizer, backend, cfg, self.plan,
-                               self.device, stream)
+        self.sampler = Sampler(task, Rewards(resolved.reward_functions()), self.models.tokenizer, backend, cfg,
+                               self.plan, self.device, stream)
         task_name = resolved.components["task"].name
         for warning in check_encodable(task, task_name, self.models.tokenizer, self.sampler.holdout):
             if self.dist.is_main:
@@ -105,7 +103,6 @@ class Trainer:
         pm.register_run_extensions(self.extensions)
         self.step = 0
         self.last_samples: list[Sample] = []
-        self._stop_requested = False
         if resume_state is not None:
             self._restore(resume_state)
 
@@ -124,7 +121,8 @@ class Trainer:
         rollout_s = time.perf_counter() - start
         if self.cfg.rollout.record:
             self.run_dir.record_rollout(self.step, batch)
-        metrics = self._batch_metrics(batch)
+        metrics = batch_metrics(batch, self.sampler.rewards.names, self.dist)
+        self.last_samples = group_samples(batch)
         update_start = time.perf_counter()
         metrics.update(self.learn(batch))
         self._check_weights()
@@ -159,19 +157,6 @@ class Trainer:
         if distributed.all_reduce_floats({"bad": float(bad is not None)}, self.dist, "max")["bad"]:
             raise TrainingError(f"non-finite weights after the update of step {self.step} ({bad or 'on another rank'})"
                                 "; the run stopped before any checkpoint of this step, the newest one stays resumable")
-
-    def _batch_metrics(self, batch: RolloutBatch) -> dict[str, float]:
-        """Reward and length statistics of the global batch (all ranks)."""
-        local = (batch.scores.cpu(), batch.rewards.cpu(), batch.response_lengths.cpu(), batch.truncated.cpu())
-        parts = distributed.gather_objects(local, self.dist)
-        scores, rewards, lengths, truncated = (torch.cat([part[i] for part in parts]) for i in range(4))
-        metrics = {"reward/mean": float(scores.mean()), "reward/std": float(scores.std()) if len(scores) > 1 else 0.0,
-                   "reward/max": float(scores.max()), "response_length/mean": float(lengths.mean()),
-                   "response_length/truncated_frac": float(truncated.float().mean())}
-        if not torch.equal(rewards, scores):
-            metrics["reward/shaped_mean"] = float(rewards.mean())
-        self.last_samples = group_samples(batch)
-        return metrics
 
     # ---------------------------------------------------------------- checkpoints
 
@@ -211,18 +196,6 @@ class Trainer:
 
     # ---------------------------------------------------------------- the loop
 
-    def _on_stop_signal(self, signum: int, frame: Any) -> None:
-        """The first SIGINT or SIGTERM asks for a stop after this step; a second SIGINT aborts.
-        More SIGTERMs change nothing: a scheduler may signal every process of a job."""
-        if self._stop_requested:
-            if signum == signal.SIGINT:
-                raise KeyboardInterrupt
-            return
-        self._stop_requested = True
-        if self.dist.is_main:
-            print(f"\nrlzoo: {signal.Signals(signum).name} received; finishing this step and writing a "
-                  "checkpoint (Ctrl-C again aborts without one)", flush=True)
-
     def run(self) -> dict[str, float]:
         """Train for ``trainer.total_steps`` steps; returns the last step's metrics."""
         cfg, main = self.cfg, self.dist.is_main
@@ -239,12 +212,7 @@ class Trainer:
                 tracker.log_hparams(cfg, self.plan, experiment=not in_sweep(self.run_dir.path))
             if self.evaluator is not None:
                 print(self.evaluator.describe(), flush=True)
-        previous = {}
-        for sig in STOP_SIGNALS:
-            try:
-                previous[sig] = signal.signal(sig, self._on_stop_signal)
-            except ValueError:  # not the main thread
-                break
+        stop = StopRequest(announce=main).__enter__()
         progress = Progress(cfg, self.step) if main else None
         status, metrics, failing = "failed", {}, False
         try:
@@ -264,14 +232,14 @@ class Trainer:
                 if progress is not None:
                     progress.update(self.step, metrics)
                 if self.dist.enabled:  # every rank stops at the same step (signals reach them apart)
-                    flag = distributed.all_reduce_floats({"stop": float(self._stop_requested)}, self.dist, "max")
-                    self._stop_requested = flag["stop"] > 0
+                    flag = distributed.all_reduce_floats({"stop": float(stop.requested)}, self.dist, "max")
+                    stop.requested = flag["stop"] > 0
                 every = cfg.checkpoint.every
-                if self._stop_requested or (every and self.step % every == 0) or last:
+                if stop.requested or (every and self.step % every == 0) or last:
                     if tracker is not None:
                         tracker.flush()
                     self.save()
-                if self._stop_requested:
+                if stop.requested:
                     status = "interrupted"
                     break
             else:
@@ -284,8 +252,7 @@ class Trainer:
                 progress.close()
             if tracker is not None:
                 tracker.close()
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+            stop.__exit__()
             self.pm.hook.rlzoo_run_end(ctx=self.ctx, status=status)
             self.run_dir.write_status(status, self.step, cfg.trainer.total_steps, quiet=failing)
             self.close()

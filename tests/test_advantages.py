@@ -48,13 +48,16 @@ def _outcome_batch(lengths, scores, width):
 
 
 def _run(reg, name, rewards, mask, groups, values=None, baseline=None, **params):
-    """Call the estimator as the engine does: by input name (those it does not name are dropped).
-    An estimator for success rates (``nonnegative_rewards``) gets |rewards|."""
+    """Call the estimator as the engine does: by input name (those it does not name are dropped),
+    with one reward function (``reward_scores`` the sequence scores, weight 1). An estimator
+    for success rates (``nonnegative_rewards``) gets |rewards|."""
     component = reg.get("advantage", name)
     if component.meta.get("nonnegative_rewards"):
         rewards = rewards.abs()
+    scores = torch.where(mask.bool(), rewards, torch.zeros_like(rewards)).sum(-1, keepdim=True)
     return component(token_rewards=rewards, response_mask=mask, group_ids=groups, values=values,
-                     baseline_scores=baseline, **params)
+                     baseline_scores=baseline, reward_scores=scores, reward_weights=torch.ones(1),
+                     old_logp=-0.5 * mask, teacher_logp=-0.9 * mask, **params)
 
 
 def _per_seq(adv, mask):

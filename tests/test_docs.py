@@ -20,6 +20,7 @@ PAGES = {
     "extension": "docs/algorithms/extensions.md",
     "rollout": "docs/design.md",
     "rollout_correction": "docs/algorithms/corrections.md",
+    "reward": "docs/tasks.md",
 }
 DOCUMENTED = [(kind, name) for kind in PAGES for name in builtin_names(kind)]
 
