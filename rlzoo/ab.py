@@ -59,6 +59,14 @@ def _flat_parameters(model: torch.nn.Module) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1).float() for p in model.parameters()])
 
 
+FROZEN = ("task", "reward", "rollout", "seed", "eval", "model")
+"""Config keys (and everything below them) that decide the batches or the initial weights:
+fixed by the recording, refused in ``--a`` / ``--b``."""
+
+LEARNER_MODEL_KEYS = ("model.dtype", "model.gradient_checkpointing")
+"""Keys under ``model`` that change only how the learner computes."""
+
+
 def _side(run_dir: Path, base: dict[str, Any], overrides: list[str], out: Path) -> Any:
     """A Trainer for one side: the recorded run's config, the side's overrides, the run's
     initial weights, its own plugin manager (so neither side's extensions hook the other)."""
@@ -100,6 +108,12 @@ def run_ab(run_dir: str | Path, a: list[str], b: list[str], out_dir: str | Path 
         recorded = recorded[:steps]
     for side in (a, b):
         parse_overrides(side)  # a malformed item fails before anything is built
+        for item in side:
+            key = item.split("=", 1)[0].strip()
+            if any(key == p or key.startswith(p + ".") for p in FROZEN) and key not in LEARNER_MODEL_KEYS:
+                raise ConfigError(f"{item!r}: {key} shapes the batches, which rlzoo ab replays as recorded, so it "
+                                  f"cannot act here ({', '.join(FROZEN)} are frozen); A and B may change the "
+                                  "learner: advantage, policy_loss, loss_agg, kl, trainer, ...")
     base = yaml.safe_load((run_dir / "config.yaml").read_text())
     out = Path(out_dir) if out_dir else run_dir.with_name(f"{run_dir.name}-ab-{datetime.now():%Y%m%d-%H%M%S}")
     if out.resolve() == run_dir.resolve() or run_dir.resolve() in out.resolve().parents:

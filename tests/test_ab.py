@@ -74,6 +74,9 @@ def test_ab_refuses_a_run_without_recordings_and_an_output_inside_the_run(capsys
     recording.record(run_dir, 1, _tiny_batch())
     assert main(["ab", str(run_dir), "--out", str(run_dir / "ab")]) == 2
     assert "inside the recorded run" in capsys.readouterr().err
+    for frozen in ("rollout.n=2", "reward=exact_match", "seed=3", "task.num_digits=5", "model.hidden_size=8"):
+        assert main(["ab", str(run_dir), "--a", "policy_loss=cispo", "--b", frozen]) == 2
+        assert f"{frozen.split('=')[0]} shapes the batches" in capsys.readouterr().err
 
 
 def _tiny_batch() -> RolloutBatch:
