@@ -23,6 +23,7 @@ tokens with the KV cache, plus one forward/backward/optimizer step over the sequ
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -82,8 +83,16 @@ def build_assets(setting: str, root: Path) -> tuple[Path, Path]:
     model.save_pretrained(model_dir)
     tokenizer.save_pretrained(model_dir)
     data = root / f"prompts-{setting}.jsonl"
-    data.write_text("".join(json.dumps({"prompt": p, "answer": "x"}) + "\n" for p in prompts))
+    answer = answer_of(setting)  # a token of the vocabulary: rlzoo refuses answers its tokenizer cannot write
+    data.write_text("".join(json.dumps({"prompt": p, "answer": answer}) + "\n" for p in prompts))
     return model_dir, data
+
+
+def answer_of(setting: str | dict) -> str:
+    """Every prompt's reference answer (the reward is exact match; its value never matters
+    for the timing): a digit for the character vocabulary, a word for the word-level one."""
+    spec = SETTINGS[setting] if isinstance(setting, str) else setting
+    return "0" if spec["vocab"] is None else "w0"
 
 
 def peak_rss_mb() -> float:
@@ -92,7 +101,7 @@ def peak_rss_mb() -> float:
 
 # ----------------------------------------------------------------------------- workers
 
-def worker_rlzoo(model_dir: Path, data: Path, spec: dict, kl: float, steps: int):
+def worker_rlzoo(model_dir: Path, data: Path, spec: dict, kl: float, steps: int, bf16: bool = False):
     from transformers.utils import logging as hf_logging
 
     from rlzoo.config import load_config
@@ -108,7 +117,8 @@ def worker_rlzoo(model_dir: Path, data: Path, spec: dict, kl: float, steps: int)
         f"rollout.max_new_tokens={spec['new_tokens']}", f"trainer.lr={LR}", f"kl.coef={kl}",
         "kl.estimator=k3", "trainer.update_epochs=1", "trainer.num_mini_batches=1", f"trainer.total_steps={steps}",
         f"trainer.micro_batch_size={spec['micro_batch']}",
-        "trainer.logprob_chunk_size=512", "logging.progress=false",
+        "trainer.logprob_chunk_size=512", "logging.progress=false", "eval.size=0", "eval.holdout=0",
+        *(["trainer.precision=bf16", "rollout.dtype=bfloat16"] if bf16 else []),
     ]
     trainer = Trainer(load_config(registry, overrides), registry, pm)
 
@@ -164,7 +174,7 @@ def worker_floor(model_dir: Path, data: Path, spec: dict, kl: float, steps: int)
     return step
 
 
-def worker_trl(model_dir: Path, data: Path, spec: dict, kl: float, steps: int):
+def worker_trl(model_dir: Path, data: Path, spec: dict, kl: float, steps: int, bf16: bool = False):
     import queue
     import threading
 
@@ -181,7 +191,7 @@ def worker_trl(model_dir: Path, data: Path, spec: dict, kl: float, steps: int):
     dataset = Dataset.from_dict({"prompt": prompts})
 
     def reward(completions, **kwargs):
-        return [float(c.strip() == "x") for c in completions]
+        return [float(c.strip() == answer_of(spec)) for c in completions]
 
     go: queue.Queue = queue.Queue()
     done: queue.Queue = queue.Queue()
@@ -199,7 +209,7 @@ def worker_trl(model_dir: Path, data: Path, spec: dict, kl: float, steps: int):
         output_dir=tempfile.mkdtemp(), per_device_train_batch_size=spec["prompts"] * spec["n"],
         num_generations=spec["n"], max_completion_length=spec["new_tokens"], learning_rate=LR,
         lr_scheduler_type="constant", beta=kl, max_steps=steps, num_iterations=1, logging_steps=10**6,
-        save_strategy="no", report_to="none", use_cpu=True, bf16=False, disable_tqdm=True,
+        save_strategy="no", report_to="none", use_cpu=True, bf16=bf16, disable_tqdm=True,
         gradient_accumulation_steps=1, temperature=1.0, dataloader_num_workers=0, seed=0,
     )
     trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=config, train_dataset=dataset,
@@ -214,7 +224,77 @@ def worker_trl(model_dir: Path, data: Path, spec: dict, kl: float, steps: int):
     return step
 
 
-WORKERS = {"rlzoo": worker_rlzoo, "trl": worker_trl, "floor": worker_floor}
+WORKERS = {"rlzoo": worker_rlzoo, "rlzoo-bf16": functools.partial(worker_rlzoo, bf16=True),
+           "trl": worker_trl, "trl-bf16": functools.partial(worker_trl, bf16=True), "floor": worker_floor}
+BF16_SYSTEMS = ("rlzoo-bf16", "trl-bf16")
+"""Systems computing in bfloat16 (rlzoo: trainer.precision=bf16 + rollout.dtype=bfloat16;
+TRL: bf16=True): compared with the bf16 limit."""
+
+
+# ----------------------------------------------------------------------------- the limit
+
+def step_flops(spec: dict, prompt_tokens: int, kl: float) -> dict[str, dict[str, float]]:
+    """Matmul FLOPs a GRPO step of ``spec`` cannot avoid, per phase and per kind of matmul
+    (``backbone``: the layers' projections and MLP, ``head``: the LM head, ``attention``:
+    QKᵀ and AV), from the model's shapes and the token counts (all completions of full
+    length, the prompt prefilled once per prompt, the head only where logits are needed):
+
+    - rollout: prefill ``prompts × P`` tokens (backbone), decode ``B × T`` tokens (backbone
+      and head) with the KV cache;
+    - update: forward + backward (3×) over ``B × (P + T)`` tokens, the head over ``B × T``;
+    - reference (KL > 0): one forward of the same.
+    """
+    d, layers, ff, heads, kv = spec["hidden"], spec["layers"], 4 * spec["hidden"], spec["heads"], spec["kv_heads"]
+    vocab = spec["vocab"] or 16
+    kv_width = d // heads * kv
+    backbone = layers * (2 * d * d + 2 * d * kv_width + 3 * d * ff)      # weights per token
+    head = d * vocab
+    B, T, P, G = spec["prompts"] * spec["n"], spec["new_tokens"], prompt_tokens, spec["prompts"]
+    decode_ctx = P + (T + 1) / 2                                          # mean attended length
+    rollout = {"backbone": 2 * backbone * (G * P + B * T), "head": 2 * head * B * T,
+               "attention": 4 * layers * d * (G * P * (P + 1) / 2 + B * T * decode_ctx)}
+    forward = {"backbone": 2 * backbone * B * (P + T), "head": 2 * head * B * T,
+               "attention": 4 * layers * d * B * (P + T) * (P + T + 1) / 2}
+    phases = {"rollout": rollout, "update": {k: 3 * v for k, v in forward.items()}}
+    if kl > 0:
+        phases["reference"] = dict(forward)
+    return phases
+
+
+def matmul_rates(spec: dict, prompt_tokens: int, threads: int) -> dict[str, dict[str, float]]:
+    """FLOP/s of ``torch.matmul`` on this machine, now, for the step's shapes: per dtype
+    (``float32``, ``bfloat16``), per phase (``decode``: M = B rows; ``update``: M = B × (P + T)
+    rows) and per kind (``backbone``: d × 4d, ``head``: d × V); best of a few repeats."""
+    import torch
+
+    torch.set_num_threads(threads)
+    d, vocab = spec["hidden"], spec["vocab"] or 16
+    B = spec["prompts"] * spec["n"]
+    rows = {"decode": B, "update": B * (prompt_tokens + spec["new_tokens"])}
+    rates: dict[str, dict[str, float]] = {}
+    for dtype in (torch.float32, torch.bfloat16):
+        for phase, m in rows.items():
+            for kind, n in (("backbone", 4 * d), ("head", vocab)):
+                a, b = torch.randn(m, d, dtype=dtype), torch.randn(d, n, dtype=dtype)
+                best = float("inf")
+                for _ in range(5):
+                    start = time.perf_counter()
+                    for _ in range(3):
+                        torch.matmul(a, b)
+                    best = min(best, (time.perf_counter() - start) / 3)
+                rates.setdefault(str(dtype).removeprefix("torch."), {})[f"{phase}/{kind}"] = 2 * m * d * n / best
+    return rates
+
+
+def limit_seconds(flops: dict[str, dict[str, float]], rates: dict[str, float]) -> float:
+    """The step's time at the measured matmul rates (attention at the update rate of the
+    backbone's shape): what no implementation of this step on this machine can beat."""
+    total = 0.0
+    for phase, kinds in flops.items():
+        shape = "decode" if phase == "rollout" else "update"
+        total += kinds["backbone"] / rates[f"{shape}/backbone"] + kinds["head"] / rates[f"{shape}/head"]
+        total += kinds["attention"] / rates["update/backbone"]
+    return total
 
 
 def worker_main(args: argparse.Namespace) -> None:
@@ -307,11 +387,11 @@ def measure(args: argparse.Namespace, kl: float, model_dir: Path, data: Path) ->
     return summary
 
 
-def table(setting: str, results: dict[float, dict[str, dict]]) -> str:
+def table(setting: str, results: dict[float, dict[str, dict]], limits: dict[float, dict[str, float]]) -> str:
     lines = [f"### {setting}", "",
-             "| KL | system | median s/step | vs TRL | vs floor | peak RSS (MB) | RSS vs TRL "
+             "| KL | system | median s/step | vs TRL | vs floor | limit s | vs limit | peak RSS (MB) | RSS vs TRL "
              "| rollout tok/s | update tok/s |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for kl, summary in results.items():
         trl = summary.get("trl")
         floor = summary.get("floor")
@@ -321,7 +401,9 @@ def table(setting: str, results: dict[float, dict[str, dict]]) -> str:
             rss_trl = f"{entry['peak_rss_mb'] / trl['peak_rss_mb']:.2f}" if trl else "—"
             rollout = f"{entry['rollout_tok_s']:.0f}" if "rollout_tok_s" in entry else "—"
             update = f"{entry['update_tok_s']:.0f}" if "update_tok_s" in entry else "—"
+            limit = limits[kl]["bfloat16" if name in BF16_SYSTEMS else "float32"]
             lines.append(f"| {kl} | {name} | {entry['median_step_s']:.3f} | {vs_trl} | {vs_floor} | "
+                         f"{limit:.3f} | {entry['median_step_s'] / limit:.2f} | "
                          f"{entry['peak_rss_mb']:.0f} | {rss_trl} | {rollout} | {update} |")
     return "\n".join(lines)
 
@@ -349,14 +431,34 @@ def main() -> None:
     import torch
 
     kls = args.kl if args.kl else SETTINGS[args.setting]["kls"]
+    spec = SETTINGS[args.setting]
     with tempfile.TemporaryDirectory() as tmp:
         model_dir, data = build_assets(args.setting, Path(tmp))
+        from rlzoo.models import load_tokenizer
+
+        first_prompt = json.loads(data.read_text().splitlines()[0])["prompt"]
+        prompt_tokens = len(load_tokenizer(model_dir)(first_prompt, add_special_tokens=False).input_ids)
+        before = matmul_rates(spec, prompt_tokens, args.threads)      # the machine now, and after the runs
         results = {kl: measure(args, kl, model_dir, data) for kl in kls}
+        after = matmul_rates(spec, prompt_tokens, args.threads)
+    rates = {dtype: {shape: (before[dtype][shape] + after[dtype][shape]) / 2 for shape in before[dtype]}
+             for dtype in before}
+    limits = {kl: {dtype: limit_seconds(step_flops(spec, prompt_tokens, kl), rates[dtype]) for dtype in rates}
+              for kl in kls}
+    flops = {kl: {phase: sum(kinds.values()) / 1e12 for phase, kinds in step_flops(spec, prompt_tokens, kl).items()}
+             for kl in kls}
     command = "python benchmarks/compare_trl.py " + " ".join(sys.argv[1:])
     header = (f"Measured {date.today().isoformat()} on {platform.machine()} with {os.cpu_count()} cores, "
               f"torch {torch.__version__}, {args.threads} threads per worker; {args.steps} measured steps "
               f"after {args.warmup} warm-up, systems alternating step by step. Command: `{command}`")
-    text = f"{table(args.setting, results)}\n\n{header}\n"
+    rate_text = "; ".join(f"{dtype} " + ", ".join(f"{shape} {rate / 1e9:.0f}" for shape, rate in shapes.items())
+                          for dtype, shapes in rates.items())
+    flop_text = "; ".join(f"KL {kl}: " + ", ".join(f"{phase} {tf:.3f}" for phase, tf in phases.items())
+                          for kl, phases in flops.items())
+    header += (f"\n\nLimit: the step's matmul FLOPs (TFLOP per step, {flop_text}) at this machine's matmul "
+               f"rate for the step's shapes, measured before and after the runs (GFLOP/s, {rate_text}); "
+               "`vs limit` divides each system's step by the limit of the precision it computes in.")
+    text = f"{table(args.setting, results, limits)}\n\n{header}\n"
     print(text)
     if args.write:
         with open(args.write, "a") as handle:

@@ -6,6 +6,7 @@ Runs, one after the other, as separate processes:
 
 - ``rlzoo train`` (the embedded default: GRPO on 4-digit sorting from random init);
 - ``rlzoo train algo=ppo`` (critic + GAE, adaptive KL in the reward) on the same task;
+- ``rlzoo train trainer.precision=bf16``: the default in bfloat16 mixed precision;
 - ``rlzoo train task.num_digits=6 ...`` for 2 minutes of wall time: 6-digit sorting from
   random init, the setting where TRL's GRPOTrainer reaches ~0.3-0.4 on this machine.
 
@@ -29,6 +30,7 @@ from rlzoo.plots import plot_runs
 RUNS = {
     "grpo (default)": [],
     "ppo": ["algo=ppo"],
+    "grpo-bf16 (trainer.precision=bf16)": ["trainer.precision=bf16"],
 }
 SIX_DIGITS = ["task.num_digits=6", "rollout.max_new_tokens=9", "trainer.total_steps=3000"]
 
@@ -70,7 +72,12 @@ def main() -> None:
     six = root / "sort6-2min"
     wall = train(six, SIX_DIGITS, time_limit=120)
     rows.append(describe("grpo, 6-digit sorting, 2 minutes", six, wall))
-    plot_runs(dirs, out / "default_curves.png", title="4-digit sorting from random init (reward/mean)")
+    plot_runs({k: v for k, v in dirs.items() if "bf16" not in k}, out / "default_curves.png",
+              title="4-digit sorting from random init (reward/mean)")
+    precision = {"grpo, fp32": dirs["grpo (default)"],
+                 "grpo, bf16 mixed precision": dirs["grpo-bf16 (trainer.precision=bf16)"]}
+    plot_runs(precision, out / "precision_curves.png",
+              title="the default run in float32 and in bf16 mixed precision (reward/mean)")
     plot_runs({"grpo, 6 digits": six}, out / "sort6_2min.png",
               title="6-digit sorting from random init, 2 minutes (reward/mean)")
     print("\n".join(rows))

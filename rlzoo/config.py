@@ -90,6 +90,7 @@ class TrainerConfig:
     logprob_chunk_size: int = MISSING
     device: str = MISSING
     threads: int = MISSING
+    precision: str = MISSING
 
 
 @dataclass
@@ -189,6 +190,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "kl.apply": ("loss", "reward"),
     "trainer.lr_schedule": ("constant", "linear", "cosine"),
     "trainer.device": ("cpu", "cuda", "auto"),
+    "trainer.precision": ("fp32", "bf16"),
     "distributed.strategy": ("ddp", "fsdp"),
     "distributed.backend": ("auto", "gloo", "nccl"),
 }
@@ -667,6 +669,10 @@ def _check_values(cfg: DictConfig) -> None:
                           "float32's range (|x| <= 3.4e38)")
     if cfg.model.dtype == "float16":
         raise ConfigError(FLOAT16_TRAINING)
+    if cfg.trainer.precision == "bf16" and cfg.model.dtype != "float32":
+        raise ConfigError(f"trainer.precision=bf16 computes in bfloat16 over float32 master weights, but "
+                          f"model.dtype={cfg.model.dtype} holds the weights themselves in that dtype: set "
+                          "model.dtype=float32 (mixed precision) or trainer.precision=fp32 (bfloat16 weights)")
     for path, choices in CHOICES.items():
         value = OmegaConf.select(cfg, path)
         if value not in choices:

@@ -130,10 +130,19 @@ class Learner:
     def _micro_rows(self, size: int) -> list[torch.Tensor]:
         return list(torch.arange(size).split(self.trainer_cfg.micro_batch_size)) if size else []
 
+    def compute(self) -> Any:
+        """The context every model forward of the learner runs in: bfloat16 autocast over the
+        float32 weights with ``trainer.precision=bf16`` (the head, log-probs, losses and the
+        optimizer stay float32), else nothing."""
+        if self.trainer_cfg.precision != "bf16":
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=next(self.models.policy.parameters()).device.type, dtype=torch.bfloat16)
+
     def _forward(self, module: torch.nn.Module, mb: RolloutBatch, **kwargs: Any) -> tuple[Any, ...]:
-        return module(mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask,
-                      chunk_size=self.trainer_cfg.logprob_chunk_size,
-                      temperature=self.plan.logprob_temperature, **kwargs)
+        with self.compute():
+            return module(mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask,
+                          chunk_size=self.trainer_cfg.logprob_chunk_size,
+                          temperature=self.plan.logprob_temperature, **kwargs)
 
     @torch.no_grad()
     def _logp_pass(self, module: torch.nn.Module, batch: RolloutBatch,
@@ -148,7 +157,8 @@ class Learner:
     def _values(self, mb: RolloutBatch, critic: torch.nn.Module) -> torch.Tensor:
         input_ids, attention, positions = full_sequence(mb.prompt_ids, mb.prompt_mask,
                                                         mb.response_ids, mb.response_mask)
-        values = critic(input_ids, attention, positions)
+        with self.compute():
+            values = critic(input_ids, attention, positions).float()
         start = mb.prompt_ids.shape[1] - 1
         return values[:, start:start + mb.response_ids.shape[1]] * mb.response_mask
 
@@ -282,9 +292,10 @@ class Learner:
 
     @torch.no_grad()
     def _ref_logits(self, mb: RolloutBatch) -> torch.Tensor:
-        return response_forward(self.models.reference, mb.prompt_ids, mb.prompt_mask, mb.response_ids,
-                                mb.response_mask, with_logits=True,
-                                temperature=self.plan.logprob_temperature).logits
+        with self.compute():
+            return response_forward(self.models.reference, mb.prompt_ids, mb.prompt_mask, mb.response_ids,
+                                    mb.response_mask, with_logits=True,
+                                    temperature=self.plan.logprob_temperature).logits
 
     def _critic_step(self, mini: RolloutBatch, means: _WeightedMeans) -> None:
         models = self.models

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
@@ -28,9 +30,16 @@ class SequenceOutput:
     logits: torch.Tensor | None = None
 
 
+def float32_head(tensor: torch.Tensor) -> Any:
+    """A context in which autocast is off: the LM head, log-probs and entropies are float32
+    also under ``trainer.precision=bf16`` (the backbone's matmuls run in bfloat16)."""
+    return torch.autocast(device_type=tensor.device.type, enabled=False)
+
+
 def _head_chunk(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                 targets: torch.Tensor, with_entropy: bool, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
-    logits = F.linear(hidden.float(), weight.float(), None if bias is None else bias.float())
+    with float32_head(hidden):
+        logits = F.linear(hidden.float(), weight.float(), None if bias is None else bias.float())
     if temperature != 1.0:
         logits = logits / temperature
     log_norm = torch.logsumexp(logits, dim=-1)
@@ -118,7 +127,11 @@ def response_forward(model: PreTrainedModel, prompt_ids: torch.Tensor, prompt_ma
     head = model.get_output_embeddings()
     logp, entropy = token_logprobs(hidden, head, response_ids, response_mask, chunk_size, with_entropy,
                                    temperature=temperature)
-    logits = head(hidden).float() / temperature if with_logits else None
+    logits = None
+    if with_logits:
+        with float32_head(hidden):
+            logits = F.linear(hidden.float(), head.weight.float(),
+                              None if head.bias is None else head.bias.float()) / temperature
     return SequenceOutput(logp=logp, entropy=entropy, logits=logits)
 
 

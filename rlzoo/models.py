@@ -185,7 +185,8 @@ class ValueModel(torch.nn.Module):
         """Values ``(B, L)`` for every position of ``input_ids`` ``(B, L)``."""
         hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask,
                                position_ids=position_ids, use_cache=False).last_hidden_state
-        return self.value_head(hidden.float()).squeeze(-1)
+        with torch.autocast(device_type=hidden.device.type, enabled=False):  # float32 values under bf16
+            return self.value_head(hidden.float()).squeeze(-1)
 
     def save_pretrained(self, path: str | Path, state_dict: dict[str, torch.Tensor] | None = None) -> None:
         """Backbone as a Hugging Face model directory plus ``value_head.safetensors``;

@@ -91,6 +91,7 @@ class RunPlan:
     :ivar rollout: the rollout backend's name and the dtype it generates in.
     :ivar correction: the rollout correction's name (``none``: weights of 1).
     :ivar record: each step's batch is written to ``rollouts/`` (``rollout.record``).
+    :ivar precision: ``trainer.precision``: ``fp32``, or ``bf16`` compute over float32 weights.
     :ivar warnings: choices that cannot act under this plan, in words.
     """
 
@@ -106,6 +107,7 @@ class RunPlan:
     rollout: dict[str, Any]
     correction: str = "none"
     record: bool = False
+    precision: str = "fp32"
     warnings: list[str] = field(default_factory=list)
 
     def runs(self, name: str) -> bool:
@@ -132,6 +134,7 @@ class RunPlan:
             "logprob_temperature": self.logprob_temperature,
             "rollout": dict(self.rollout),
             "rollout_correction": self.correction,
+            "precision": self.precision,
             "warnings": list(self.warnings),
         }
 
@@ -148,6 +151,9 @@ class RunPlan:
             lines.append(f"rollout correction: {self.correction} weights the per-token policy loss")
         if self.record:
             lines.append("each step's batch is recorded in rollouts/ (rlzoo ab replays it)")
+        if self.precision == "bf16":
+            lines.append("precision: bf16 autocast for every model forward and backward of the learner over float32 "
+                         "weights and optimizer state; LM head, log-probs, losses and values in float32")
         if self.kl is None:
             lines.append("kl: off (kl.coef = 0)")
         else:
@@ -257,7 +263,8 @@ def build_plan(resolved: "ResolvedConfig") -> RunPlan:
                    aggregation=aggregation, masks=masks, update=update,
                    logprob_temperature=float(cfg.rollout.temperature),
                    rollout={"backend": comps["rollout.backend"].name, "dtype": rollout_dtype},
-                   correction=comps["rollout_correction"].name, record=bool(cfg.rollout.record))
+                   correction=comps["rollout_correction"].name, record=bool(cfg.rollout.record),
+                   precision=str(cfg.trainer.precision))
     plan.warnings.extend(_inert_choices(resolved, plan))
     return plan
 

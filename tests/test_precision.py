@@ -1,0 +1,65 @@
+"""Mixed precision (``trainer.precision=bf16``): bfloat16 compute over float32 master
+weights; the head, log-probs, values and losses stay float32."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from rlzoo.cli import main
+from rlzoo.config import load_config
+from rlzoo.errors import ConfigError
+from rlzoo.logprobs import response_forward
+from rlzoo.models import build_char_tokenizer, build_tiny_model
+from zoo import REGISTRY
+
+TINY = ["model.hidden_size=32", "model.intermediate_size=64", "model.num_layers=1", "model.num_heads=2",
+        "model.num_kv_heads=1", "task.num_digits=3", "rollout.prompts_per_step=4", "rollout.n=4",
+        "rollout.max_new_tokens=5", "logging.progress=false", "trainer.threads=1", "eval.size=0"]
+
+
+def test_bf16_over_bf16_weights_and_unknown_precisions_are_refused() -> None:
+    with pytest.raises(ConfigError, match="trainer.precision=bf16 computes in bfloat16 over float32 master weights"):
+        load_config(REGISTRY, ["trainer.precision=bf16", "model.dtype=bfloat16"])
+    with pytest.raises(ConfigError, match="invalid value for trainer.precision: 'fp16'; choose one of fp32, bf16"):
+        load_config(REGISTRY, ["trainer.precision=fp16"])
+    plan = load_config(REGISTRY, ["trainer.precision=bf16"]).plan
+    assert plan.precision == "bf16" and "precision: bf16 autocast" in plan.render()
+
+
+def test_under_autocast_the_backbone_runs_in_bf16_and_the_log_probs_in_fp32() -> None:
+    from omegaconf import OmegaConf
+
+    tokenizer = build_char_tokenizer("0123456789=")
+    cfg = OmegaConf.create({"arch": "qwen2", "hidden_size": 32, "intermediate_size": 64, "num_layers": 1,
+                            "num_heads": 2, "num_kv_heads": 1})
+    model = build_tiny_model(cfg, tokenizer)
+    seen: list[torch.dtype] = []
+    model.get_decoder().layers[0].mlp.register_forward_hook(lambda m, i, out: seen.append(out.dtype))
+    prompt, response = torch.tensor([[4, 5, 14]]), torch.tensor([[6, 7, 2]])
+    ones = torch.ones_like
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = response_forward(model, prompt, ones(prompt), response, ones(response).float(), with_entropy=True,
+                               with_logits=True)
+    assert seen == [torch.bfloat16]
+    assert out.logp.dtype == out.entropy.dtype == out.logits.dtype == torch.float32
+    reference = response_forward(model, prompt, ones(prompt), response, ones(response).float())
+    assert torch.allclose(out.logp, reference.logp, atol=0.05) and not torch.equal(out.logp, reference.logp)
+
+
+@pytest.mark.slow
+def test_bf16_keeps_float32_weights_and_changes_the_update(tmp_path: Path) -> None:
+    runs = {}
+    for precision in ("fp32", "bf16"):
+        run_dir = tmp_path / precision
+        assert main(["train", *TINY, f"trainer.precision={precision}", f"run_dir={run_dir}",
+                     "trainer.total_steps=2", "algo=ppo"]) == 0           # a critic too
+        runs[precision] = {name: load_file(str(run_dir / "checkpoints" / "step_000002" / name / "model.safetensors"))
+                           for name in ("policy", "critic")}
+    for name in ("policy", "critic"):
+        weights = runs["bf16"][name]
+        assert all(t.dtype == torch.float32 for t in weights.values()), name
+        assert any(not torch.equal(weights[k], runs["fp32"][name][k]) for k in weights), name
