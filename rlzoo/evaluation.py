@@ -21,6 +21,8 @@ alone, so a run with evaluation trains exactly as one without (tested).
 
 from __future__ import annotations
 
+import sys
+
 import math
 import time
 from typing import Any
@@ -90,6 +92,10 @@ class Evaluator:
             raise ConfigError(f"eval.size={size} but task {task_name!r} has no held-out prompts "
                               f"(eval.holdout={cfg.eval.holdout}): raise eval.holdout, give the task an "
                               "eval_path, or set eval.size=0 to train without evaluation")
+        if len(examples) < size and dist.is_main:
+            print(f"rlzoo: warning: eval.size={size} but task {task_name!r} holds out only {len(examples)} "
+                  f"prompts (eval.holdout={cfg.eval.holdout} of its prompt space): evaluating those", file=sys.stderr,
+                  flush=True)
         return cls(examples, sampler, cfg, dist)
 
     def describe(self) -> str:
