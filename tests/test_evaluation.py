@@ -245,3 +245,20 @@ def test_rewards_receive_the_rows_of_a_file_task(capsys, tmp_path: Path, plugin_
     batches = [json.loads(line) for line in seen.read_text().splitlines()]
     assert batches and all(row["level"] == int(row["prompt"][:-1]) % 2 for rows in batches for row in rows)
     assert {"prompt", "answer", "level"} <= set(batches[0][0])
+
+
+def test_a_task_holding_out_fewer_prompts_than_eval_size_is_evaluated_on_those_with_a_warning(capsys) -> None:
+    class Ten(Task):
+        def sample(self, n, rng):
+            return [Example(f"{rng.randrange(10)}=", "0") for _ in range(n)]
+
+    holdout = Holdout(0.5)
+    held = sorted({e.prompt for e in Ten().eval_set(100, holdout)})
+    assert 0 < len(held) < 10
+    cfg = SimpleNamespace(eval=SimpleNamespace(size=100, holdout=0.5, every=10, n=0, threshold=1.0),
+                          rollout=SimpleNamespace(prompts_per_step=2, n=2, max_new_tokens=3, temperature=1.0,
+                                                  top_p=1.0))
+    dist = SimpleNamespace(world=1, rank=0, enabled=False, is_main=True)
+    evaluator = Evaluator.build(cfg, Ten(), "ten", _ScriptedSampler({}), dist)
+    assert sorted(e.prompt for e in evaluator.examples) == held
+    assert f"eval.size=100 but task 'ten' holds out only {len(held)} prompts" in capsys.readouterr().err
