@@ -132,8 +132,8 @@ class Learner:
 
     def compute(self) -> Any:
         """The context every model forward of the learner runs in: bfloat16 autocast over the
-        float32 weights with ``trainer.precision=bf16`` (the head, log-probs, losses and the
-        optimizer stay float32), else nothing."""
+        float32 weights with ``trainer.precision=bf16`` (matmuls in bfloat16; the softmax,
+        log-probs, values, losses and the optimizer stay float32), else nothing."""
         if self.trainer_cfg.precision != "bf16":
             return contextlib.nullcontext()
         return torch.autocast(device_type=next(self.models.policy.parameters()).device.type, dtype=torch.bfloat16)

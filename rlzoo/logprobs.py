@@ -11,8 +11,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from typing import Any
-
 import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
@@ -30,16 +28,18 @@ class SequenceOutput:
     logits: torch.Tensor | None = None
 
 
-def float32_head(tensor: torch.Tensor) -> Any:
-    """A context in which autocast is off: the LM head, log-probs and entropies are float32
-    also under ``trainer.precision=bf16`` (the backbone's matmuls run in bfloat16)."""
-    return torch.autocast(device_type=tensor.device.type, enabled=False)
+def head_logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """LM-head logits ``(..., V)`` as float32, for a float32 softmax. Under autocast
+    (``trainer.precision=bf16``) the matmul runs in bfloat16 like the backbone's, as verl and
+    TRL compute it; otherwise it runs in float32 (bfloat16 weights are upcast first)."""
+    if torch.is_autocast_enabled(hidden.device.type):
+        return F.linear(hidden, weight, bias).float()
+    return F.linear(hidden.float(), weight.float(), None if bias is None else bias.float())
 
 
 def _head_chunk(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                 targets: torch.Tensor, with_entropy: bool, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
-    with float32_head(hidden):
-        logits = F.linear(hidden.float(), weight.float(), None if bias is None else bias.float())
+    logits = head_logits(hidden, weight, bias)
     if temperature != 1.0:
         logits = logits / temperature
     log_norm = torch.logsumexp(logits, dim=-1)
@@ -129,9 +129,7 @@ def response_forward(model: PreTrainedModel, prompt_ids: torch.Tensor, prompt_ma
                                    temperature=temperature)
     logits = None
     if with_logits:
-        with float32_head(hidden):
-            logits = F.linear(hidden.float(), head.weight.float(),
-                              None if head.bias is None else head.bias.float()) / temperature
+        logits = head_logits(hidden, head.weight, head.bias) / temperature
     return SequenceOutput(logp=logp, entropy=entropy, logits=logits)
 
 

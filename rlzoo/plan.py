@@ -153,7 +153,7 @@ class RunPlan:
             lines.append("each step's batch is recorded in rollouts/ (rlzoo ab replays it)")
         if self.precision == "bf16":
             lines.append("precision: bf16 autocast for every model forward and backward of the learner over float32 "
-                         "weights and optimizer state; LM head, log-probs, losses and values in float32")
+                         "weights and optimizer state; softmax, log-probs, losses and values in float32")
         if self.kl is None:
             lines.append("kl: off (kl.coef = 0)")
         else:

@@ -63,3 +63,18 @@ def test_bf16_keeps_float32_weights_and_changes_the_update(tmp_path: Path) -> No
         weights = runs["bf16"][name]
         assert all(t.dtype == torch.float32 for t in weights.values()), name
         assert any(not torch.equal(weights[k], runs["fp32"][name][k]) for k in weights), name
+
+
+def test_the_head_matmul_follows_autocast_and_its_logits_are_float32() -> None:
+    from rlzoo.logprobs import head_logits
+
+    gen = torch.Generator().manual_seed(0)
+    hidden, weight = torch.randn(3, 5, 16, generator=gen), torch.randn(40, 16, generator=gen)
+    plain = head_logits(hidden, weight, None)
+    assert plain.dtype == torch.float32 and torch.equal(plain, torch.nn.functional.linear(hidden, weight))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        mixed = head_logits(hidden, weight, None)
+    assert mixed.dtype == torch.float32
+    assert torch.equal(mixed, torch.nn.functional.linear(hidden.bfloat16(), weight.bfloat16()).float())
+    bf16_weights = head_logits(hidden.bfloat16(), weight.bfloat16(), None)      # model.dtype=bfloat16: upcast
+    assert torch.equal(bf16_weights, torch.nn.functional.linear(hidden.bfloat16().float(), weight.bfloat16().float()))
