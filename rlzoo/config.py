@@ -88,6 +88,7 @@ class TrainerConfig:
     max_grad_norm: float = MISSING
     entropy_coef: float = MISSING
     logprob_chunk_size: int = MISSING
+    logprob_keep_mb: float = MISSING
     device: str = MISSING
     threads: int = MISSING
     precision: str = MISSING
@@ -211,7 +212,7 @@ POSITIVE: tuple[str, ...] = (
 )
 NON_NEGATIVE: tuple[str, ...] = (
     "trainer.lr", "trainer.critic_lr", "trainer.weight_decay", "trainer.warmup_steps",
-    "trainer.max_grad_norm", "trainer.entropy_coef", "trainer.threads", "kl.coef",
+    "trainer.max_grad_norm", "trainer.entropy_coef", "trainer.threads", "trainer.logprob_keep_mb", "kl.coef",
     "logging.sample_every", "checkpoint.every", "eval.every", "eval.size", "eval.n",
 )
 

@@ -24,7 +24,8 @@ SECTIONS = ("algo", "seed", "task", "reward", "model.path", "rollout", "advantag
             "value_loss", "kl", "trainer", "extensions")
 """The config keys (and subtrees) that define what a run does algorithmically."""
 
-OPERATIONAL = {"trainer.device", "trainer.threads", "trainer.logprob_chunk_size", "trainer.micro_batch_size"}
+OPERATIONAL = {"trainer.device", "trainer.threads", "trainer.logprob_chunk_size", "trainer.logprob_keep_mb",
+               "trainer.micro_batch_size"}
 """Knobs under ``trainer`` that change how fast a run goes, not what it computes."""
 
 

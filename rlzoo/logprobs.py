@@ -1,11 +1,11 @@
 """Per-token log-probabilities and entropy of the response tokens, computed in chunks.
 
 The policy's hidden states are projected to the vocabulary a chunk of tokens at a time
-(only valid response tokens, never padding), and each chunk runs under activation
-checkpointing when gradients are on, so no full ``(B, T, V)`` float32 logit or
-log-softmax tensor is kept for backward: peak memory grows with ``chunk_size · V``
-rather than ``B · T · V``.
-"""
+(only valid response tokens, never padding) by :class:`_HeadChunk`, whose backward is
+written out: at most one ``(chunk, V)`` float32 log-softmax per chunk is kept for
+backward, and only while those of the whole call fit in ``keep_max_bytes`` (otherwise it
+is recomputed from the chunk's hidden states), so no full ``(B, T, V)`` float32 logit
+tensor is kept and peak memory is bounded by the budget, not by ``B · T · V``."""
 
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
 from transformers import PreTrainedModel
 
 from rlzoo.rollout import position_ids_from_mask
@@ -37,28 +36,112 @@ def head_logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     return F.linear(hidden.float(), weight.float(), None if bias is None else bias.float())
 
 
-def _head_chunk(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                targets: torch.Tensor, with_entropy: bool, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
-    logits = head_logits(hidden, weight, bias)
+def _log_softmax(hidden: torch.Tensor, weight_mm: torch.Tensor, bias: torch.Tensor | None,
+                 temperature: float) -> torch.Tensor:
+    """``log_softmax(head(hidden) / temperature)``, ``(N, V)`` float32, the matmul in
+    ``weight_mm``'s dtype; computed in place in the logits' buffer (a fresh ``N × V``
+    allocation costs more than the softmax on a CPU, where it is page-faulted in)."""
+    logits = F.linear(hidden.to(weight_mm.dtype), weight_mm,
+                      None if bias is None else bias.to(weight_mm.dtype)).float()
     if temperature != 1.0:
-        logits = logits / temperature
-    log_norm = torch.logsumexp(logits, dim=-1)
-    logp = logits.gather(-1, targets[:, None]).squeeze(-1) - log_norm
-    if with_entropy:
-        entropy = log_norm - (torch.softmax(logits, dim=-1) * logits).sum(-1)
+        logits = logits.div_(temperature)
+    return torch.log_softmax(logits, dim=-1, out=logits)
+
+
+ENTROPY_ROWS = 16
+"""Rows of ``p = exp(z)`` formed at a time for the entropy (a buffer that stays in cache)."""
+
+
+def _entropy(log_probs: torch.Tensor) -> torch.Tensor:
+    """``-Σ_v p_v log p_v`` per row of ``(N, V)`` float32 log-probs, ``(N,)``, forming ``p``
+    :data:`ENTROPY_ROWS` rows at a time in one reused buffer."""
+    rows = log_probs.shape[0]
+    entropy = torch.empty(rows, dtype=log_probs.dtype, device=log_probs.device)
+    buffer = log_probs.new_empty((min(rows, ENTROPY_ROWS), log_probs.shape[1]))
+    for start in range(0, rows, ENTROPY_ROWS):
+        z = log_probs[start:start + ENTROPY_ROWS]
+        p = torch.exp(z, out=buffer[:z.shape[0]])
+        entropy[start:start + z.shape[0]] = p.mul_(z).sum(-1).neg_()
+    return entropy
+
+
+class _HeadChunk(torch.autograd.Function):
+    """Log-prob of each target and entropy under ``softmax(head(hidden) / τ)`` for a chunk
+    of ``N`` tokens, with a hand-written backward.
+
+    Forward: one head matmul, one fused ``log_softmax`` (``z``), a gather, and (for the
+    entropy) ``exp`` and a batched dot product. Backward, with ``p = exp(z)``:
+    ``∂logp/∂logits = onehot(target) − p`` and ``∂H/∂logits = −p ⊙ (z + H)``, divided by
+    τ, then the head's two matmuls. ``z`` is either kept from the forward (``keep``) or
+    recomputed from the chunk's hidden states; nothing else of size ``N × V`` is saved.
+    (autograd through the same ops spends several more passes over ``N × V``: a separate
+    ``logsumexp``, a softmax for the entropy, the gather's backward; under activation
+    checkpointing it also redoes the whole forward.)
+
+    The matmuls run in ``weight_mm``'s dtype: the head's weight cast once per call
+    (bfloat16 under autocast, as autograd would run them; float32 otherwise), shared by
+    every chunk's forward and backward; everything else is float32.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, weight_mm: torch.Tensor,
+                bias: torch.Tensor | None, targets: torch.Tensor, temperature: float, with_entropy: bool,
+                keep: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        with torch.autocast(hidden.device.type, enabled=False):
+            log_probs = _log_softmax(hidden, weight_mm, bias, temperature)
+            logp = log_probs.gather(-1, targets[:, None]).squeeze(-1)
+            entropy = _entropy(log_probs) if with_entropy else torch.zeros_like(logp)
+        ctx.temperature, ctx.weight_dtype = temperature, weight.dtype
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(hidden, weight_mm, bias, targets, entropy, log_probs if keep else None)
+        return logp, entropy
+
+    @staticmethod
+    def backward(ctx, grad_logp: torch.Tensor | None, grad_entropy: torch.Tensor | None):
+        hidden, weight_mm, bias, targets, entropy, log_probs = ctx.saved_tensors
+        if grad_logp is None and grad_entropy is None:
+            return None, None, None, None, None, None, None, None
+        with torch.autocast(hidden.device.type, enabled=False):
+            if log_probs is None:
+                log_probs = _log_softmax(hidden, weight_mm, bias, ctx.temperature)
+            grad = _logits_grad(log_probs, entropy, targets, grad_logp, grad_entropy, ctx.temperature)
+            grad_mm = grad.to(weight_mm.dtype)
+            needs = ctx.needs_input_grad
+            grad_hidden = (grad_mm @ weight_mm).to(hidden.dtype) if needs[0] else None
+            grad_weight = (grad_mm.t() @ hidden.to(weight_mm.dtype)).to(ctx.weight_dtype) if needs[1] else None
+            grad_bias = grad.sum(0).to(bias.dtype) if bias is not None and needs[3] else None
+        return grad_hidden, grad_weight, None, grad_bias, None, None, None, None
+
+
+def _logits_grad(log_probs: torch.Tensor, entropy: torch.Tensor, targets: torch.Tensor,
+                 grad_logp: torch.Tensor | None, grad_entropy: torch.Tensor | None,
+                 temperature: float) -> torch.Tensor:
+    """The loss's gradient with respect to the chunk's (untempered) logits, ``(N, V)``
+    float32, formed in ``log_probs``'s buffer (a saved ``z`` is consumed: the graph cannot
+    be run backward twice, which autograd reports as a modified saved tensor)."""
+    if grad_entropy is None:                              # −g · p
+        grad = log_probs.exp_().mul_(-grad_logp[:, None])
     else:
-        entropy = torch.zeros_like(logp)
-    return logp, entropy
+        probs = log_probs.exp()
+        grad = log_probs.add_(entropy[:, None]).mul_(probs).mul_(-grad_entropy[:, None])
+        if grad_logp is not None:
+            grad.sub_(probs.mul_(grad_logp[:, None]))
+    if grad_logp is not None:
+        grad.scatter_add_(-1, targets[:, None], grad_logp[:, None].to(grad.dtype))
+    if temperature != 1.0:
+        grad.div_(temperature)
+    return grad
 
 
-CHECKPOINT_MIN_BYTES = 16 * 2**20
-"""Chunks are recomputed in backward only when the float32 logits of all valid tokens
-would take more than this (below it, keeping them costs less than recomputing)."""
+KEEP_MAX_BYTES = 256 * 2**20
+"""With gradients on, the chunks' float32 log-softmax is kept for backward when that of all
+valid tokens of the call fits in this many bytes, and recomputed from the hidden states
+otherwise (``trainer.logprob_keep_mb``)."""
 
 
 def token_logprobs(hidden: torch.Tensor, head: torch.nn.Linear, targets: torch.Tensor,
                    mask: torch.Tensor, chunk_size: int = 1024, with_entropy: bool = False,
-                   checkpoint_min_bytes: int = CHECKPOINT_MIN_BYTES, temperature: float = 1.0
+                   keep_max_bytes: int = KEEP_MAX_BYTES, temperature: float = 1.0
                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs (and entropies) of ``targets`` under ``head(hidden) / temperature``.
 
@@ -67,8 +150,9 @@ def token_logprobs(hidden: torch.Tensor, head: torch.nn.Linear, targets: torch.T
     :param targets: ``(B, T)`` token ids.
     :param mask: ``(B, T)``; only positions with mask > 0 are computed, the rest are 0.
     :param chunk_size: tokens projected to the vocabulary at a time.
-    :param checkpoint_min_bytes: with gradients on, chunks run under activation
-        checkpointing when (valid tokens × V × 4 bytes) exceeds this.
+    :param keep_max_bytes: with gradients on, each chunk's ``(chunk, V)`` float32
+        log-softmax is kept for backward when (valid tokens × V × 4 bytes) is at most this,
+        and recomputed in backward from the chunk's hidden states otherwise.
     :param temperature: the logits are divided by it (the sampling temperature, so the
         log-probs are those of the distribution the tokens were sampled from).
     :return: ``logp`` ``(B, T)`` and ``entropy`` ``(B, T)`` (nats) or ``None``.
@@ -77,17 +161,14 @@ def token_logprobs(hidden: torch.Tensor, head: torch.nn.Linear, targets: torch.T
     flat_index = mask.reshape(-1).nonzero().squeeze(-1)
     flat_hidden = hidden.reshape(batch * length, -1).index_select(0, flat_index)
     flat_targets = targets.reshape(-1).index_select(0, flat_index)
-    logit_bytes = flat_index.numel() * head.weight.shape[0] * 4
-    use_checkpoint = (torch.is_grad_enabled() and (hidden.requires_grad or head.weight.requires_grad)
-                      and logit_bytes > checkpoint_min_bytes)
+    keep = flat_index.numel() * head.weight.shape[0] * 4 <= keep_max_bytes
+    device = hidden.device.type
+    mm_dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else torch.float32
+    weight_mm = head.weight.detach().to(mm_dtype)
     logp_parts, entropy_parts = [], []
     for start in range(0, flat_index.numel(), chunk_size):
-        args = (flat_hidden[start:start + chunk_size], head.weight, head.bias,
-                flat_targets[start:start + chunk_size], with_entropy, temperature)
-        if use_checkpoint:
-            lp, ent = checkpoint(_head_chunk, *args, use_reentrant=False)
-        else:
-            lp, ent = _head_chunk(*args)
+        lp, ent = _HeadChunk.apply(flat_hidden[start:start + chunk_size], head.weight, weight_mm, head.bias,
+                                   flat_targets[start:start + chunk_size], temperature, with_entropy, keep)
         logp_parts.append(lp)
         entropy_parts.append(ent)
     dtype = torch.float32
@@ -112,7 +193,8 @@ def full_sequence(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
 def response_forward(model: PreTrainedModel, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
                      response_ids: torch.Tensor, response_mask: torch.Tensor, *,
                      chunk_size: int = 1024, with_entropy: bool = False,
-                     with_logits: bool = False, temperature: float = 1.0) -> SequenceOutput:
+                     with_logits: bool = False, temperature: float = 1.0,
+                     keep_max_bytes: int = KEEP_MAX_BYTES) -> SequenceOutput:
     """One forward of the policy over prompt + response; outputs at response positions.
 
     Runs the decoder, then the chunked head (:func:`token_logprobs`) on
@@ -126,7 +208,7 @@ def response_forward(model: PreTrainedModel, prompt_ids: torch.Tensor, prompt_ma
     hidden = hidden[:, prompt_len - 1: prompt_len - 1 + response_ids.shape[1]]
     head = model.get_output_embeddings()
     logp, entropy = token_logprobs(hidden, head, response_ids, response_mask, chunk_size, with_entropy,
-                                   temperature=temperature)
+                                   keep_max_bytes=keep_max_bytes, temperature=temperature)
     logits = None
     if with_logits:
         logits = head_logits(hidden, head.weight, head.bias) / temperature
@@ -148,9 +230,9 @@ class ResponseForward(torch.nn.Module):
 
     def forward(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, response_ids: torch.Tensor,
                 response_mask: torch.Tensor, chunk_size: int = 1024, with_entropy: bool = False,
-                with_logits: bool = False, temperature: float = 1.0
+                with_logits: bool = False, temperature: float = 1.0, keep_max_bytes: int = KEEP_MAX_BYTES
                 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         out = response_forward(self.model, prompt_ids, prompt_mask, response_ids, response_mask,
                                chunk_size=chunk_size, with_entropy=with_entropy, with_logits=with_logits,
-                               temperature=temperature)
+                               temperature=temperature, keep_max_bytes=keep_max_bytes)
         return out.logp, out.entropy, out.logits

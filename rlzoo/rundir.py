@@ -65,7 +65,8 @@ RUN_FILES = (CONFIG_FILE, PLAN_FILE, RESUMES_FILE, STATUS_FILE, f".{STATUS_FILE}
 Anything else there (``rlzoo sweep``'s ``train.log``, your notes) is left alone."""
 
 RESUMABLE_KEYS = ("trainer.total_steps", "logging.", "checkpoint.every", "checkpoint.keep", "trainer.threads",
-                  "trainer.micro_batch_size", "trainer.logprob_chunk_size", "distributed.timeout_s")
+                  "trainer.micro_batch_size", "trainer.logprob_chunk_size", "trainer.logprob_keep_mb",
+                  "distributed.timeout_s")
 """Config keys (a trailing dot: every key below it) that ``resume=`` may change: run
 length, logging, checkpointing, and knobs of speed and memory that leave the math as it
 is (micro-batching and chunking may change float rounding). Every other key keeps the

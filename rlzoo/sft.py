@@ -17,6 +17,7 @@ import torch
 
 from rlzoo.config import ResolvedConfig
 from rlzoo.errors import ConfigError
+from rlzoo.learner import adamw
 from rlzoo.logprobs import response_forward
 from rlzoo.masked import masked_mean
 from rlzoo.models import DTYPES, build_char_tokenizer, build_tiny_model, load_pretrained
@@ -53,8 +54,7 @@ def run_sft(resolved: ResolvedConfig, registry: Registry, steps: int = 100,
         tokenizer = build_char_tokenizer(task.alphabet)
         max_positions = 4 * (cfg.rollout.max_new_tokens + 64)
         model = build_tiny_model(cfg.model, tokenizer, max_positions).to(DTYPES[cfg.model.dtype])
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr or cfg.trainer.lr,
-                                  betas=tuple(cfg.trainer.betas))
+    optimizer = adamw(model.parameters(), lr or cfg.trainer.lr, tuple(cfg.trainer.betas))
     model.train()
     holdout = Holdout(float(cfg.eval.holdout))  # never train on the prompts RL runs evaluate on
     for step in range(1, steps + 1):
@@ -72,7 +72,8 @@ def run_sft(resolved: ResolvedConfig, registry: Registry, steps: int = 100,
             response_ids[i, :len(ids)] = torch.tensor(ids)
             response_mask[i, :len(ids)] = 1
         out = response_forward(model, prompt_ids, prompt_mask, response_ids, response_mask,
-                               chunk_size=cfg.trainer.logprob_chunk_size)
+                               chunk_size=cfg.trainer.logprob_chunk_size,
+                               keep_max_bytes=int(cfg.trainer.logprob_keep_mb * 2**20))
         loss = -masked_mean(out.logp, response_mask)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()

@@ -8,12 +8,13 @@ from functools import partial
 
 import pytest
 import torch
+import torch.nn.functional as F
 from omegaconf import OmegaConf
 
 from rlzoo.batch import RolloutBatch
 from rlzoo.logprobs import response_forward, token_logprobs
 from rlzoo.models import build_char_tokenizer, build_tiny_model, load_pretrained, load_tokenizer
-from rlzoo.rollout import generate, left_pad
+from rlzoo.rollout import generate, left_pad, sample_categorical
 
 TINY = OmegaConf.create(dict(arch="qwen2", hidden_size=32, intermediate_size=64, num_layers=1,
                              num_heads=2, num_kv_heads=1, dtype="float32"))
@@ -119,15 +120,97 @@ def test_chunked_logprobs_and_entropy_equal_naive_values_and_gradients() -> None
     expected_logp, expected_entropy = _naive(hidden, head, targets)
     (expected_logp * mask).sum().backward()
     expected_grad = hidden.grad.clone()
-    for chunk, min_bytes in ((1, 0), (4, 0), (1000, 0), (4, 2**30)):   # checkpointed, then not
+    for chunk, keep_bytes in ((1, 0), (4, 0), (1000, 0), (4, 2**30)):   # recomputed, then kept
         hidden.grad = None
         logp, entropy = token_logprobs(hidden, head, targets, mask, chunk_size=chunk, with_entropy=True,
-                                       checkpoint_min_bytes=min_bytes)
+                                       keep_max_bytes=keep_bytes)
         assert torch.allclose(logp, expected_logp * mask, atol=1e-6)
         assert torch.allclose(entropy, expected_entropy * mask, atol=1e-6)
         (logp * mask).sum().backward()
         assert torch.allclose(hidden.grad, expected_grad, atol=1e-6)
     assert logp[2].eq(0).all()                                  # fully masked row
+
+
+@pytest.mark.parametrize("keep_bytes", [0, 2**30])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_head_gradients_of_a_mixed_logp_and_entropy_loss_equal_autograd(keep_bytes: int, temperature: float) -> None:
+    """The head's written-out backward against autograd through the naive formula, for a
+    loss that weights log-probs and entropies per token (entropy_coef > 0), with a bias,
+    a temperature, and gradients for the hidden states, the weight and the bias."""
+    torch.manual_seed(1)
+    head = torch.nn.Linear(6, 40, bias=True)
+    hidden = torch.randn(2, 9, 6, requires_grad=True)
+    targets = torch.randint(0, 40, (2, 9))
+    mask = (torch.rand(2, 9) > 0.3).float()
+    weights_logp, weights_entropy = torch.randn(2, 9), torch.randn(2, 9)
+
+    def naive_loss() -> torch.Tensor:
+        logits = head(hidden) / temperature
+        log_probs = torch.log_softmax(logits, -1)
+        logp = log_probs.gather(-1, targets[..., None]).squeeze(-1)
+        entropy = -(log_probs.exp() * log_probs).sum(-1)
+        return ((weights_logp * logp + weights_entropy * entropy) * mask).sum()
+
+    def chunked_loss() -> torch.Tensor:
+        logp, entropy = token_logprobs(hidden, head, targets, mask, chunk_size=4, with_entropy=True,
+                                       keep_max_bytes=keep_bytes, temperature=temperature)
+        return ((weights_logp * logp + weights_entropy * entropy) * mask).sum()
+
+    grads = []
+    for loss_fn in (naive_loss, chunked_loss):
+        hidden.grad = head.weight.grad = head.bias.grad = None
+        loss_fn().backward()
+        grads.append((hidden.grad.clone(), head.weight.grad.clone(), head.bias.grad.clone()))
+    for expected, got in zip(*grads):
+        assert torch.allclose(got, expected, atol=1e-5, rtol=1e-5), (got - expected).abs().max()
+    hidden.grad = head.weight.grad = None                          # logp alone: the entropy gradient is skipped
+    logp, _ = token_logprobs(hidden, head, targets, mask, chunk_size=4, keep_max_bytes=keep_bytes,
+                             temperature=temperature)
+    (logp * mask).sum().backward()
+    assert hidden.grad.abs().sum() > 0
+
+
+def test_a_second_backward_through_a_kept_head_is_refused_not_wrong() -> None:
+    """Backward forms the logits' gradient in the kept log-softmax's buffer; a second
+    backward through the same graph is an autograd error, never a silently wrong gradient."""
+    torch.manual_seed(0)
+    head = torch.nn.Linear(8, 30, bias=False)
+    hidden = torch.randn(1, 5, 8, requires_grad=True)
+    logp, _ = token_logprobs(hidden, head, torch.randint(0, 30, (1, 5)), torch.ones(1, 5), keep_max_bytes=2**30)
+    logp.sum().backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        logp.sum().backward()
+
+
+def test_head_under_autocast_runs_its_matmuls_in_bfloat16_like_autograd() -> None:
+    """Under ``torch.autocast(bfloat16)`` the written-out backward runs its matmuls in bf16
+    like autograd's: its gradients are off the float32 ones by bf16 rounding (not zero),
+    and no further than autograd's own bf16 gradients are."""
+    torch.manual_seed(2)
+    head = torch.nn.Linear(32, 300, bias=False)
+    hidden = torch.randn(64, 32, requires_grad=True)
+    targets = torch.randint(0, 300, (64,))
+    weights = torch.randn(64)
+
+    def grads(fn, autocast: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        hidden.grad = head.weight.grad = None
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            (fn() * weights).sum().backward()
+        return hidden.grad.clone(), head.weight.grad.clone()
+
+    def naive() -> torch.Tensor:
+        return torch.log_softmax(F.linear(hidden, head.weight).float(), -1).gather(-1, targets[:, None]).squeeze(-1)
+
+    def chunked() -> torch.Tensor:
+        return token_logprobs(hidden[None], head, targets[None], torch.ones(1, 64), chunk_size=16)[0][0]
+
+    exact = grads(naive, autocast=False)
+    autograd_bf16, ours_bf16 = grads(naive, autocast=True), grads(chunked, autocast=True)
+    for reference, a, b in zip(exact, autograd_bf16, ours_bf16):
+        scale = reference.norm()
+        ours, autograds = (b - reference).norm() / scale, (a - reference).norm() / scale
+        assert ours < 1e-2 and ours <= 1.25 * autograds          # as close to float32 as autograd's bf16
+        assert (b - reference).norm() > 0                        # the matmuls did run in bfloat16
 
 
 def test_batch_select_and_concat_pad_correctly() -> None:
@@ -177,7 +260,7 @@ def test_chunked_head_keeps_memory_sublinear_in_vocab_times_length() -> None:
         targets = torch.randint(0, vocab, (batch, length))
         mask = torch.ones(batch, length)
         chunked = _saved_bytes(partial(token_logprobs, hidden, head, targets, mask, chunk_size=64,
-                                       with_entropy=True, checkpoint_min_bytes=0))
+                                       with_entropy=True, keep_max_bytes=0))
         naive = _saved_bytes(partial(_naive, hidden, head, targets))
         figures[(vocab, length)] = (chunked, naive)
     (small_c, small_n), (big_c, big_n) = figures[(1000, 32)], figures[(4000, 128)]
@@ -186,9 +269,9 @@ def test_chunked_head_keeps_memory_sublinear_in_vocab_times_length() -> None:
     assert big_c < big_n / 20                           # and much smaller outright
 
 
-def test_small_logits_are_kept_instead_of_recomputed() -> None:
-    """Below ``checkpoint_min_bytes`` the chunk logits are saved for backward (cheaper than
-    recomputing them); above it only the chunk inputs are."""
+def test_log_softmax_is_kept_within_the_budget_and_recomputed_above_it() -> None:
+    """Up to ``keep_max_bytes`` each chunk's log-softmax is saved for backward (cheaper
+    than recomputing it); above it only the chunk inputs are."""
     torch.manual_seed(0)
     head = torch.nn.Linear(16, 300, bias=False)
     hidden = torch.randn(2, 40, 16, requires_grad=True)
@@ -196,9 +279,9 @@ def test_small_logits_are_kept_instead_of_recomputed() -> None:
     mask = torch.ones(2, 40)
     logits_bytes = 2 * 40 * 300 * 4
     kept = _saved_bytes(partial(token_logprobs, hidden, head, targets, mask, chunk_size=80,
-                                checkpoint_min_bytes=logits_bytes))       # not above: kept
+                                keep_max_bytes=logits_bytes))             # within: kept
     recomputed = _saved_bytes(partial(token_logprobs, hidden, head, targets, mask, chunk_size=80,
-                                      checkpoint_min_bytes=logits_bytes - 1))
+                                      keep_max_bytes=logits_bytes - 1))
     assert kept >= logits_bytes > recomputed
 
 
@@ -227,6 +310,82 @@ def test_rollout_log_probs_are_those_of_the_distribution_sampled_from() -> None:
     assert (gen.logp[valid] > full.logp[valid] + 1e-3).any()
     greedy = generate(model, ids, mask, greedy=True, **kwargs)
     assert greedy.logp.eq(0).all()                            # a point mass
+
+
+@pytest.mark.parametrize("vocab", [7, 256, 1000])                 # under, at and not a multiple of a block
+def test_sample_categorical_draws_each_index_with_its_probability(vocab: int) -> None:
+    """Frequencies over many draws match ``probs / probs.sum()`` (Pearson's chi-square
+    below its 0.1 % critical value, deterministic under the seed); zero-mass entries,
+    including the first and the last, are never drawn."""
+    torch.manual_seed(0)
+    weights = torch.rand(vocab) ** 3 * 5                            # unnormalised, skewed
+    weights[0] = weights[-1] = 0.0
+    weights[vocab // 2] = 0.0
+    draws = 200_000 // 50
+    counts = torch.zeros(vocab)
+    for _ in range(50):
+        token = sample_categorical(weights.repeat(draws, 1))
+        counts += torch.bincount(token, minlength=vocab).float()
+    assert counts[0] == counts[-1] == counts[vocab // 2] == 0
+    expected = weights / weights.sum() * counts.sum()
+    support = expected > 0
+    chi2 = float(((counts[support] - expected[support]) ** 2 / expected[support]).sum())
+    dof = int(support.sum()) - 1
+    critical = dof + 3.09 * math.sqrt(2 * dof) + 3.1                # ≈ the 0.999 quantile (normal approx.)
+    assert chi2 < critical, (chi2, critical)
+
+
+def test_sample_categorical_edge_rows() -> None:
+    """A point mass is always drawn; rows are independent; mass only in the last entry of
+    a padded block is still found."""
+    torch.manual_seed(0)
+    probs = torch.zeros(4, 300)
+    probs[0, 0] = 1.0
+    probs[1, 299] = 3.0
+    probs[2, 256] = 1e-30                                          # tiny but positive
+    probs[3] = 1.0
+    token = sample_categorical(probs)
+    assert token[:3].tolist() == [0, 299, 256] and 0 <= int(token[3]) < 300
+    many = sample_categorical(torch.ones(2000, 300))
+    assert many.unique().numel() > 250                              # uniform over the row
+
+
+def test_sampling_from_non_finite_logits_stops_with_a_training_error() -> None:
+    from rlzoo.errors import TrainingError
+
+    logits = torch.zeros(3, 40)
+    logits[1, 5] = float("nan")
+    with pytest.raises(TrainingError, match=r"rows \[1\] are not finite"):
+        sample_categorical(torch.softmax(logits, -1))
+
+
+def test_generate_with_the_preallocated_cache_equals_the_growing_cache(monkeypatch) -> None:
+    """Decoding into a cache allocated once gives the same tokens and log-probs as
+    transformers' growing ``DynamicCache`` under the same seed."""
+    import rlzoo.rollout as rollout
+
+    tok = build_char_tokenizer("0123456789=")
+    model = build_tiny_model(TINY, tok).eval()
+    ids, mask = left_pad([tok(p, add_special_tokens=False).input_ids for p in ["12=", "3456="]], tok.pad_token_id)
+    kwargs = dict(max_new_tokens=7, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id, num_samples=3)
+    swapped = []
+    original = rollout._preallocate
+
+    def spy(past, capacity: int) -> None:
+        original(past, capacity)
+        swapped.extend(type(layer) for layer in past.layers)
+
+    monkeypatch.setattr(rollout, "_preallocate", spy)
+    torch.manual_seed(3)
+    fast = generate(model, ids, mask, **kwargs)
+    assert swapped and all(kind is rollout._PreallocatedLayer for kind in swapped)
+    calls = []
+    monkeypatch.setattr(rollout, "_preallocate", lambda past, capacity: calls.append(capacity))
+    torch.manual_seed(3)
+    plain = generate(model, ids, mask, **kwargs)
+    assert calls == [ids.shape[1] + 7]
+    assert torch.equal(fast.response_ids, plain.response_ids)
+    assert torch.allclose(fast.logp, plain.logp, atol=1e-6)
 
 
 def test_hf_backend_generates_with_a_synced_copy_in_another_dtype() -> None:
