@@ -49,7 +49,7 @@ def main() -> None:
     parser.add_argument("--replay-steps", type=int, help="default: per preset, the first step by which its full "
                         "curve gained MIN_GAIN (rounded up to 20, within [100, 400])")
     parser.add_argument("--window", type=int, default=20, help="steps averaged at each end of a replay")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3])
+    parser.add_argument("--seeds", type=int, nargs="+", default=list(range(8)))
     parser.add_argument("--full-seed", type=int, default=0)
     parser.add_argument("--grid-only", action="store_true")
     parser.add_argument("--replay-only", action="store_true", help="keep the stored full curves, redo the replays")
