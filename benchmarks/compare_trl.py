@@ -89,10 +89,18 @@ def build_assets(setting: str, root: Path) -> tuple[Path, Path]:
 
 
 def answer_of(setting: str | dict) -> str:
-    """Every prompt's reference answer (the reward is exact match; its value never matters
-    for the timing): a digit for the character vocabulary, a word for the word-level one."""
+    """Every prompt's reference answer for the exact-match reward: one no completion can
+    match, so every reward is 0, no system learns, and all of them keep generating the
+    same workload (the initial policy's response lengths) at every measured step.
+
+    With a reachable answer ("0", which tiny's character vocabulary writes in 2 tokens) the
+    tiny policies learned to answer "0" and stop within ~30 steps (rlzoo's mean response
+    length fell from 6.4 to 2.1 tokens), so the measured steps compared workloads that
+    depended on how fast each system happened to learn. Tiny's answer is therefore longer
+    than its 8-token budget; small's single word is one its random 32,000-word policy never
+    produced (4,096 response tokens at every measured step)."""
     spec = SETTINGS[setting] if isinstance(setting, str) else setting
-    return "0" if spec["vocab"] is None else "w0"
+    return "0" * (spec["new_tokens"] + 1) if spec["vocab"] is None else "w0"
 
 
 def peak_rss_mb() -> float:

@@ -48,18 +48,19 @@ def _log_softmax(hidden: torch.Tensor, weight_mm: torch.Tensor, bias: torch.Tens
     return torch.log_softmax(logits, dim=-1, out=logits)
 
 
-ENTROPY_ROWS = 16
-"""Rows of ``p = exp(z)`` formed at a time for the entropy (a buffer that stays in cache)."""
+ENTROPY_BLOCK_BYTES = 2 * 2**20
+"""Bytes of ``p = exp(z)`` formed at a time for the entropy (a buffer that stays in cache)."""
 
 
 def _entropy(log_probs: torch.Tensor) -> torch.Tensor:
     """``-Σ_v p_v log p_v`` per row of ``(N, V)`` float32 log-probs, ``(N,)``, forming ``p``
-    :data:`ENTROPY_ROWS` rows at a time in one reused buffer."""
-    rows = log_probs.shape[0]
+    a block of rows at a time (:data:`ENTROPY_BLOCK_BYTES`) in one reused buffer."""
+    rows, vocab = log_probs.shape
+    block = max(1, ENTROPY_BLOCK_BYTES // (4 * vocab))
     entropy = torch.empty(rows, dtype=log_probs.dtype, device=log_probs.device)
-    buffer = log_probs.new_empty((min(rows, ENTROPY_ROWS), log_probs.shape[1]))
-    for start in range(0, rows, ENTROPY_ROWS):
-        z = log_probs[start:start + ENTROPY_ROWS]
+    buffer = log_probs.new_empty((min(rows, block), vocab))
+    for start in range(0, rows, block):
+        z = log_probs[start:start + block]
         p = torch.exp(z, out=buffer[:z.shape[0]])
         entropy[start:start + z.shape[0]] = p.mul_(z).sum(-1).neg_()
     return entropy

@@ -139,3 +139,26 @@ def test_the_value_loss_is_normalised_over_the_mask_it_sums(tmp_path: Path) -> N
     error = torch.where(batch.response_mask.bool(), batch.old_values - batch.returns, torch.zeros_like(batch.returns))
     expected = float(error.sum() / batch.response_mask.sum())             # d/d(head bias) of mean ½(V−R)²
     assert float(trainer.models.critic.value_head.bias.grad) == pytest.approx(expected, rel=1e-4, abs=1e-7)
+
+
+def test_logprob_keep_mb_reaches_the_head_and_does_not_change_the_update(tmp_path: Path, monkeypatch) -> None:
+    """``trainer.logprob_keep_mb`` is passed to the head as bytes; keeping the log-softmax
+    for backward or recomputing it gives the same weights after a step."""
+    import rlzoo.logprobs as logprobs
+
+    seen: list[int] = []
+    original = logprobs.token_logprobs
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs["keep_max_bytes"])
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(logprobs, "token_logprobs", spy)
+    weights = []
+    for keep_mb in ("0", "64"):
+        trainer = _trainer(tmp_path / keep_mb, f"trainer.logprob_keep_mb={keep_mb}")
+        trainer.train_step()
+        weights.append([p.detach().clone() for p in trainer.models.policy.parameters()])
+        trainer.close()
+    assert set(seen) == {0, 64 * 2**20}
+    assert all(torch.equal(a, b) for a, b in zip(*weights))
