@@ -27,13 +27,18 @@ class SequenceOutput:
     logits: torch.Tensor | None = None
 
 
+def head_matmul_dtype(device_type: str) -> torch.dtype:
+    """The LM head's matmul dtype: the autocast dtype under autocast
+    (``trainer.precision=bf16``: bfloat16, as verl and TRL compute it), float32 otherwise
+    (bfloat16 weights of ``model.dtype=bfloat16`` are upcast)."""
+    return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else torch.float32
+
+
 def head_logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """LM-head logits ``(..., V)`` as float32, for a float32 softmax. Under autocast
-    (``trainer.precision=bf16``) the matmul runs in bfloat16 like the backbone's, as verl and
-    TRL compute it; otherwise it runs in float32 (bfloat16 weights are upcast first)."""
-    if torch.is_autocast_enabled(hidden.device.type):
-        return F.linear(hidden, weight, bias).float()
-    return F.linear(hidden.float(), weight.float(), None if bias is None else bias.float())
+    """LM-head logits ``(..., V)`` as float32, for a float32 softmax; the matmul in
+    :func:`head_matmul_dtype`."""
+    dtype = head_matmul_dtype(hidden.device.type)
+    return F.linear(hidden.to(dtype), weight.to(dtype), None if bias is None else bias.to(dtype)).float()
 
 
 def _log_softmax(hidden: torch.Tensor, weight_mm: torch.Tensor, bias: torch.Tensor | None,
@@ -163,9 +168,7 @@ def token_logprobs(hidden: torch.Tensor, head: torch.nn.Linear, targets: torch.T
     flat_hidden = hidden.reshape(batch * length, -1).index_select(0, flat_index)
     flat_targets = targets.reshape(-1).index_select(0, flat_index)
     keep = flat_index.numel() * head.weight.shape[0] * 4 <= keep_max_bytes
-    device = hidden.device.type
-    mm_dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else torch.float32
-    weight_mm = head.weight.detach().to(mm_dtype)
+    weight_mm = head.weight.detach().to(head_matmul_dtype(hidden.device.type))
     logp_parts, entropy_parts = [], []
     for start in range(0, flat_index.numel(), chunk_size):
         lp, ent = _HeadChunk.apply(flat_hidden[start:start + chunk_size], head.weight, weight_mm, head.bias,
