@@ -128,7 +128,7 @@ def sample_categorical(probs: torch.Tensor) -> torch.Tensor:
     # u in (0, total]: the first cumulative sum >= u is never that of a zero-mass entry
     u = (1.0 - torch.rand(rows, 1, dtype=torch.float64, device=probs.device)) * block_cdf[:, -1:]
     block = torch.searchsorted(block_cdf, u).clamp_(max=blocks - 1)                 # (B, 1)
-    before = torch.where(block > 0, block_cdf.gather(1, (block - 1).clamp(min=0)), torch.zeros_like(u))
+    before = F.pad(block_cdf, (1, 0)).gather(1, block)                              # mass of earlier blocks
     inner_cdf = padded[torch.arange(rows, device=probs.device), block[:, 0]].cumsum(-1, dtype=torch.float64)
     inner = torch.searchsorted(inner_cdf, torch.minimum(u - before, inner_cdf[:, -1:]))
     return (block * SAMPLE_BLOCK + inner)[:, 0]
