@@ -128,7 +128,7 @@ def worker_rlzoo(model_dir: Path, data: Path, spec: dict, kl: float, steps: int,
         "trainer.logprob_chunk_size=512", "logging.progress=false", "eval.size=0", "eval.holdout=0",
         *(["trainer.precision=bf16", "rollout.dtype=bfloat16"] if bf16 else []),
     ]
-    trainer = Trainer(load_config(registry, overrides), registry, pm)
+    trainer = Trainer(load_config(registry, overrides), pm)
 
     def step() -> dict:
         metrics = trainer.train_step()

@@ -36,6 +36,7 @@ from rlzoo.errors import ConfigError, RlzooError
 from rlzoo.logprobs import response_forward
 from rlzoo.masked import masked_mean
 from rlzoo.plugins import build_registry, make_plugin_manager
+from rlzoo.trainer import Trainer
 
 FORCED = ("resume=null", "rollout.record=false", "logging.progress=false", "launcher.nproc=1")
 """What every A/B learner sets, whatever the recorded run did."""
@@ -70,13 +71,11 @@ LEARNER_MODEL_KEYS = ("model.dtype", "model.gradient_checkpointing")
 def _side(run_dir: Path, base: dict[str, Any], overrides: list[str], out: Path) -> Any:
     """A Trainer for one side: the recorded run's config, the side's overrides, the run's
     initial weights, its own plugin manager (so neither side's extensions hook the other)."""
-    from rlzoo.trainer import Trainer
-
     items = [*overrides, *FORCED, f"model.path={run_dir / 'init_model'}", f"run_dir={out}"]
-    pm = make_plugin_manager(modules=plugin_modules(items, None) or base.get("plugins") or [])
+    pm = make_plugin_manager(modules=plugin_modules(items, None, base=base))
     registry = build_registry(pm)
     resolved = load_config(registry, items, base=copy.deepcopy(base))
-    return Trainer(resolved, registry, pm)
+    return Trainer(resolved, pm)
 
 
 @torch.no_grad()

@@ -135,8 +135,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _resolve_registry(args: argparse.Namespace):
-    from rlzoo.config import plugin_modules
     from rlzoo.plugins import build_registry, make_plugin_manager
+    from rlzoo.resume import plugin_modules
 
     pm = make_plugin_manager(modules=plugin_modules(args.overrides, args.config))
     registry = build_registry(pm)
@@ -146,10 +146,10 @@ def _resolve_registry(args: argparse.Namespace):
 
 
 def _resolve(args: argparse.Namespace):
-    from rlzoo.config import load_config
+    from rlzoo.resume import load_run_config
 
     pm, registry, _ = _resolve_registry(args)
-    resolved = load_config(registry, args.overrides, args.config)
+    resolved = load_run_config(registry, args.overrides, args.config)
     return pm, registry, resolved
 
 
@@ -231,7 +231,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         for warning in resolved.plan.warnings:
             print(f"rlzoo: warning: {warning}", file=sys.stderr)
     _quiet_transformers()
-    train(resolved, registry, pm, overwrite=args.overwrite)
+    train(resolved, pm, overwrite=args.overwrite)
     return 0
 
 
@@ -257,7 +257,7 @@ def _cmd_sft(args: argparse.Namespace) -> int:
 
     _, registry, resolved = _resolve(args)
     _quiet_transformers()
-    out = run_sft(resolved, registry, steps=args.steps, out_dir=args.out, target=args.target,
+    out = run_sft(resolved, steps=args.steps, out_dir=args.out, target=args.target,
                   batch_size=args.batch_size)
     print(f"saved the SFT model to {out}; train from it with model.path={out}")
     return 0
@@ -293,7 +293,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
 
 def _cmd_list(args: argparse.Namespace) -> int:
-    from rlzoo.config import describe_params
+    from rlzoo.introspect import describe_params
     from rlzoo.plugins import build_registry, make_plugin_manager
 
     registry = build_registry(make_plugin_manager(), strict=False)  # report name collisions, list the rest

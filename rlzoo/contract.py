@@ -12,22 +12,26 @@ three stages later.
 from __future__ import annotations
 
 import inspect
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable, Protocol
 
 import torch
 
 from rlzoo.errors import PluginError, TrainingError
-from rlzoo.hookspecs import INPUTS, REGISTRATION_HOOKS
+from rlzoo.kinds import KINDS
 
-if TYPE_CHECKING:
-    from rlzoo.registry import Component
 
-REQUIRED_METRICS: dict[str, tuple[str, ...]] = {
-    "policy_loss": ("clipfrac", "approx_kl"),
-    "value_loss": (),
-    "rollout_correction": (),
-}
-"""Metrics a kind's ``(loss, metrics)`` output must hold."""
+class Bindable(Protocol):
+    """What :class:`BoundComponent` reads of a component (a :class:`rlzoo.registry.Component`)."""
+
+    kind: str
+    name: str
+    fn: Any
+    params: type | None
+    inputs: tuple[str, ...]
+    package: str
+    plugin: str
+
+    def default_params(self) -> Any: ...
 
 
 def inspect_inputs(kind: str, name: str, fn: Any, has_params: bool, who: str) -> tuple[str, ...]:
@@ -44,14 +48,14 @@ def inspect_inputs(kind: str, name: str, fn: Any, has_params: bool, who: str) ->
         signature = inspect.signature(fn)
     except (TypeError, ValueError) as exc:
         raise PluginError(f"{label}: cannot read the signature of {fn!r} ({exc})") from exc
-    known = INPUTS[kind]
+    known = KINDS[kind].inputs
     inputs = []
     takes_params = False
     for parameter in signature.parameters.values():
         if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
             raise PluginError(f"{label} takes {'*' if parameter.kind == parameter.VAR_POSITIONAL else '**'}"
                               f"{parameter.name}: inputs are passed by name, so name the ones it uses "
-                              f"({', '.join(known) or 'none for this kind'}; see rlzoo.hookspecs.INPUTS)")
+                              f"({', '.join(known) or 'none for this kind'}; see rlzoo.kinds.KINDS)")
         if parameter.name == "params":
             takes_params = True
         elif parameter.name in known:
@@ -59,7 +63,7 @@ def inspect_inputs(kind: str, name: str, fn: Any, has_params: bool, who: str) ->
         elif parameter.default is parameter.empty:
             raise PluginError(f"{label} takes {parameter.name!r}, which is not an input of its kind; "
                               f"the engine passes {', '.join(known) or 'no inputs'}"
-                              f"{' and params' if has_params else ''} ({REGISTRATION_HOOKS[kind]})")
+                              f"{' and params' if has_params else ''} ({KINDS[kind].hook})")
     if has_params and not takes_params:
         raise PluginError(f"{label} declares a parameter dataclass but its function takes no 'params'")
     return tuple(inputs)
@@ -67,7 +71,8 @@ def inspect_inputs(kind: str, name: str, fn: Any, has_params: bool, who: str) ->
 
 def derived_needs(kind: str, inputs: tuple[str, ...]) -> frozenset[str]:
     """The needs implied by the inputs a component names (e.g. ``values`` -> ``critic``)."""
-    return frozenset(INPUTS[kind][name].need for name in inputs if INPUTS[kind][name].need)
+    inputs_of = KINDS[kind].inputs
+    return frozenset(inputs_of[name].need for name in inputs if inputs_of[name].need)
 
 
 def check_declared_needs(kind: str, name: str, declared: frozenset[str], inputs: tuple[str, ...],
@@ -77,7 +82,7 @@ def check_declared_needs(kind: str, name: str, declared: frozenset[str], inputs:
     :raises PluginError: naming the need and the inputs that would carry it.
     """
     for need in sorted(declared):
-        carriers = [input_name for input_name, spec in INPUTS[kind].items() if spec.need == need]
+        carriers = [input_name for input_name, spec in KINDS[kind].inputs.items() if spec.need == need]
         if carriers and not set(carriers) & set(inputs):
             raise PluginError(
                 f"plugin {who!r}: {kind} {name!r} declares needs {need!r} but its function takes none of "
@@ -95,10 +100,11 @@ class BoundComponent:
     and checks the output against the kind's contract.
     """
 
-    def __init__(self, component: "Component", params: Any = None) -> None:
+    def __init__(self, component: Bindable, params: Any = None) -> None:
         self.component = component
         self.params = params if params is not None else component.default_params()
-        self._check = _CHECKS.get(component.kind)
+        output = KINDS[component.kind].output
+        self._check = _CHECKS[output] if output else None
 
     @property
     def name(self) -> str:
@@ -118,7 +124,7 @@ class BoundComponent:
         """An error naming the component, its package and the broken contract."""
         c = self.component
         return TrainingError(f"{c.kind} {c.name!r} (package {c.package or '?'}, plugin {c.plugin or '?'}) "
-                             f"{what} ({REGISTRATION_HOOKS[c.kind]} in rlzoo.hookspecs)")
+                             f"{what} ({KINDS[c.kind].hook} in rlzoo.hookspecs)")
 
 
 def _expect_matrix(bound: BoundComponent, value: Any, shape: torch.Size, what: str) -> None:
@@ -132,7 +138,7 @@ def _expect_metrics(bound: BoundComponent, metrics: Any) -> None:
     if not isinstance(metrics, dict):
         raise bound.fail(f"returned metrics of type {type(metrics).__name__}; the contract is a dict "
                          "of scalar tensors")
-    missing = [key for key in REQUIRED_METRICS[bound.component.kind] if key not in metrics]
+    missing = [key for key in KINDS[bound.component.kind].required_metrics if key not in metrics]
     if missing:
         raise bound.fail(f"returned no {', '.join(repr(k) for k in missing)} metric (got "
                          f"{', '.join(sorted(map(str, metrics))) or 'none'})")
@@ -178,10 +184,10 @@ def _check_scalar(bound: BoundComponent, result: Any, available: dict[str, Any])
 
 
 _CHECKS: dict[str, Callable[[BoundComponent, Any, dict[str, Any]], None]] = {
-    "advantage": _check_advantage,
-    "policy_loss": _loss_and_metrics("response_mask"),
-    "value_loss": _loss_and_metrics("response_mask"),
-    "kl_estimator": _check_kl,
-    "rollout_correction": _check_weights,
-    "loss_agg": _check_scalar,
+    "advantages_returns": _check_advantage,
+    "loss_metrics": _loss_and_metrics("response_mask"),
+    "kl": _check_kl,
+    "weights_metrics": _check_weights,
+    "scalar": _check_scalar,
 }
+"""Output contract (:data:`rlzoo.kinds.OUTPUTS`) -> its check."""

@@ -222,20 +222,15 @@ def fully_shard_model(module: torch.nn.Module, device: torch.device,
     return module
 
 
-def wrap(module: torch.nn.Module, strategy: str, device: torch.device) -> torch.nn.Module:
+def wrap(module: torch.nn.Module, strategy: str, device: torch.device,
+         example_inputs: tuple[Any, ...] | None = None) -> torch.nn.Module:
     """``module`` under the data-parallel ``strategy`` (``ddp`` or ``fsdp``), for > 1 rank.
 
-    A :class:`rlzoo.logprobs.ResponseForward` under FSDP is initialised with a one-token
-    forward (see :func:`fully_shard_model`).
+    Under FSDP, ``example_inputs`` (positional arguments of one small forward) initialise
+    the root before any submodule runs on its own (see :func:`fully_shard_model`).
     """
     if strategy == "fsdp":
-        from rlzoo.logprobs import ResponseForward
-
-        example = None
-        if isinstance(module, ResponseForward):  # one token of prompt and of response
-            token = torch.zeros((1, 1), dtype=torch.long, device=device)
-            example = (token, torch.ones_like(token), token, torch.ones_like(token))
-        return fully_shard_model(module, device, example)
+        return fully_shard_model(module, device, example_inputs)
     from torch.nn.parallel import DistributedDataParallel
 
     return DistributedDataParallel(module, device_ids=[device.index] if device.type == "cuda" else None)

@@ -48,21 +48,13 @@ def pass_at_k(n: int, correct: int, k: int) -> float:
     return 1.0 - math.comb(n - correct, k) / math.comb(n, k)
 
 
-def eval_metric_tags(n: int) -> list[str]:
-    """The ``eval/...`` tags a run with ``eval.n = n`` logs, most important first."""
-    tags = ["eval/greedy_accuracy", "eval/greedy_score"]
-    if n >= 1:
-        tags += ["eval/pass@1"] + ([f"eval/pass@{n}"] if n > 1 else []) + ["eval/sampled_score"]
-    return tags
-
-
 class Evaluator:
     """Evaluates the policy on a fixed held-out set (see the module docstring).
 
     :param examples: the held-out examples (the same on every rank).
     :param sampler: the run's sampler: its tokenizer, chat template, rollout backend and
         reward function are used; its RNG and state are not.
-    :param cfg: the run config (``eval.*``, ``rollout.*``).
+    :param cfg: the run config (``eval.*``); generation follows the run plan (``sampler.plan``).
     :param dist: this process's place in the job: each rank answers a share of the prompts.
     """
 
@@ -70,10 +62,10 @@ class Evaluator:
         self.examples, self.sampler, self.dist = examples, sampler, dist
         self.every, self.n = int(cfg.eval.every), int(cfg.eval.n)
         self.threshold = float(cfg.eval.threshold)
-        self.rollout = cfg.rollout
+        self.rollout = sampler.plan.rollout
         # at most as many sequences per generate call as a training rollout (the size the
         # user made fit in memory): every prompt once greedily, or eval.n samples each
-        self.sequences = max(1, int(cfg.rollout.prompts_per_step) * int(cfg.rollout.n))
+        self.sequences = max(1, sampler.plan.update.sequences)
         self.samples: list[Sample] = []
         """Greedy answers to the first held-out prompts at the last evaluation (logged as text)."""
 
@@ -112,7 +104,7 @@ class Evaluator:
     def _generate(self, examples: list[Example], samples: int) -> tuple[list[float], list[str]]:
         """Scores and completions of ``samples`` completions per example (one greedy one
         when 0), example-major, in calls of at most ``self.sequences`` sequences."""
-        sampler, cfg = self.sampler, self.rollout
+        sampler, rollout = self.sampler, self.rollout
         per_example = max(1, samples)
         per_call = max(1, self.sequences // per_example)
         scores: list[float] = []
@@ -120,8 +112,9 @@ class Evaluator:
         for start in range(0, len(examples), per_call):
             part = examples[start:start + per_call]
             gen = sampler.backend.generate(sampler.encode_prompts([e.prompt for e in part]),
-                                           num_samples=per_example, max_new_tokens=cfg.max_new_tokens,
-                                           temperature=cfg.temperature, top_p=cfg.top_p, greedy=samples == 0)
+                                           num_samples=per_example, max_new_tokens=rollout.max_new_tokens,
+                                           temperature=rollout.temperature, top_p=rollout.top_p,
+                                           greedy=samples == 0)
             texts = sampler.decode(gen.response_ids, gen.response_mask)
             repeat = lambda items: [x for x in items for _ in range(per_example)]  # noqa: E731
             scores += sampler.score(repeat([e.prompt for e in part]), texts, repeat([e.reference for e in part]),

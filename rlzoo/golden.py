@@ -23,6 +23,7 @@ import numpy as np
 from rlzoo.config import load_config
 from rlzoo.plugins import PluginManager
 from rlzoo.registry import Registry
+from rlzoo.trainer import Trainer
 
 BAND_SIGMAS = 4.0
 """The band is the seeds' mean gain ± k·s, s = max(their sample standard deviation, MIN_STD).
@@ -57,11 +58,9 @@ def run_curve(registry: Registry, pm: PluginManager, overrides: list[str], steps
               run_dir: Path) -> Curve:
     """Train ``steps`` steps in this process (no files but the run directory's) and return
     the curve. ``overrides`` select the preset (``algo=...``) and anything else."""
-    from rlzoo.trainer import Trainer
-
     resolved = load_config(registry, [*overrides, *QUIET, f"seed={seed}", f"trainer.total_steps={steps}",
                                       f"run_dir={run_dir}"])
-    trainer = Trainer(resolved, registry, pm)
+    trainer = Trainer(resolved, pm)
     rewards, clipfrac = [], []
     start = time.perf_counter()
     try:

@@ -60,9 +60,11 @@ place instead of returning a replacement; rollout backends; rollout log-probs
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, NamedTuple
+from typing import TYPE_CHECKING, Callable
 
 import pluggy
+
+from rlzoo.kinds import KINDS, Input
 
 if TYPE_CHECKING:
     from rlzoo.batch import RolloutBatch
@@ -77,105 +79,10 @@ hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
 Register = Callable[..., None]
 
 
-class Input(NamedTuple):
-    """One input the engine passes to components of a kind.
-
-    :ivar need: the need naming this input implies (what the engine must build or run to
-        provide it), or ``None`` when it is always available.
-    :ivar doc: what it is: shape, dtype, units.
-    """
-
-    need: str | None
-    doc: str
-
-
-_MASK = "(B, T) float in {0, 1}: 1 on the tokens the loss covers (the batch's loss_mask)"
-
-INPUTS: dict[str, dict[str, Input]] = {
-    "advantage": {
-        "token_rewards": Input(None, "(B, T) float: per-token rewards, the outcome reward on the last "
-                                     "valid token, KL-in-reward already folded in; 0 on padding"),
-        "response_mask": Input(None, "(B, T) float in {0, 1}: 1 on the response tokens"),
-        "group_ids": Input(None, "(B,) long: the prompt each sequence was sampled from (any values)"),
-        "values": Input("critic", "(B, T) float: critic values of the rollout, 0 on padding"),
-        "baseline_scores": Input("greedy", "(B,) float: score of the greedy completion of the same prompt"),
-        "old_logp": Input("old_logp", "(B, T) float: log-probs of the sampled tokens under the policy "
-                                      "before this step's update (tempered like the sampler)"),
-        "ref_logp": Input("reference", "(B, T) float: log-probs of the sampled tokens under the frozen "
-                                       "reference model"),
-        "reward_scores": Input(None, "(B, K) float: each reward function's raw score (column k is reward[k]; "
-                                     "K = 1 with one function), before weighting, shaping and KL; an "
-                                     "estimator that reads it instead of token_rewards refuses KL in the "
-                                     "reward and reward shaping"),
-        "reward_weights": Input(None, "(K,) float: the weights of the reward functions (reward[k].weight)"),
-        "teacher_logp": Input("teacher", "(B, T) float: log-probs of the sampled tokens under the teacher model "
-                                         "(teacher.path; tempered like the sampler)"),
-    },
-    "policy_loss": {
-        "logp": Input(None, "(B, T) float: log-probs of the sampled tokens under the policy being "
-                            "trained; carries the gradient"),
-        "old_logp": Input(None, "(B, T) float: log-probs under the policy before this step's update "
-                                "(the detached logp when the plan runs one on-policy update)"),
-        "advantages": Input(None, "(B, T) float: the advantage estimator's output"),
-        "response_mask": Input(None, _MASK),
-        "rollout_logp": Input(None, "(B, T) float: log-probs of the sampled tokens under the "
-                                    "distribution the rollout backend actually sampled from "
-                                    "(after temperature and top-p)"),
-        "ref_logp": Input("reference", "(B, T) float: log-probs under the frozen reference model"),
-    },
-    "kl_estimator": {
-        "logp": Input(None, "(B, T) float: log-probs of the sampled tokens under the policy (the "
-                            "policy being trained, or the rollout-time policy for KL in the reward)"),
-        "ref_logp": Input("reference", "(B, T) float: log-probs under the frozen reference model"),
-        "logits": Input("logits", "(B, T, V) float: the policy's tempered logits at the response "
-                                  "positions (only with kl.apply=loss)"),
-        "ref_logits": Input("logits", "(B, T, V) float: the reference model's tempered logits"),
-    },
-    "loss_agg": {
-        "loss": Input(None, "(B, T) float: a per-token loss"),
-        "mask": Input(None, _MASK),
-        "counts": Input(None, "rlzoo.batch.BatchCounts of the global (mini-)batch: valid tokens, "
-                              "non-empty sequences, the configured max response length"),
-    },
-    "value_loss": {
-        "values": Input(None, "(B, T) float: current critic values; carry the gradient"),
-        "old_values": Input(None, "(B, T) float: critic values at rollout time"),
-        "returns": Input(None, "(B, T) float: the advantage estimator's returns (value targets)"),
-        "response_mask": Input(None, "(B, T) float in {0, 1}: 1 on the response tokens"),
-    },
-    "reward": {
-        "prompts": Input(None, "list[str] of B prompts (as the task wrote them)"),
-        "completions": Input(None, "list[str] of B decoded completions"),
-        "references": Input(None, "list of B reference answers (the task's Example.reference)"),
-        "rows": Input(None, "list of B dicts: the rest of each example's data row (Example.row; a file "
-                            "task's whole row, every column; {} for the generated built-in tasks)"),
-    },
-    "rollout_correction": {
-        "old_logp": Input("old_logp", "(B, T) float: log-probs under π_old, the trained policy before this "
-                                      "step's update (the plan runs the old-log-prob pass)"),
-        "rollout_logp": Input(None, "(B, T) float: log-probs under μ, the distribution the rollout backend "
-                                    "sampled from"),
-        "logp": Input(None, "(B, T) float: log-probs under the policy being trained, detached"),
-        "advantages": Input(None, "(B, T) float: the advantage estimator's output"),
-        "response_mask": Input(None, _MASK),
-    },
-    "task": {},
-    "kl_controller": {
-        "init_coef": Input(None, "float: the initial coefficient beta (kl.coef)"),
-    },
-    "rollout": {
-        "policy": Input(None, "the policy being trained (a transformers causal LM, unwrapped)"),
-        "tokenizer": Input(None, "the policy's tokenizer"),
-        "device": Input(None, "torch.device the policy lives on"),
-        "dtype": Input(None, "str: rollout.dtype, the precision to generate in ('float32', ...)"),
-        "generation_context": Input(None, "callable returning a context manager within which the "
-                                          "policy's weights are whole (a no-op unless FSDP shards them)"),
-    },
-    "extension": {},
-    "algorithm": {},
-}
-"""Kind -> input name -> :class:`Input`: every keyword the engine passes to a component of
-that kind (besides ``params``, the component's parameter dataclass instance)."""
+INPUTS: dict[str, dict[str, Input]] = {kind.name: kind.inputs for kind in KINDS.values()}
+"""Kind -> input name -> :class:`rlzoo.kinds.Input`: every keyword the engine passes to a
+component of that kind (besides ``params``, the component's parameter dataclass instance);
+derived from :data:`rlzoo.kinds.KINDS`, where each kind's inputs are documented."""
 
 
 # ---------------------------------------------------------------------------------------
@@ -422,38 +329,13 @@ def rlzoo_run_end(ctx: "RunContext", status: str) -> None:
     """
 
 
-REGISTRATION_HOOKS: dict[str, str] = {
-    "advantage": "rlzoo_register_advantage_estimators",
-    "policy_loss": "rlzoo_register_policy_losses",
-    "rollout_correction": "rlzoo_register_rollout_corrections",
-    "kl_estimator": "rlzoo_register_kl_estimators",
-    "kl_controller": "rlzoo_register_kl_controllers",
-    "loss_agg": "rlzoo_register_loss_aggregations",
-    "value_loss": "rlzoo_register_value_losses",
-    "reward": "rlzoo_register_reward_functions",
-    "task": "rlzoo_register_tasks",
-    "rollout": "rlzoo_register_rollout_backends",
-    "algorithm": "rlzoo_register_algorithms",
-    "extension": "rlzoo_register_extensions",
-}
-"""Component kind -> the registration hook that contributes it."""
+REGISTRATION_HOOKS: dict[str, str] = {kind.name: kind.hook for kind in KINDS.values()}
+"""Component kind -> the registration hook that contributes it (from :data:`rlzoo.kinds.KINDS`)."""
 
 LIFECYCLE_HOOKS: tuple[str, ...] = (
     "rlzoo_after_rollout", "rlzoo_shape_rewards", "rlzoo_before_update", "rlzoo_step_end", "rlzoo_run_end",
 )
 """The lifecycle hooks, in the order a step calls them."""
 
-KIND_TITLES: dict[str, str] = {
-    "advantage": "Advantage estimators",
-    "policy_loss": "Policy losses",
-    "rollout_correction": "Rollout corrections",
-    "kl_estimator": "KL estimators",
-    "kl_controller": "KL controllers",
-    "loss_agg": "Loss aggregations",
-    "value_loss": "Value losses",
-    "reward": "Reward functions",
-    "task": "Tasks",
-    "rollout": "Rollout backends",
-    "algorithm": "Algorithm presets",
-    "extension": "Extensions",
-}
+KIND_TITLES: dict[str, str] = {kind.name: kind.title for kind in KINDS.values()}
+"""Component kind -> its heading in ``rlzoo list`` (from :data:`rlzoo.kinds.KINDS`)."""

@@ -11,6 +11,7 @@ schedulers and KL controller, and decides nothing the plan has not.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from typing import Any, Callable
 
@@ -19,7 +20,7 @@ import torch
 
 from rlzoo import distributed
 from rlzoo.batch import BatchCounts, RolloutBatch
-from rlzoo.config import ResolvedConfig
+from rlzoo.resolved import ResolvedConfig
 from rlzoo.errors import TrainingError
 from rlzoo.logprobs import full_sequence, response_forward
 from rlzoo.masked import masked_mean
@@ -116,20 +117,22 @@ class Learner:
     """
 
     def __init__(self, resolved: ResolvedConfig, models: RunModels, dist: distributed.DistInfo) -> None:
-        cfg = resolved.cfg
-        self.plan, self.models, self.dist = resolved.plan, models, dist
-        self.trainer_cfg = cfg.trainer
-        self.max_response_length = int(cfg.rollout.max_new_tokens)
+        plan = self.plan = resolved.plan
+        self.models, self.dist = models, dist
+        t = self.trainer_cfg = resolved.cfg.trainer
         self.names = {path: component.name for path, component in resolved.components.items()}
         self.advantage = resolved.bound("advantage")
         self.reward_weights = torch.tensor([weight for _, _, weight in resolved.rewards], dtype=torch.float32)
         self.policy_loss = resolved.bound("policy_loss")
-        self.aggregate = resolved.bound("loss_agg")
-        self.correction = resolved.bound("rollout_correction")
-        self.kl = resolved.bound("kl.estimator") if self.plan.kl else None
-        self.kl_controller = resolved.build("kl.controller", init_coef=float(cfg.kl.coef))
+        self.aggregators = {term: resolved.bind_as("loss_agg", mode) for term, mode in plan.aggregation.items()}
+        self.correction = resolved.bind_as("rollout_correction", plan.correction)
+        if plan.kl is not None:
+            self.kl = resolved.bind_as("kl.estimator", plan.kl.estimator)
+            self.kl_controller = resolved.build("kl.controller", name=plan.kl.controller, init_coef=plan.kl.coef)
+        else:
+            self.kl = None
+            self.kl_controller = resolved.build("kl.controller", init_coef=0.0)  # its state is checkpointed
         self.value_loss = resolved.bound("value_loss") if models.critic else None
-        t = cfg.trainer
         factor = lr_factor(t.lr_schedule, t.warmup_steps, t.total_steps)
         self.optimizer = adamw(models.policy.parameters(), t.lr, tuple(t.betas), t.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, factor)
@@ -141,13 +144,13 @@ class Learner:
     # ---------------------------------------------------------------- passes and advantages
 
     def _micro_rows(self, size: int) -> list[torch.Tensor]:
-        return list(torch.arange(size).split(self.trainer_cfg.micro_batch_size)) if size else []
+        return list(torch.arange(size).split(self.plan.update.micro_batch_size)) if size else []
 
     def compute(self) -> Any:
         """The context every model forward of the learner runs in: bfloat16 autocast over the
         float32 weights with ``trainer.precision=bf16`` (matmuls in bfloat16; the softmax,
         log-probs, values, losses and the optimizer stay float32), else nothing."""
-        if self.trainer_cfg.precision != "bf16":
+        if self.plan.precision != "bf16":
             return contextlib.nullcontext()
         return torch.autocast(device_type=next(self.models.policy.parameters()).device.type, dtype=torch.bfloat16)
 
@@ -241,27 +244,21 @@ class Learner:
     def update(self, batch: RolloutBatch) -> dict[str, float]:
         """``update_epochs`` × ``num_mini_batches`` optimizer steps on ``batch`` (this
         process's share); returns the update's metrics averaged over all ranks."""
-        t, models = self.trainer_cfg, self.models
+        models = self.models
         means = _WeightedMeans()
         grad_norms = []
+        policy_masks = sorted({mask for term, mask in self.plan.masks.items() if term != "value"})
         for _ in range(self.plan.update.epochs):
             order = torch.randperm(len(batch))
             for rows in order.tensor_split(self.plan.update.mini_batches):
                 mini = batch.select(rows)
-                counts = _counts(mini.loss_mask, self.max_response_length, self.dist)
+                counts = {mask: self._counts(mini, mask) for mask in policy_masks}
                 models.policy.train()
                 self.optimizer.zero_grad(set_to_none=True)
-                micro = self._micro_rows(len(mini))
-                for index, micro_rows in enumerate(micro):
-                    mb = mini.select(micro_rows)
-                    with _sync_context(models.policy_forward, last=index == len(micro) - 1):
-                        loss = self._policy_loss(mb, counts, means)
-                        (loss * self.dist.world).backward()  # DDP averages over ranks; counts are global
-                norm = distributed.local_value(torch.nn.utils.clip_grad_norm_(models.policy.parameters(),
-                                                                              t.max_grad_norm))
-                check_finite(norm, "policy gradient", self.names["policy_loss"])
-                grad_norms.append(float(norm))
-                self.optimizer.step()
+                policy_loss = functools.partial(self._policy_loss, counts=counts, means=means)
+                self._accumulate(models.policy_forward, mini, policy_loss)
+                grad_norms.append(self._clip_and_step(models.policy, self.optimizer, "policy gradient",
+                                                      self.names["policy_loss"]))
                 if models.critic is not None:
                     self._critic_step(mini, means)
         metrics = means.result(self.dist)
@@ -271,13 +268,46 @@ class Learner:
             self.critic_scheduler.step()
         return metrics
 
-    def _policy_loss(self, mb: RolloutBatch, counts: BatchCounts, means: _WeightedMeans) -> torch.Tensor:
+    def _counts(self, mini: RolloutBatch, mask: str) -> BatchCounts:
+        """Token and sequence counts of the mini-batch's ``mask`` (a batch field the plan
+        names) over all ranks: what every aggregation of a term with that mask divides by."""
+        return _counts(getattr(mini, mask), self.plan.rollout.max_new_tokens, self.dist)
+
+    def _term(self, term: str, mb: RolloutBatch, loss: torch.Tensor, counts: dict[str, BatchCounts]) -> torch.Tensor:
+        """Loss term ``term`` of a micro-batch: its per-token ``loss`` aggregated with the
+        plan's mode for the term over the plan's mask for it (normalised by the mini-batch's
+        global ``counts`` of that mask)."""
+        mask = self.plan.masks[term]
+        return self.aggregators[term](loss=loss, mask=getattr(mb, mask), counts=counts[mask])
+
+    def _accumulate(self, module: torch.nn.Module, mini: RolloutBatch,
+                    micro_loss: Callable[[RolloutBatch], torch.Tensor]) -> None:
+        """Backpropagate ``micro_loss`` of each micro-batch of ``mini`` (each already this
+        micro-batch's share of the mini-batch loss); gradients are all-reduced on the last."""
+        micro = self._micro_rows(len(mini))
+        for index, rows in enumerate(micro):
+            with _sync_context(module, last=index == len(micro) - 1):
+                loss = micro_loss(mini.select(rows))
+                (loss * self.dist.world).backward()  # DDP averages over ranks; counts are global
+
+    def _clip_and_step(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, stage: str,
+                       component: str) -> float:
+        """Clip the gradient norm to ``trainer.max_grad_norm``, refuse a non-finite one, step;
+        returns the norm before clipping."""
+        norm = distributed.local_value(torch.nn.utils.clip_grad_norm_(model.parameters(),
+                                                                      self.trainer_cfg.max_grad_norm))
+        check_finite(norm, stage, component)
+        optimizer.step()
+        return float(norm)
+
+    def _policy_loss(self, mb: RolloutBatch, counts: dict[str, BatchCounts], means: _WeightedMeans) -> torch.Tensor:
         """This micro-batch's share of the mini-batch loss (aggregated by global ``counts``)."""
         plan, kl_plan = self.plan, self.plan.kl
         with_logits = kl_plan is not None and kl_plan.placement == "loss" and kl_plan.uses_logits
         logp, entropy, logits = self._forward(self.models.policy_forward, mb, with_entropy=True,
                                               with_logits=with_logits)
-        mask = mb.loss_mask
+        mask = getattr(mb, plan.masks["policy"])
+        tokens = counts[plan.masks["policy"]].tokens
         old_logp = mb.old_logp if mb.old_logp is not None else logp.detach()
         token_loss, loss_metrics = self.policy_loss(
             logp=logp, old_logp=old_logp, advantages=mb.advantages, response_mask=mask,
@@ -289,18 +319,18 @@ class Learner:
         token_loss = token_loss * weights.detach()
         for key, value in correction_metrics.items():
             means.add(f"rollout_correction/{key}", float(value), weight)
-        loss = self.aggregate(loss=token_loss, mask=mask, counts=counts)
-        means.add("policy/loss", float(loss.detach()) * counts.tokens / max(weight, 1.0), weight)
+        loss = self._term("policy", mb, token_loss, counts)
+        means.add("policy/loss", float(loss.detach()) * tokens / max(weight, 1.0), weight)
         for key, value in loss_metrics.items():
             means.add(f"policy/{key}", float(value), weight)
         if kl_plan is not None and kl_plan.placement == "loss":
             ref_logits = self._ref_logits(mb) if with_logits else None
             kl = self.kl(logp=logp, ref_logp=mb.ref_logp, logits=logits, ref_logits=ref_logits)
-            loss = loss + float(self.kl_controller.value) * self.aggregate(loss=kl, mask=mask, counts=counts)
-            means.add("kl/value", float(masked_mean(kl.detach(), mask)), weight)
+            loss = loss + float(self.kl_controller.value) * self._term("kl", mb, kl, counts)
+            means.add("kl/value", float(masked_mean(kl.detach(), getattr(mb, plan.masks["kl"]))), weight)
         means.add("entropy", float(masked_mean(entropy.detach(), mask)), weight)
         if "entropy" in plan.aggregation:
-            loss = loss - self.trainer_cfg.entropy_coef * self.aggregate(loss=entropy, mask=mask, counts=counts)
+            loss = loss - self.trainer_cfg.entropy_coef * self._term("entropy", mb, entropy, counts)
         check_finite(loss, "policy loss", self.names["policy_loss"])
         return loss
 
@@ -312,29 +342,26 @@ class Learner:
                                     temperature=self.plan.logprob_temperature).logits
 
     def _critic_step(self, mini: RolloutBatch, means: _WeightedMeans) -> None:
-        models = self.models
-        counts = _counts(mini.response_mask, self.max_response_length, self.dist)
+        models, mask = self.models, self.plan.masks["value"]
+        counts = {mask: self._counts(mini, mask)}
         models.critic.train()
         self.critic_optimizer.zero_grad(set_to_none=True)
-        micro = self._micro_rows(len(mini))
-        for index, rows in enumerate(micro):
-            mb = mini.select(rows)
-            with _sync_context(models.critic_forward, last=index == len(micro) - 1):
-                values = self._values(mb, models.critic_forward)
-                token_loss, value_metrics = self.value_loss(values=values, old_values=mb.old_values,
-                                                            returns=mb.returns, response_mask=mb.response_mask)
-                loss = self.aggregate(loss=token_loss, mask=mb.response_mask, counts=counts)
-                check_finite(loss, "value loss", self.names["value_loss"])
-                (loss * self.dist.world).backward()
-            weight = float(mb.response_mask.sum())
-            means.add("value/loss", float(loss.detach()) * counts.tokens / max(weight, 1.0), weight)
+
+        def micro_loss(mb: RolloutBatch) -> torch.Tensor:
+            values = self._values(mb, models.critic_forward)
+            token_loss, value_metrics = self.value_loss(values=values, old_values=mb.old_values,
+                                                        returns=mb.returns, response_mask=getattr(mb, mask))
+            loss = self._term("value", mb, token_loss, counts)
+            check_finite(loss, "value loss", self.names["value_loss"])
+            weight = float(getattr(mb, mask).sum())
+            means.add("value/loss", float(loss.detach()) * counts[mask].tokens / max(weight, 1.0), weight)
             for key, value in value_metrics.items():
                 means.add(f"value/{key}", float(value), weight)
-        norm = distributed.local_value(torch.nn.utils.clip_grad_norm_(models.critic.parameters(),
-                                                                      self.trainer_cfg.max_grad_norm))
-        check_finite(norm, "value gradient", self.names["value_loss"])
-        means.add("value/grad_norm", float(norm), 1.0)
-        self.critic_optimizer.step()
+            return loss
+
+        self._accumulate(models.critic_forward, mini, micro_loss)
+        norm = self._clip_and_step(models.critic, self.critic_optimizer, "value gradient", self.names["value_loss"])
+        means.add("value/grad_norm", norm, 1.0)
 
     # ---------------------------------------------------------------- state
 

@@ -35,6 +35,7 @@ from transformers import (
 
 from rlzoo import distributed
 from rlzoo.errors import ConfigError
+from rlzoo.logprobs import ResponseForward
 
 PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
 GENERIC_TOKENIZER_CLASSES = ("PreTrainedTokenizerFast", "TokenizersBackend")
@@ -281,6 +282,22 @@ def _saveable(model: Any, wrapper: torch.nn.Module, prefix: str) -> Any:
     return _WithStateDict(model, distributed.full_state_dict(wrapper, prefix))
 
 
+def build_policy(cfg: DictConfig, task: Any) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """The initial policy and its tokenizer: ``model.path`` loaded, or the embedded tiny
+    model (``model.*``) with a character tokenizer over the task's alphabet.
+
+    :raises ConfigError: an unreadable ``model.path``, or a task that needs a real tokenizer.
+    """
+    if cfg.model.path:
+        return load_pretrained(cfg.model.path, cfg.model.dtype)
+    if task.alphabet is None:
+        raise ConfigError(f"task {cfg.task.name!r} needs a real tokenizer: set model.path to a local "
+                          "model directory")
+    tokenizer = build_char_tokenizer(task.alphabet)
+    policy = build_tiny_model(cfg.model, tokenizer, 4 * (cfg.rollout.max_new_tokens + 64))
+    return policy.to(DTYPES[cfg.model.dtype]), tokenizer
+
+
 def build_run_models(cfg: DictConfig, plan: Any, task: Any, device: torch.device, dist: distributed.DistInfo,
                      resume_from: Path | None, init_model_dir: Path) -> RunModels:
     """Build (or, resuming, load) the models ``plan.models`` names, on ``device``, wrapped
@@ -291,19 +308,10 @@ def build_run_models(cfg: DictConfig, plan: Any, task: Any, device: torch.device
     :param init_model_dir: the run's ``init_model/``: the reference when resuming.
     :raises ConfigError: no usable model (e.g. a task that needs ``model.path``).
     """
-    from rlzoo.logprobs import ResponseForward
-
     if resume_from is not None:
         policy, tokenizer = load_pretrained(resume_from / "policy", cfg.model.dtype)
-    elif cfg.model.path:
-        policy, tokenizer = load_pretrained(cfg.model.path, cfg.model.dtype)
     else:
-        if task.alphabet is None:
-            raise ConfigError(f"task {cfg.task.name!r} needs a real tokenizer: set model.path to a local "
-                              "model directory")
-        tokenizer = build_char_tokenizer(task.alphabet)
-        policy = build_tiny_model(cfg.model, tokenizer, 4 * (cfg.rollout.max_new_tokens + 64))
-        policy = policy.to(DTYPES[cfg.model.dtype])
+        policy, tokenizer = build_policy(cfg, task)
     reference = None
     if "reference" in plan.models:
         if resume_from is not None:
@@ -329,7 +337,9 @@ def build_run_models(cfg: DictConfig, plan: Any, task: Any, device: torch.device
                        critic=critic, critic_forward=critic,
                        teacher_forward=ResponseForward(teacher) if teacher is not None else None)
     if dist.enabled:
-        models.policy_forward = distributed.wrap(models.policy_forward, cfg.distributed.strategy, device)
+        token = torch.zeros((1, 1), dtype=torch.long, device=device)  # one token of prompt and of response
+        example = (token, torch.ones_like(token), token, torch.ones_like(token))
+        models.policy_forward = distributed.wrap(models.policy_forward, cfg.distributed.strategy, device, example)
         if critic is not None:
             models.critic_forward = distributed.wrap(critic, cfg.distributed.strategy, device)
     return models

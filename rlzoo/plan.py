@@ -11,15 +11,14 @@ it to ``plan.txt`` in its directory.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rlzoo import distributed
 from rlzoo.errors import ConfigError
-
-if TYPE_CHECKING:
-    from rlzoo.config import ResolvedConfig
+from rlzoo.resolved import ResolvedConfig
 
 
 @dataclass(frozen=True)
@@ -72,6 +71,30 @@ class UpdatePlan:
 
 
 @dataclass(frozen=True)
+class RolloutPlan:
+    """How each step's completions are generated.
+
+    :ivar backend: the rollout backend's name (``rollout.backend``).
+    :ivar dtype: the dtype it generates in (``rollout.dtype``, else ``model.dtype``).
+    :ivar prompts_per_process: prompts this process draws each step.
+    :ivar n: completions per prompt (a group).
+    :ivar max_new_tokens: the response budget in tokens (also the ``T_max`` of
+        ``seq-mean-token-sum-norm``).
+    :ivar temperature: the sampling temperature; log-probs for training are taken under
+        logits / this too (as verl and TRL do).
+    :ivar top_p: the nucleus of the sampling distribution.
+    """
+
+    backend: str
+    dtype: str
+    prompts_per_process: int
+    n: int
+    max_new_tokens: int
+    temperature: float
+    top_p: float
+
+
+@dataclass(frozen=True)
 class RunPlan:
     """What a run is. Built by :func:`build_plan`; read by the engine.
 
@@ -86,9 +109,7 @@ class RunPlan:
         ``value``), each normalised by the counts of the mask it names in ``masks``.
     :ivar masks: loss term -> ``loss_mask`` or ``response_mask``.
     :ivar update: the update structure.
-    :ivar logprob_temperature: log-probs (old, new, reference, entropy) are taken under
-        logits / this, the sampling temperature (as verl and TRL do).
-    :ivar rollout: the rollout backend's name and the dtype it generates in.
+    :ivar rollout: how completions are generated (:class:`RolloutPlan`).
     :ivar correction: the rollout correction's name (``none``: weights of 1).
     :ivar record: each step's batch is written to ``rollouts/`` (``rollout.record``).
     :ivar precision: ``trainer.precision``: ``fp32``, or ``bf16`` compute over float32 weights.
@@ -103,12 +124,17 @@ class RunPlan:
     aggregation: dict[str, str]
     masks: dict[str, str]
     update: UpdatePlan
-    logprob_temperature: float
-    rollout: dict[str, Any]
+    rollout: RolloutPlan
     correction: str = "none"
     record: bool = False
     precision: str = "fp32"
     warnings: list[str] = field(default_factory=list)
+
+    @property
+    def logprob_temperature(self) -> float:
+        """Log-probs (old, new, reference, entropy) are taken under logits / this: the
+        sampling temperature, so they are those of the distribution sampled from."""
+        return self.rollout.temperature
 
     def runs(self, name: str) -> bool:
         """Whether pass ``name`` runs each step."""
@@ -131,8 +157,7 @@ class RunPlan:
                 "epochs": self.update.epochs, "mini_batches_per_epoch": self.update.mini_batches,
                 "optimizer_steps_per_step": self.update.optimizer_steps,
                 "micro_batch_size": self.update.micro_batch_size},
-            "logprob_temperature": self.logprob_temperature,
-            "rollout": dict(self.rollout),
+            "rollout": dataclasses.asdict(self.rollout),
             "rollout_correction": self.correction,
             "precision": self.precision,
             "warnings": list(self.warnings),
@@ -144,8 +169,10 @@ class RunPlan:
         lines = ["# run plan", f"processes: {self.world}", "models:"]
         lines += [f"  {name}: {why}" for name, why in self.models.items()]
         lines.append("passes each step:")
-        lines.append(f"  rollout: {self.rollout['backend']} backend, {u.sequences} sequences "
-                     f"({self.rollout['dtype']})")
+        r = self.rollout
+        lines.append(f"  rollout: {r.backend} backend, {u.sequences} sequences ({r.dtype}): {r.n} completions of "
+                     f"at most {r.max_new_tokens} tokens per prompt, temperature {r.temperature:g}"
+                     f"{f', top_p {r.top_p:g}' if r.top_p < 1 else ''}")
         lines += [f"  {name}: {why}" for name, why in self.passes.items()]
         if self.correction != "none":
             lines.append(f"rollout correction: {self.correction} weights the per-token policy loss")
@@ -182,7 +209,7 @@ def _names(components: list[Any], need: str) -> str:
     return ", ".join(f"{c.kind} {c.name}" for c in components if need in c.needs)
 
 
-def build_plan(resolved: "ResolvedConfig") -> RunPlan:
+def build_plan(resolved: ResolvedConfig) -> RunPlan:
     """Decide the run plan of ``resolved``; every consistency check of a run lives here.
 
     :raises ConfigError: one line naming the conflicting keys and how to resolve them.
@@ -261,15 +288,17 @@ def build_plan(resolved: "ResolvedConfig") -> RunPlan:
 
     plan = RunPlan(world=world, needs=frozenset(needs), models=models, passes=passes, kl=kl,
                    aggregation=aggregation, masks=masks, update=update,
-                   logprob_temperature=float(cfg.rollout.temperature),
-                   rollout={"backend": comps["rollout.backend"].name, "dtype": rollout_dtype},
+                   rollout=RolloutPlan(backend=comps["rollout.backend"].name, dtype=str(rollout_dtype),
+                                       prompts_per_process=int(cfg.rollout.prompts_per_step) // world,
+                                       n=int(cfg.rollout.n), max_new_tokens=int(cfg.rollout.max_new_tokens),
+                                       temperature=float(cfg.rollout.temperature), top_p=float(cfg.rollout.top_p)),
                    correction=comps["rollout_correction"].name, record=bool(cfg.rollout.record),
                    precision=str(cfg.trainer.precision))
     plan.warnings.extend(_inert_choices(resolved, plan))
     return plan
 
 
-def _check_consistency(resolved: "ResolvedConfig", needs: set[str], kl_on: bool, world: int) -> None:
+def _check_consistency(resolved: ResolvedConfig, needs: set[str], kl_on: bool, world: int) -> None:
     cfg = resolved.cfg
     comps = resolved.components
     acting = [*comps.values(), *(c for c, _ in resolved.extensions)]
@@ -316,7 +345,7 @@ def _check_consistency(resolved: "ResolvedConfig", needs: set[str], kl_on: bool,
                               "set kl.controller=fixed or kl.apply=reward")
 
 
-def _check_reward_inputs(resolved: "ResolvedConfig", kl_on: bool) -> None:
+def _check_reward_inputs(resolved: ResolvedConfig, kl_on: bool) -> None:
     """An advantage estimator that reads each reward function's raw scores (``reward_scores``)
     rather than ``token_rewards`` never sees KL in the reward or a shaped reward: refuse both."""
     advantage = resolved.components["advantage"]
@@ -332,7 +361,7 @@ def _check_reward_inputs(resolved: "ResolvedConfig", kl_on: bool) -> None:
                           "the shaping a reward function of its own in reward=[...]")
 
 
-def _inert_choices(resolved: "ResolvedConfig", plan: RunPlan) -> list[str]:
+def _inert_choices(resolved: ResolvedConfig, plan: RunPlan) -> list[str]:
     """Choices that cannot change anything under ``plan``, said in words."""
     cfg = resolved.cfg
     warnings = []
@@ -349,7 +378,7 @@ def _inert_choices(resolved: "ResolvedConfig", plan: RunPlan) -> list[str]:
             warnings.append(f"kl.coef=0: KL is off, so {', '.join(k.removesuffix('.name') for k in set_by_user)} "
                             "has no effect")
     correction = resolved.components["rollout_correction"]
-    same_distribution = (plan.rollout["backend"] == "hf" and plan.rollout["dtype"] == cfg.model.dtype
+    same_distribution = (plan.rollout.backend == "hf" and plan.rollout.dtype == cfg.model.dtype
                          and float(cfg.rollout.top_p) == 1.0)
     if correction.name != "none" and "logp" not in correction.inputs and same_distribution:
         warnings.append(f"rollout_correction {correction.name} corrects for μ ≠ π_old, but the hf backend samples "

@@ -22,6 +22,7 @@ prints each knob with its source; docs/algorithms/presets.md is generated from t
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from rlzoo.errors import ConfigError
+from rlzoo.kinds import COMPONENT_FIELDS
 from rlzoo.registry import Component
 
 CARD_FILE_KEYS = frozenset({"description", "paper", "config", "card"})
@@ -84,8 +86,6 @@ class Preset:
 
 
 def _leaf_keys(data: Any, prefix: str = "") -> list[str]:
-    from rlzoo.config import COMPONENT_FIELDS
-
     keys: list[str] = []
     for key, value in data.items():
         path = f"{prefix}{key}"
@@ -141,16 +141,8 @@ def load_preset(component: Component) -> Preset:
         value = value["config"] or {}
         if not isinstance(value, dict):
             raise ConfigError(f"{where}: 'config' must be a mapping of config keys")
-    return Preset(name=component.name, config=_copy(value), card=_card(card, where), description=description,
+    return Preset(name=component.name, config=copy.deepcopy(value), card=_card(card, where), description=description,
                   paper=paper, package=component.package)
-
-
-def _copy(data: Any) -> Any:
-    if isinstance(data, dict):
-        return {k: _copy(v) for k, v in data.items()}
-    if isinstance(data, list):
-        return [_copy(v) for v in data]
-    return data
 
 
 def read_card_file(path: str | Path) -> dict[str, Any]:

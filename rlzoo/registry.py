@@ -13,11 +13,11 @@ from typing import Any
 
 from rlzoo.contract import BoundComponent, check_declared_needs, derived_needs, inspect_inputs
 from rlzoo.errors import DuplicateComponentError, PluginError, UnknownComponentError, did_you_mean
-from rlzoo.hookspecs import INPUTS, REGISTRATION_HOOKS
+from rlzoo.kinds import KINDS
 
 NEEDS = frozenset({"critic", "reference", "groups", "logits", "greedy", "entropy", "old_logp", "teacher"})
 """What a component needs, so the engine builds and runs only that. Most needs follow from
-the inputs a component's function names (:data:`rlzoo.hookspecs.INPUTS`); ``groups``, and
+the inputs a component's function names (:data:`rlzoo.kinds.KINDS`); ``groups``, and
 whatever an extension reads from the batch, are declared with ``needs=``:
 
 - ``critic``: a value model (values, returns, value loss);
@@ -35,12 +35,12 @@ whatever an extension reads from the batch, are declared with ``needs=``:
 class Component:
     """One registered component.
 
-    :ivar kind: one of :data:`rlzoo.hookspecs.REGISTRATION_HOOKS`' keys.
+    :ivar kind: one of :data:`rlzoo.kinds.KINDS`' keys.
     :ivar name: the primary name; ``aliases`` resolve to it too.
     :ivar fn: the implementation (function, class or preset mapping, per kind).
     :ivar params: dataclass of the component's parameters, or ``None``.
     :ivar needs: subset of :data:`NEEDS`: declared ones plus those its inputs imply.
-    :ivar inputs: the inputs its function names (:data:`rlzoo.hookspecs.INPUTS`).
+    :ivar inputs: the inputs its function names (:data:`rlzoo.kinds.KINDS`).
     :ivar description: one line shown by ``rlzoo list``.
     :ivar paper: reference, e.g. ``"arXiv:2402.03300"``.
     :ivar plugin: the plugin that registered it (``distribution:entry-point`` or a name).
@@ -82,7 +82,7 @@ class Component:
             names = {f.name for f in dataclasses.fields(self.params)}
             given = {k: kwargs.pop(k) for k in list(kwargs) if k in names}
             kwargs["params"] = self.params(**given)
-        known = INPUTS.get(self.kind, {})
+        known = KINDS[self.kind].inputs
         kwargs = {k: v for k, v in kwargs.items() if k not in known or k in self.inputs}
         return self.fn(*args, **kwargs)
 
@@ -91,8 +91,8 @@ class Registry:
     """Components by kind and name; built by :func:`rlzoo.plugins.build_registry`."""
 
     def __init__(self) -> None:
-        self._components: dict[str, dict[str, Component]] = {k: {} for k in REGISTRATION_HOOKS}
-        self._aliases: dict[str, dict[str, str]] = {k: {} for k in REGISTRATION_HOOKS}
+        self._components: dict[str, dict[str, Component]] = {k: {} for k in KINDS}
+        self._aliases: dict[str, dict[str, str]] = {k: {} for k in KINDS}
         self.load_errors: list[PluginError] = []
         """Plugins that failed to import or register; the rest of the registry is usable."""
 
@@ -114,7 +114,7 @@ class Registry:
     ) -> Component:
         """Add a component; the ``register`` callback of the hooks forwards here.
 
-        :param kind: the component kind (a key of ``REGISTRATION_HOOKS``).
+        :param kind: the component kind (a key of :data:`rlzoo.kinds.KINDS`).
         :param name: the name users choose it by; unique within its kind.
         :param fn: the implementation.
         :param params: a dataclass of parameters with defaults; ``__post_init__`` may raise

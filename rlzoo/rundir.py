@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from omegaconf import OmegaConf
 
 from rlzoo import distributed
 from rlzoo.checkpoint import (
@@ -51,6 +52,7 @@ from rlzoo.checkpoint import (
     write_error,
 )
 from rlzoo.errors import ConfigError, RlzooError, TrainingError
+from rlzoo.events import read_scalars
 from rlzoo.recording import ROLLOUT_DIR, record
 
 INIT_MODEL_DIR = "init_model"
@@ -64,13 +66,14 @@ RUN_FILES = (CONFIG_FILE, PLAN_FILE, RESUMES_FILE, STATUS_FILE, f".{STATUS_FILE}
 """What a run writes into its directory (glob patterns): what ``--overwrite`` deletes.
 Anything else there (``rlzoo sweep``'s ``train.log``, your notes) is left alone."""
 
-RESUMABLE_KEYS = ("trainer.total_steps", "logging.", "checkpoint.every", "checkpoint.keep", "trainer.threads",
-                  "trainer.micro_batch_size", "trainer.logprob_chunk_size", "trainer.logprob_keep_mb",
-                  "distributed.timeout_s")
-"""Config keys (a trailing dot: every key below it) that ``resume=`` may change: run
-length, logging, checkpointing, and knobs of speed and memory that leave the math as it
-is (micro-batching and chunking may change float rounding). Every other key keeps the
-value the run was started with."""
+SWEEP_FILE = "sweep.txt"
+"""Written into a sweep directory (the sweep's overrides): marks it as one."""
+
+
+def in_sweep(run_dir: Path) -> bool:
+    """Whether ``run_dir`` lies directly in a sweep directory (its parent holds
+    :data:`SWEEP_FILE`): such a run leaves the hparams experiment summary to the sweep."""
+    return (Path(run_dir).resolve().parent / SWEEP_FILE).is_file()
 
 
 def default_run_name(cfg: Any) -> str:
@@ -84,41 +87,6 @@ def default_run_name(cfg: Any) -> str:
 def run_path(cfg: Any) -> Path:
     """The directory ``cfg`` runs in: ``resume``, else ``run_dir``, else ``runs/<run name>``."""
     return Path(str(cfg.resume or cfg.run_dir or Path("runs") / default_run_name(cfg)))
-
-
-# ----------------------------------------------------------------------------- resume changes
-
-
-def _flat(data: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(data, dict):
-        out: dict[str, Any] = {}
-        for key, value in data.items():
-            out.update(_flat(value, f"{prefix}{key}."))
-        return out if out or not prefix else {prefix[:-1]: {}}
-    return {prefix[:-1]: data}
-
-
-def resumable(key: str) -> bool:
-    """True when ``resume=`` may change config key ``key`` (see :data:`RESUMABLE_KEYS`)."""
-    return any(key == k or (k.endswith(".") and key.startswith(k)) for k in RESUMABLE_KEYS)
-
-
-def resume_changes(saved: dict[str, Any], resolved: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
-    """What a resume changes: dotted key -> ``(saved value, new value)``.
-
-    :param saved: the run's ``config.yaml``.
-    :param resolved: the resumed run's resolved config (plain containers).
-    :raises ConfigError: a key outside :data:`RESUMABLE_KEYS` differs (every one listed).
-    """
-    old, new = _flat(saved), _flat(resolved)
-    changes = {key: (old.get(key), new.get(key)) for key in sorted(old.keys() | new.keys())
-               if key != "resume" and old.get(key) != new.get(key)}
-    refused = [f"{key} ({a!r} -> {b!r})" for key, (a, b) in changes.items() if not resumable(key)]
-    if refused:
-        allowed = ", ".join(k + "*" if k.endswith(".") else k for k in RESUMABLE_KEYS)
-        raise ConfigError(f"cannot change {', '.join(refused)}: a resumed run keeps its config except "
-                          f"{allowed}; start a new run (another run_dir) to change the rest")
-    return changes
 
 
 # ----------------------------------------------------------------------------- the lock
@@ -407,8 +375,6 @@ class RunDirectory:
         """Create the files of a new run: ``plan.txt``, ``config.yaml`` (``cfg`` with
         ``resume: null``: a run redone by ``resume=`` records the config it started with),
         ``init_model/``."""
-        from omegaconf import OmegaConf
-
         def write() -> None:
             try:
                 _write_text(self.path / PLAN_FILE, plan_text)
@@ -425,8 +391,6 @@ class RunDirectory:
         """Append this resume to ``resumes.jsonl``; apply accepted ``changes`` to
         ``config.yaml`` and rewrite ``plan.txt`` if it changed, so both stay true."""
         def write() -> None:
-            from omegaconf import OmegaConf
-
             try:
                 entry = {"time": datetime.now().isoformat(timespec="seconds"), "step": step,
                          "changes": {key: [old, new] for key, (old, new) in changes.items()}}
@@ -510,8 +474,6 @@ def read_status(run_dir: Path) -> dict[str, Any] | None:
 
 def summary_line(run_dir: Path) -> str:
     """One line about a finished run: steps, time, mean reward of the first and last 10%."""
-    from rlzoo.events import read_scalars
-
     curves = read_scalars(run_dir)
     rewards = [v for _, v in curves.get("reward/mean", [])]
     if not rewards:

@@ -29,8 +29,8 @@ class Sampler:
     :param rewards: the run's reward functions and weights.
     :param tokenizer: the policy's tokenizer.
     :param backend: the rollout backend (``generate``, ``sync_weights``).
-    :param cfg: the run config (``rollout.*``, ``model.chat_template``).
-    :param plan: the run plan (whether a greedy pass runs).
+    :param cfg: the run config (``model.chat_template``, ``eval.holdout``).
+    :param plan: the run plan (how completions are generated, whether a greedy pass runs).
     :param device: where the batch's tensors go.
     :param seed: seeds the prompt RNG (a string makes each process's stream its own).
     """
@@ -38,7 +38,6 @@ class Sampler:
     def __init__(self, task: Task, rewards: Rewards, tokenizer: Any, backend: Any, cfg: Any,
                  plan: RunPlan, device: torch.device, seed: int | str) -> None:
         self.task, self.rewards, self.tokenizer, self.backend = task, rewards, tokenizer, backend
-        self.rollout_cfg = cfg.rollout
         self.chat_template = cfg.model.chat_template
         self.plan, self.device = plan, device
         self.rng = random.Random(seed)
@@ -62,31 +61,31 @@ class Sampler:
     def sample(self, n_prompts: int) -> RolloutBatch:
         """Draw ``n_prompts`` training prompts (never a held-out one) and return their scored
         groups (``rollout.n`` each), with fresh group ids."""
-        cfg = self.rollout_cfg
+        rollout = self.plan.rollout
         examples = self.task.sample_train(n_prompts, self.rng, self.holdout)
-        group_ids = torch.arange(self.next_group, self.next_group + n_prompts).repeat_interleave(cfg.n)
+        group_ids = torch.arange(self.next_group, self.next_group + n_prompts).repeat_interleave(rollout.n)
         self.next_group += n_prompts
         texts = [e.prompt for e in examples]
         token_lists = self.encode_prompts(texts)
-        gen = self.backend.generate(token_lists, num_samples=cfg.n, max_new_tokens=cfg.max_new_tokens,
-                                    temperature=cfg.temperature, top_p=cfg.top_p)
+        gen = self.backend.generate(token_lists, num_samples=rollout.n, max_new_tokens=rollout.max_new_tokens,
+                                    temperature=rollout.temperature, top_p=rollout.top_p)
         prompt_ids, prompt_mask = left_pad(token_lists, self.tokenizer.pad_token_id)
-        prompts = [p for p in texts for _ in range(cfg.n)]
-        references = [e.reference for e in examples for _ in range(cfg.n)]
-        rows = [dict(e.row) for e in examples for _ in range(cfg.n)]
+        prompts = [p for p in texts for _ in range(rollout.n)]
+        references = [e.reference for e in examples for _ in range(rollout.n)]
+        rows = [dict(e.row) for e in examples for _ in range(rollout.n)]
         completions = self.decode(gen.response_ids, gen.response_mask)
         scores, reward_scores = self.rewards.score(prompts, completions, references, rows)
         baseline = None
         if self.plan.runs("greedy"):
-            greedy = self.backend.generate(token_lists, num_samples=1, max_new_tokens=cfg.max_new_tokens,
-                                           temperature=cfg.temperature, top_p=cfg.top_p, greedy=True)
+            greedy = self.backend.generate(token_lists, num_samples=1, max_new_tokens=rollout.max_new_tokens,
+                                           temperature=rollout.temperature, top_p=rollout.top_p, greedy=True)
             greedy_scores = self.score(texts, self.decode(greedy.response_ids, greedy.response_mask),
                                        [e.reference for e in examples], [dict(e.row) for e in examples])
-            baseline = greedy_scores.repeat_interleave(cfg.n).to(self.device)
+            baseline = greedy_scores.repeat_interleave(rollout.n).to(self.device)
         device = self.device
         return RolloutBatch(
-            prompt_ids=prompt_ids.repeat_interleave(cfg.n, 0).to(device),
-            prompt_mask=prompt_mask.repeat_interleave(cfg.n, 0).to(device),
+            prompt_ids=prompt_ids.repeat_interleave(rollout.n, 0).to(device),
+            prompt_mask=prompt_mask.repeat_interleave(rollout.n, 0).to(device),
             response_ids=gen.response_ids.to(device), response_mask=gen.response_mask.to(device),
             group_ids=group_ids.to(device), scores=scores.to(device), truncated=gen.truncated.to(device),
             prompts=prompts, completions=completions, references=references,

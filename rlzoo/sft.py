@@ -15,20 +15,19 @@ from pathlib import Path
 
 import torch
 
-from rlzoo.config import ResolvedConfig
+from rlzoo.resolved import ResolvedConfig
 from rlzoo.errors import ConfigError
 from rlzoo.learner import adamw
 from rlzoo.logprobs import response_forward
 from rlzoo.masked import masked_mean
-from rlzoo.models import DTYPES, build_char_tokenizer, build_tiny_model, load_pretrained
-from rlzoo.registry import Registry
+from rlzoo.models import build_policy
 from rlzoo.rollout import left_pad
 from rlzoo.tasks import Holdout
 
 TARGETS = ("answer", "format")
 
 
-def run_sft(resolved: ResolvedConfig, registry: Registry, steps: int = 100,
+def run_sft(resolved: ResolvedConfig, steps: int = 100,
             out_dir: str | None = None, target: str = "answer", batch_size: int = 64,
             lr: float | None = None) -> Path:
     """Train the configured policy (``model.*``) on ``task`` examples; returns the model dir.
@@ -42,18 +41,11 @@ def run_sft(resolved: ResolvedConfig, registry: Registry, steps: int = 100,
     if steps < 1 or batch_size < 1:
         raise ConfigError(f"steps and batch_size must be >= 1, got {steps} and {batch_size}")
     cfg = resolved.cfg
-    task_component = resolved.components["task"]
-    task = task_component.fn(resolved.params["task"]) if task_component.params else task_component.fn()
+    task_name = resolved.components["task"].name
+    task = resolved.build("task")
     torch.manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)
-    if cfg.model.path:
-        model, tokenizer = load_pretrained(cfg.model.path, cfg.model.dtype)
-    else:
-        if task.alphabet is None:
-            raise ConfigError(f"task {task_component.name!r} needs model.path (a real tokenizer)")
-        tokenizer = build_char_tokenizer(task.alphabet)
-        max_positions = 4 * (cfg.rollout.max_new_tokens + 64)
-        model = build_tiny_model(cfg.model, tokenizer, max_positions).to(DTYPES[cfg.model.dtype])
+    model, tokenizer = build_policy(cfg, task)
     optimizer = adamw(model.parameters(), lr or cfg.trainer.lr, tuple(cfg.trainer.betas))
     model.train()
     holdout = Holdout(float(cfg.eval.holdout))  # never train on the prompts RL runs evaluate on
@@ -81,7 +73,7 @@ def run_sft(resolved: ResolvedConfig, registry: Registry, steps: int = 100,
         optimizer.step()
         if step == 1 or step % max(1, steps // 10) == 0 or step == steps:
             print(f"sft step {step}/{steps}: loss {float(loss.detach()):.4f}", flush=True)
-    out = Path(out_dir or Path("runs") / f"{cfg.run_name or 'sft'}-{task_component.name}" / "model")
+    out = Path(out_dir or Path("runs") / f"{cfg.run_name or 'sft'}-{task_name}" / "model")
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(str(out))
     tokenizer.save_pretrained(str(out))

@@ -23,24 +23,15 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlzoo.config import ResolvedConfig, load_config
+from rlzoo.config import load_config
 from rlzoo.errors import ConfigError
 from rlzoo.registry import Registry
-from rlzoo.rundir import CONFIG_FILE, read_status, run_files
+from rlzoo.resolved import ResolvedConfig
+from rlzoo.rundir import CONFIG_FILE, SWEEP_FILE, read_status, run_files
 from rlzoo.tracking import ALGORITHM_KEYS, effective_hparams, hparam_metrics, write_experiment
 
 RELAYED = ("rlzoo: step ", "rlzoo: error", "rlzoo: evaluation")
 """Lines of a run's output the sweep repeats on its own output (prefixed with the run)."""
-
-
-SWEEP_FILE = "sweep.txt"
-"""Written into a sweep directory (the sweep's overrides): marks it as one."""
-
-
-def in_sweep(run_dir: Path) -> bool:
-    """Whether ``run_dir`` lies directly in a sweep directory (its parent holds
-    :data:`SWEEP_FILE`): such a run leaves the hparams experiment summary to the sweep."""
-    return (Path(run_dir).resolve().parent / SWEEP_FILE).is_file()
 
 
 @dataclass(frozen=True)

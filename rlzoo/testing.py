@@ -33,15 +33,24 @@ with a message naming the broken invariant:
 
 from __future__ import annotations
 
+import copy
 import inspect
+import random
+from collections.abc import Mapping
 from typing import Any, Callable
 
 import torch
 
 from rlzoo.batch import BatchCounts
+from rlzoo.checkpoint import check_plain
+from rlzoo.config import load_config
 from rlzoo.contract import BoundComponent
-from rlzoo.errors import TrainingError
+from rlzoo.errors import ConfigError, TrainingError
+from rlzoo.kinds import KINDS
+from rlzoo.params import build_params
+from rlzoo.plugins import load_registry
 from rlzoo.registry import Component, Registry
+from rlzoo.tasks import Example, Holdout
 
 B, T = 6, 5
 
@@ -308,12 +317,6 @@ def check_task(task: Any, name: str = "task", holdout: float = 0.1) -> None:
     is irrelevant), its ``alphabet`` (when set) covers every prompt and answer, the
     evaluation set is non-empty and held out, training draws never hold an evaluation
     prompt, ``answer_text`` is a ``str`` and ``state_dict`` is plain values."""
-    import random
-    from collections.abc import Mapping
-
-    from rlzoo.checkpoint import check_plain
-    from rlzoo.tasks import Example, Holdout
-
     split = Holdout(holdout)
     state = random.getstate()
     random.seed(1)  # the global RNG must not matter: two different global states, one seed
@@ -355,14 +358,9 @@ def check_reward(fn: Callable[..., Any], name: str = "reward", task: Any = None)
     modified. With ``task`` (a :class:`rlzoo.tasks.Task`) the prompts, references and rows
     are that task's, and its perfect answers (``answer_text``) are among the completions;
     without, references are strings (pass the task when your reward expects others)."""
-    import copy
-    import random
-
     if task is not None:
         examples = task.sample(4, random.Random(0))
     else:
-        from rlzoo.tasks import Example
-
         examples = [Example(f"prompt {i}", f"answer {i}", {"id": i}) for i in range(4)]
     answers = [task.answer_text(e) if task is not None else str(e.reference) for e in examples]
     odd = ["", "x" * 5000, "ünïcødé ✓ 数字", " \n\t"]
@@ -394,9 +392,6 @@ def check_preset(component: Component, registry: Registry) -> None:
     """A preset (kind ``algorithm``) resolves, over the defaults, into a run plan: every
     key, component and parameter it names exists and the combination passes the plan's
     checks (``rlzoo config algo=<name> --plan`` would succeed)."""
-    from rlzoo.config import load_config
-    from rlzoo.errors import ConfigError
-
     try:
         load_config(registry, [f"algo={component.name}"])
     except ConfigError as exc:
@@ -414,8 +409,9 @@ _CHECKS: dict[str, Callable[..., None]] = {
     "reward": check_reward,
     "algorithm": check_preset,
 }
-CHECKED_KINDS = tuple(_CHECKS)
-"""The component kinds :func:`check_component` has invariant checks for."""
+CHECKED_KINDS = tuple(kind.name for kind in KINDS.values() if kind.tested_in == "rlzoo.testing")
+"""The component kinds :func:`check_component` has invariant checks for (the kinds whose
+:attr:`rlzoo.kinds.Kind.tested_in` is ``rlzoo.testing``)."""
 
 
 def check_component(component: Component, params: Any = None, *, registry: Registry | None = None,
@@ -437,14 +433,10 @@ def check_component(component: Component, params: Any = None, *, registry: Regis
     label = f"{component.kind} {component.name!r}"
     if component.kind == "algorithm":
         if registry is None:
-            from rlzoo.plugins import build_registry, make_plugin_manager
-
-            registry = build_registry(make_plugin_manager())
+            _, registry = load_registry()
         check_preset(component, registry)
         return
     if isinstance(params, dict):
-        from rlzoo.config import build_params
-
         params = build_params(component, params)
     fn = component.bind(params)
     if component.kind == "task":

@@ -26,19 +26,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from torch.utils.tensorboard import SummaryWriter
 from torch.utils.tensorboard.summary import hparams
 
-from rlzoo.config import COMPONENT_FIELDS
+from rlzoo.kinds import COMPONENT_FIELDS
 
-if TYPE_CHECKING:
-    from rlzoo.batch import RolloutBatch
-    from rlzoo.distributed import DistInfo
-    from rlzoo.plan import RunPlan
+from rlzoo import distributed
+from rlzoo.batch import RolloutBatch
+from rlzoo.plan import RunPlan
 
 NOT_HPARAMS = ("run_name", "run_dir", "resume", "logging.", "checkpoint.")
 """Config keys (a trailing dot: every key under it) that name or place a run, or say how it
@@ -92,7 +91,7 @@ def flatten_config(cfg: DictConfig | dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def inert_prefixes(plan: "RunPlan") -> tuple[str, ...]:
+def inert_prefixes(plan: RunPlan) -> tuple[str, ...]:
     """Config key prefixes whose values cannot act under ``plan``: the KL knobs when KL is
     off (``kl.coef`` itself stays), the critic's when there is no critic."""
     prefixes: list[str] = []
@@ -103,7 +102,7 @@ def inert_prefixes(plan: "RunPlan") -> tuple[str, ...]:
     return tuple(prefixes)
 
 
-def effective_hparams(cfg: DictConfig, plan: "RunPlan") -> dict[str, Any]:
+def effective_hparams(cfg: DictConfig, plan: RunPlan) -> dict[str, Any]:
     """The run's hyperparameters as TensorBoard and ``rlzoo compare`` see them: every config
     key but :data:`NOT_HPARAMS`; keys under :func:`inert_prefixes` collapse into one
     entry each, ``off``: ``<path>.name`` for a component choice (``kl.estimator.name``),
@@ -127,11 +126,17 @@ def effective_hparams(cfg: DictConfig, plan: "RunPlan") -> dict[str, Any]:
     return out
 
 
+def eval_metric_tags(n: int) -> list[str]:
+    """The ``eval/...`` tags a run with ``eval.n = n`` logs, most important first."""
+    tags = ["eval/greedy_accuracy", "eval/greedy_score"]
+    if n >= 1:
+        tags += ["eval/pass@1"] + ([f"eval/pass@{n}"] if n > 1 else []) + ["eval/sampled_score"]
+    return tags
+
+
 def hparam_metrics(cfg: DictConfig) -> list[str]:
     """The metrics the HParams dashboard lists for a run, most important first (it shows
     the first five): evaluation and reward, then lengths and time."""
-    from rlzoo.evaluation import eval_metric_tags
-
     evals = eval_metric_tags(int(cfg.eval.n)) if int(cfg.eval.size) > 0 else []
     head = [t for t in evals if t == "eval/greedy_accuracy" or t.startswith("eval/pass@")]
     return head + ["reward/mean"] + [t for t in evals if t not in head] + [
@@ -184,13 +189,11 @@ def write_experiment(log_dir: Path, runs: list[dict[str, Any]], metrics: list[st
     writer.close()
 
 
-def batch_metrics(batch: "RolloutBatch", reward_names: list[str], dist: "DistInfo") -> dict[str, float]:
+def batch_metrics(batch: RolloutBatch, reward_names: list[str], dist: distributed.DistInfo) -> dict[str, float]:
     """Reward and length statistics of the global batch (all ranks): ``reward/mean`` (the
     weighted sum of the reward functions), ``/std``, ``/max``, ``reward/shaped_mean`` when
     shaping changed the rewards, ``reward/<name>`` per function when there are several,
     ``response_length/mean`` and ``/truncated_frac``."""
-    from rlzoo import distributed
-
     per_reward = batch.reward_scores if batch.reward_scores is not None else batch.scores[:, None]
     local = (batch.scores.cpu(), batch.rewards.cpu(), batch.response_lengths.cpu(), batch.truncated.cpu(),
              per_reward.cpu())
@@ -206,7 +209,7 @@ def batch_metrics(batch: "RolloutBatch", reward_names: list[str], dist: "DistInf
     return metrics
 
 
-def group_samples(batch: "RolloutBatch", groups: int = 4, per_group: int = 4) -> list[Sample]:
+def group_samples(batch: RolloutBatch, groups: int = 4, per_group: int = 4) -> list[Sample]:
     """Up to ``per_group`` completions of each of the first ``groups`` prompts of ``batch``."""
     seen: dict[int, int] = {}
     out = []
@@ -219,11 +222,9 @@ def group_samples(batch: "RolloutBatch", groups: int = 4, per_group: int = 4) ->
     return out
 
 
-def custom_scalars_layout(cfg: DictConfig, plan: "RunPlan") -> dict[str, dict[str, list[Any]]]:
+def custom_scalars_layout(cfg: DictConfig, plan: RunPlan) -> dict[str, dict[str, list[Any]]]:
     """:data:`LAYOUT` as ``add_custom_scalars`` takes it, without the tags this run never
     writes (evaluation when it is off, the critic's without a critic)."""
-    from rlzoo.evaluation import eval_metric_tags
-
     evals = set(eval_metric_tags(int(cfg.eval.n))) if int(cfg.eval.size) > 0 else set()
     layout: dict[str, dict[str, list[Any]]] = {}
     for title, tags in LAYOUT:
@@ -278,7 +279,7 @@ class Tracker:
     def __init__(self, log_dir: str, purge_step: int | None = None) -> None:
         self.writer = SummaryWriter(log_dir=log_dir, purge_step=purge_step)
 
-    def log_hparams(self, cfg: DictConfig, plan: "RunPlan", experiment: bool = True) -> None:
+    def log_hparams(self, cfg: DictConfig, plan: RunPlan, experiment: bool = True) -> None:
         """Record the run's effective hyperparameters (session start and end) and the
         custom-scalars layout; with ``experiment``, also an experiment summary of this run
         alone (runs in a sweep directory leave that to the sweep)."""

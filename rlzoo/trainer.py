@@ -21,7 +21,7 @@ import torch
 
 from rlzoo import distributed
 from rlzoo.batch import RolloutBatch
-from rlzoo.config import ResolvedConfig
+from rlzoo.resolved import ResolvedConfig
 from rlzoo.checkpoint import STATE_FILE, check_optimizer_fits, first_non_finite
 from rlzoo.context import RunContext
 from rlzoo.errors import ConfigError, TrainingError
@@ -29,18 +29,16 @@ from rlzoo.evaluation import Evaluator, eval_only
 from rlzoo.learner import Learner
 from rlzoo.models import build_run_models
 from rlzoo.plugins import PluginManager
-from rlzoo.registry import Registry
 from rlzoo.rng import global_rng_state, seed_everything, set_global_rng_state
-from rlzoo.rundir import RunDirectory, summary_line
+from rlzoo.rundir import RunDirectory, in_sweep, summary_line
 from rlzoo.sampler import Sampler
 from rlzoo.scoring import Rewards
 from rlzoo.stopping import StopRequest
-from rlzoo.sweep import in_sweep
 from rlzoo.tasks import check_encodable
 from rlzoo.tracking import Progress, Sample, Tracker, batch_metrics, group_samples
 
 class Trainer:
-    """One RL run: ``Trainer(resolved, registry, pm).run()``; see :func:`train`.
+    """One RL run: ``Trainer(resolved, pm).run()``; see :func:`train`.
 
     Construction claims the run directory (:class:`rlzoo.rundir.RunDirectory`: creates and
     locks it, or refuses it) and builds everything the plan asks for (with ``resume=``,
@@ -48,8 +46,7 @@ class Trainer:
     ``overwrite``: a new run may delete another run's files in its directory first.
     """
 
-    def __init__(self, resolved: ResolvedConfig, registry: Registry, pm: PluginManager,
-                 overwrite: bool = False) -> None:
+    def __init__(self, resolved: ResolvedConfig, pm: PluginManager, overwrite: bool = False) -> None:
         self.resolved, self.pm, self.plan = resolved, pm, resolved.plan
         cfg = self.cfg = resolved.cfg
         if cfg.trainer.device == "cuda" and not torch.cuda.is_available():
@@ -83,10 +80,9 @@ class Trainer:
                                        self.run_dir.resume_from, self.run_dir.init_model)
         if self.dist.rank:
             torch.manual_seed(cfg.seed + 1_000_003 * self.dist.rank)  # distinct rollouts per rank
-        backend = resolved.build("rollout.backend", policy=self.models.policy,
-                             tokenizer=self.models.tokenizer, device=self.device,
-                             dtype=cfg.rollout.dtype or cfg.model.dtype,
-                             generation_context=self.models.generation_context)
+        backend = resolved.build("rollout.backend", name=self.plan.rollout.backend, policy=self.models.policy,
+                                 tokenizer=self.models.tokenizer, device=self.device, dtype=self.plan.rollout.dtype,
+                                 generation_context=self.models.generation_context)
         # rank 0 draws the prompts a single process draws; other ranks their own streams
         stream = cfg.seed if self.dist.rank == 0 else f"{cfg.seed}/rank{self.dist.rank}"
         self.sampler = Sampler(task, Rewards(resolved.reward_functions()), self.models.tokenizer, backend, cfg,
@@ -98,7 +94,7 @@ class Trainer:
         self.evaluator = Evaluator.build(cfg, task, task_name, self.sampler, self.dist)
         self.learner = Learner(resolved, self.models, self.dist)
         self.ctx = RunContext(cfg=cfg, plan=self.plan, run_dir=self.run_dir.path, resample=self.sampler.sample,
-                              prompts=cfg.rollout.prompts_per_step // self.dist.world)
+                              prompts=self.plan.rollout.prompts_per_process)
         self.extensions = [(component.name, component.bind(params)()) for component, params in resolved.extensions]
         pm.register_run_extensions(self.extensions)
         self.step = 0
@@ -119,7 +115,7 @@ class Trainer:
         self.pm.hook.rlzoo_after_rollout(batch=batch, ctx=self.ctx)
         self.pm.hook.rlzoo_shape_rewards(batch=batch, ctx=self.ctx)
         rollout_s = time.perf_counter() - start
-        if self.cfg.rollout.record:
+        if self.plan.record:
             self.run_dir.record_rollout(self.step, batch)
         metrics = batch_metrics(batch, self.sampler.rewards.names, self.dist)
         self.last_samples = group_samples(batch)
@@ -271,14 +267,14 @@ class Trainer:
         self.run_dir.close()
 
 
-def train(resolved: ResolvedConfig, registry: Registry, pm: PluginManager, overwrite: bool = False) -> dict[str, float]:
+def train(resolved: ResolvedConfig, pm: PluginManager, overwrite: bool = False) -> dict[str, float]:
     """Build a :class:`Trainer` and run it; returns the last step's metrics.
 
     Under ``torchrun`` every process calls this; the process group is left at the end.
     ``overwrite``: a new run may delete another run in its directory first (``--overwrite``).
     """
     try:
-        metrics = Trainer(resolved, registry, pm, overwrite).run()
+        metrics = Trainer(resolved, pm, overwrite).run()
     except RuntimeError as exc:
         distributed.check_collective_failure(exc)  # a dead peer: one line, not a traceback
         raise

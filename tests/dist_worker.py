@@ -24,7 +24,7 @@ def main(spec_path: str) -> None:
     pm = make_plugin_manager()
     registry = build_registry(pm)
     for case in cases:
-        trainer = Trainer(load_config(registry, case["overrides"]), registry, pm)
+        trainer = Trainer(load_config(registry, case["overrides"]), pm)
         batch = torch.load(case["batch"], weights_only=False)
         rank, world = trainer.dist.rank, trainer.dist.world
         share = len(batch) // world

@@ -12,10 +12,8 @@ from rlzoo import recording
 from rlzoo.ab import run_ab
 from rlzoo.batch import RolloutBatch
 from rlzoo.cli import main
+from zoo import TINY
 
-TINY = ["model.hidden_size=32", "model.intermediate_size=64", "model.num_layers=1", "model.num_heads=2",
-        "model.num_kv_heads=1", "task.num_digits=3", "rollout.prompts_per_step=4", "rollout.n=4",
-        "rollout.max_new_tokens=5", "logging.progress=false", "trainer.threads=1"]
 
 
 def test_a_recorded_batch_reads_back_exactly(tmp_path: Path) -> None:

@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from rlzoo.batch import BatchCounts
 from rlzoo.config import build_params
 from rlzoo.errors import ConfigError
-from rlzoo.plugins import build_registry, make_plugin_manager
 from rlzoo.testing import check_component
+import zoo
 from zoo import builtin_names
 
 DOC = Path(__file__).parents[1] / "docs" / "algorithms" / "aggregation.md"
@@ -27,7 +27,7 @@ NAN = float("nan")
 
 @pytest.fixture(scope="module")
 def reg():
-    return build_registry(make_plugin_manager())
+    return zoo.REGISTRY
 
 
 def _counts(mask: torch.Tensor, max_response_length: int) -> BatchCounts:

@@ -12,6 +12,7 @@ import torch
 
 from rlzoo.config import build_params, load_config
 from rlzoo.errors import ConfigError
+from rlzoo.plugins import build_registry, make_plugin_manager, module_plugin
 from rlzoo.testing import check_component
 from zoo import PM as REGISTRY_PM
 from zoo import REGISTRY, builtin_names
@@ -26,11 +27,6 @@ def call(name: str, old, rollout, mask=None, logp=None, advantages=None, **param
     return REGISTRY.get("rollout_correction", name)(
         old_logp=old, rollout_logp=rollout, logp=old if logp is None else logp,
         advantages=torch.ones_like(old) if advantages is None else advantages, response_mask=mask, **params)
-
-
-@pytest.mark.parametrize("name", NAMES)
-def test_invariants(name: str) -> None:
-    check_component(REGISTRY.get("rollout_correction", name))
 
 
 def test_tis_truncates_the_ratio_at_the_cap() -> None:
@@ -106,7 +102,7 @@ def test_a_bf16_rollout_is_a_real_gap_that_the_corrections_see(tmp_path: Path) -
 
     resolved = load_config(REGISTRY, ["rollout.dtype=bfloat16", "rollout_correction={name: tis, cap: 1.001}",
                                       f"run_dir={tmp_path}", "logging.progress=false"])
-    trainer = Trainer(resolved, REGISTRY, REGISTRY_PM)
+    trainer = Trainer(resolved, REGISTRY_PM)
     try:
         metrics = trainer.train_step()
     finally:
@@ -123,6 +119,21 @@ def test_docs_page_names_every_correction_and_its_parameters() -> None:
         assert f"## `{name}`" in text, name
         for field in (component.params.__dataclass_fields__ if component.params else ()):
             assert f"`{field}`" in text, (name, field)
-    for block in re.findall(r"```python\n(.*?)```", text, flags=re.S):
-        exec(compile(block, str(DOC), "exec"), {})
+
+
+
+def test_the_docs_example_correction_registers_passes_the_checks_and_clips_both_sides() -> None:
+    blocks = re.findall(r"```python\n(.*?)```", DOC.read_text(), flags=re.S)
+    example = next(block for block in blocks if "def rlzoo_register_rollout_corrections" in block)
+    namespace: dict = {}
+    exec(compile(example, str(DOC), "exec"), namespace)
+    pm = make_plugin_manager(load_entry_points=False)
+    pm.register(module_plugin(rlzoo_register_rollout_corrections=namespace["rlzoo_register_rollout_corrections"]),
+                name="docs-example")
+    component = build_registry(pm).get("rollout_correction", "clip_both")
+    check_component(component)
+    old = torch.tensor([[0.0, 2.0, -2.0, 0.1]])               # log π_old − log μ = each value (rollout 0)
+    weights, _ = component.bind(None)(old_logp=old, rollout_logp=torch.zeros_like(old),
+                                      response_mask=torch.tensor([[1.0, 1.0, 1.0, 0.0]]))
+    torch.testing.assert_close(weights, torch.tensor([[1.0, 2.0, 0.5, 0.0]]))
 

@@ -13,11 +13,10 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from rlzoo.cli import main
 from rlzoo.config import load_config
 from rlzoo.errors import ConfigError
+import zoo
 from zoo import REGISTRY
 
-TINY = ["model.hidden_size=32", "model.intermediate_size=64", "model.num_layers=1", "model.num_heads=2",
-        "model.num_kv_heads=1", "task.num_digits=3", "rollout.prompts_per_step=4", "rollout.n=4",
-        "rollout.max_new_tokens=5", "logging.progress=false", "trainer.threads=1", "eval.size=0", "kl.coef=0"]
+TINY = [*zoo.TINY, "eval.size=0", "kl.coef=0"]
 
 
 def test_opd_hand_computed_with_and_without_the_task_reward() -> None:

@@ -55,7 +55,7 @@ def test_two_ranks_equal_one_process_after_one_update(tmp_path: Path, strategy: 
     chosen = CASES if strategy == "ddp" else FSDP_CASES
     for name, overrides in chosen.items():
         args = [*COMMON, *overrides, f"distributed.strategy={strategy}"]
-        trainer = Trainer(load_config(registry, [*args, f"run_dir={tmp_path / name}"]), registry, pm)
+        trainer = Trainer(load_config(registry, [*args, f"run_dir={tmp_path / name}"]), pm)
         batch = trainer.sampler.sample(4)
         # a random policy scores ~0 everywhere; varied scores (one group all equal) exercise the math
         scores = torch.rand(len(batch), generator=torch.Generator().manual_seed(7))

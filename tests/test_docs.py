@@ -7,21 +7,11 @@ from pathlib import Path
 
 import pytest
 
+from rlzoo.kinds import KINDS
 from zoo import REGISTRY, builtin_names
 
 ROOT = Path(__file__).parents[1]
-PAGES = {
-    "advantage": "docs/algorithms/advantages.md",
-    "policy_loss": "docs/algorithms/policy_losses.md",
-    "kl_estimator": "docs/algorithms/kl.md",
-    "kl_controller": "docs/algorithms/kl.md",
-    "loss_agg": "docs/algorithms/aggregation.md",
-    "value_loss": "docs/algorithms/value.md",
-    "extension": "docs/algorithms/extensions.md",
-    "rollout": "docs/design.md",
-    "rollout_correction": "docs/algorithms/corrections.md",
-    "reward": "docs/tasks.md",
-}
+PAGES = {kind.name: kind.docs for kind in KINDS.values()}
 DOCUMENTED = [(kind, name) for kind in PAGES for name in builtin_names(kind)]
 
 

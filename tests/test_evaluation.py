@@ -13,17 +13,19 @@ from safetensors.torch import load_file
 
 from rlzoo.cli import main
 from rlzoo.errors import ConfigError
-from rlzoo.evaluation import Evaluator, eval_metric_tags, pass_at_k
+from rlzoo import evaluation
+from rlzoo.evaluation import Evaluator, pass_at_k
+from rlzoo.plan import RolloutPlan
+from rlzoo.tracking import eval_metric_tags
 from rlzoo.events import read_scalars
 from rlzoo.models import build_char_tokenizer
 from rlzoo.rollout import Generation
 from rlzoo.tasks import Example, FileTask, Holdout, Task, check_encodable
+import zoo
 from zoo import REGISTRY, builtin_names
 
 GENERATED_TASKS = [name for name in builtin_names("task") if name != "file"]
-TINY = ["model.hidden_size=32", "model.intermediate_size=64", "model.num_layers=1", "model.num_heads=2",
-        "model.num_kv_heads=1", "rollout.prompts_per_step=4", "rollout.n=4", "rollout.max_new_tokens=5",
-        "logging.progress=false", "trainer.threads=1", "eval.size=8", "eval.n=2"]
+TINY = [*zoo.TINY, "task.num_digits=4", "eval.size=8", "eval.n=2"]
 
 
 def _task(name: str) -> Task:
@@ -147,6 +149,9 @@ class _ScriptedSampler:
         self.answers = answers
         self.prompts: list[str] = []
         self.backend = SimpleNamespace(generate=self.generate)
+        rollout = RolloutPlan(backend="scripted", dtype="float32", prompts_per_process=2, n=2, max_new_tokens=3,
+                              temperature=1.0, top_p=1.0)
+        self.plan = SimpleNamespace(rollout=rollout, update=SimpleNamespace(sequences=4))
 
     def encode_prompts(self, prompts):
         self.prompts = prompts
@@ -167,21 +172,23 @@ class _ScriptedSampler:
         return torch.tensor([float(c) for c in completions])
 
 
-def test_evaluator_metrics_hand_computed() -> None:
+def test_evaluator_metrics_hand_computed(monkeypatch: pytest.MonkeyPatch) -> None:
     answers = {"a": ("1.0", ["1.0", "0.0", "0.0", "1.0"]),    # greedy correct, 2 of 4 samples
                "b": ("0.5", ["0.0", "0.0", "0.0", "0.0"]),    # partial credit is not correct
                "c": ("0.0", ["1.0", "1.0", "1.0", "1.0"])}
-    rollout = SimpleNamespace(prompts_per_step=2, n=2, max_new_tokens=3, temperature=1.0, top_p=1.0)
-    cfg = SimpleNamespace(eval=SimpleNamespace(every=10, n=4, threshold=1.0), rollout=rollout)
+    cfg = SimpleNamespace(eval=SimpleNamespace(every=10, n=4, threshold=1.0))
     examples = [Example(p, None) for p in answers]
     evaluator = Evaluator(examples, _ScriptedSampler(answers), cfg, SimpleNamespace(world=1, rank=0, enabled=False))
+    clock = iter([100.0, 102.5])                                   # the evaluation's start and end
+    monkeypatch.setattr(evaluation.time, "perf_counter", lambda: next(clock))
     metrics = evaluator.run(step=10)
+    monkeypatch.undo()
     assert metrics["eval/greedy_accuracy"] == pytest.approx(1 / 3)
     assert metrics["eval/greedy_score"] == pytest.approx(0.5)
     assert metrics["eval/pass@1"] == pytest.approx((0.5 + 0 + 1) / 3)
     assert metrics["eval/pass@4"] == pytest.approx(2 / 3)
     assert metrics["eval/sampled_score"] == pytest.approx(6 / 12)
-    assert metrics["timing/eval_s"] >= 0
+    assert metrics["timing/eval_s"] == pytest.approx(2.5)
     assert [s.completion for s in evaluator.samples] == ["1.0", "0.5", "0.0"]
     cfg.eval.threshold = 0.5                                      # a threshold for partial credit
     assert Evaluator(examples, _ScriptedSampler(answers), cfg, evaluator.dist).run(1)[

@@ -34,15 +34,10 @@ from rlzoo.checkpoint import (
 )
 from rlzoo.cli import main
 from rlzoo.events import read_scalars
+from zoo import TINY
 
 SLOW = pytest.mark.slow  # end-to-end: trains, launches or installs
 
-TINY = [
-    "model.hidden_size=32", "model.intermediate_size=64", "model.num_layers=1",
-    "model.num_heads=2", "model.num_kv_heads=1", "task.num_digits=3",
-    "rollout.prompts_per_step=4", "rollout.n=4", "rollout.max_new_tokens=5",
-    "logging.progress=false", "trainer.threads=1",
-]
 FAULT_RUNNER = Path(__file__).with_name("fault_runner.py")
 
 
@@ -344,7 +339,7 @@ def test_resume_refuses_other_changes_and_records_the_accepted_ones(capsys, tmp_
 
 def test_resumable_keys() -> None:
     from rlzoo.errors import ConfigError
-    from rlzoo.rundir import resume_changes
+    from rlzoo.resume import resume_changes
 
     saved = {"trainer": {"total_steps": 5, "lr": 1e-3}, "logging": {"progress": True}, "resume": None}
     assert resume_changes(saved, {**saved, "resume": "x", "logging": {"progress": False}}) == {
@@ -358,7 +353,7 @@ def test_resumable_keys() -> None:
 
 @SLOW
 def test_a_run_resumes_with_the_plugins_it_started_with(capsys, tmp_path: Path, plugin_module) -> None:
-    from rlzoo.config import plugin_modules
+    from rlzoo.resume import plugin_modules
 
     name = plugin_module("""
         from rlzoo import hookimpl

@@ -3,11 +3,14 @@ and the checks themselves catch broken components."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
-from rlzoo.hookspecs import REGISTRATION_HOOKS
-from rlzoo.plugins import build_registry, make_plugin_manager
+import zoo
+from rlzoo import testing
+from rlzoo.kinds import KINDS
 from rlzoo.testing import (
     CHECKED_KINDS,
     check_advantage_estimator,
@@ -18,15 +21,10 @@ from rlzoo.testing import (
     check_value_loss,
 )
 
-REGISTRY = build_registry(make_plugin_manager())
+ROOT = Path(__file__).parents[1]
+REGISTRY = zoo.REGISTRY
 COMPONENTS = [c for kind in CHECKED_KINDS for c in REGISTRY.components(kind)]
 
-UNCHECKED_KINDS = {
-    # kind: where its contract is exercised instead
-    "kl_controller": "tests/test_kl.py (hand-computed controllers, resume)",
-    "rollout": "tests/test_engine_units.py (log-probs of the sampled tokens, masks, sync)",
-    "extension": "tests/test_extensions.py",
-}
 
 
 def _inputs(component, tmp_path) -> dict:
@@ -48,8 +46,11 @@ def test_registered_component_keeps_the_invariants(component, tmp_path) -> None:
 
 def test_every_kind_is_checked_here_or_named_with_where_it_is_tested() -> None:
     """A new kind in the contract fails this until it has invariant checks or a named test."""
-    assert set(CHECKED_KINDS) | set(UNCHECKED_KINDS) == set(REGISTRATION_HOOKS)
-    assert not set(CHECKED_KINDS) & set(UNCHECKED_KINDS)
+    assert set(CHECKED_KINDS) == set(testing._CHECKS)
+    for kind in KINDS.values():
+        if kind.name not in CHECKED_KINDS:
+            test_file = ROOT / kind.tested_in.split(" ")[0]
+            assert test_file.is_file(), f"kind {kind.name}: {kind.tested_in} names no test file"
     for kind in CHECKED_KINDS:
         assert REGISTRY.components(kind), f"no registered {kind} to check"
 
@@ -138,10 +139,15 @@ def test_checks_catch_a_logits_kl_that_is_not_zero_or_leaks_into_the_reference()
 
 
 def test_checks_catch_value_loss_faults() -> None:
-    def leaky(values, returns, response_mask):
-        return (values - returns.detach()).square() + values.sum(-1, keepdim=True) * 0.0 + 0.01, {}
+    def offset(values, returns, response_mask):
+        return (values - returns.detach()).square() + 0.01, {}
     with pytest.raises(AssertionError, match="values equal the returns"):
-        check_value_loss(leaky, "offset")
+        check_value_loss(offset, "offset")
+
+    def leaky(values, returns, response_mask):          # each row's loss sees the row's padded values
+        return (values - returns.detach()).square() + 0.01 * (values - returns.detach()).sum(-1, keepdim=True), {}
+    with pytest.raises(AssertionError, match="gradient at masked positions"):
+        check_value_loss(leaky, "leaky")
 
     def into_returns(values, returns, response_mask):
         loss = (values - returns).square()

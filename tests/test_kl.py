@@ -16,9 +16,9 @@ from hypothesis import strategies as st
 
 from rlzoo.config import build_params
 from rlzoo.errors import ConfigError
-from rlzoo.plugins import build_registry, make_plugin_manager
 from rlzoo.testing import check_component
 from rlzoo_plugins import kl as kl_module
+import zoo
 from zoo import REGISTRY, builtin_names
 
 DOC = Path(__file__).parents[1] / "docs" / "algorithms" / "kl.md"
@@ -29,7 +29,7 @@ ALIASES = {"kl": "k1", "mse": "k2", "low_var_kl": "k3"}
 
 @pytest.fixture(scope="module")
 def reg():
-    return build_registry(make_plugin_manager())
+    return zoo.REGISTRY
 
 
 def _grad(name: str, logp: torch.Tensor, ref: torch.Tensor, reg) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

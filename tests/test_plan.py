@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ast
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -12,12 +14,10 @@ from rlzoo.config import load_config
 from rlzoo.learner import _WeightedMeans
 from rlzoo.plugins import build_registry, make_plugin_manager
 from rlzoo.trainer import Trainer
+from zoo import TINY
 
 PM = make_plugin_manager()
 REGISTRY = build_registry(PM)
-TINY = ["model.hidden_size=32", "model.intermediate_size=64", "model.num_layers=1", "model.num_heads=2",
-        "model.num_kv_heads=1", "task.num_digits=3", "rollout.prompts_per_step=4", "rollout.n=4",
-        "rollout.max_new_tokens=5", "logging.progress=false", "trainer.threads=1"]
 
 
 def plan_of(*overrides: str):
@@ -76,14 +76,14 @@ def test_extension_needs_are_planned() -> None:
 
 def test_the_plan_is_written_to_the_run_directory(tmp_path: Path) -> None:
     resolved = load_config(REGISTRY, [*TINY, "algo=ppo", f"run_dir={tmp_path / 'r'}", "trainer.total_steps=1"])
-    Trainer(resolved, REGISTRY, PM).run()
+    Trainer(resolved, PM).run()
     text = (tmp_path / "r" / "plan.txt").read_text()
     assert text == resolved.plan.render()
     assert "critic: value model" in text and "kl: k1 in the reward" in text
 
 
 def _trainer(tmp_path: Path, *overrides: str) -> Trainer:
-    return Trainer(load_config(REGISTRY, [*TINY, f"run_dir={tmp_path / 'r'}", *overrides]), REGISTRY, PM)
+    return Trainer(load_config(REGISTRY, [*TINY, f"run_dir={tmp_path / 'r'}", *overrides]), PM)
 
 
 def test_mismatch_is_logged_when_old_log_probs_exist_and_is_zero_in_float32(tmp_path: Path) -> None:
@@ -162,3 +162,100 @@ def test_logprob_keep_mb_reaches_the_head_and_does_not_change_the_update(tmp_pat
         trainer.close()
     assert set(seen) == {0, 64 * 2**20}
     assert all(torch.equal(a, b) for a, b in zip(*weights))
+
+
+# ------------------------------------------------------------------ the engine follows the plan object
+
+
+def _learn_with_plan(tmp_path: Path, name: str, **edit) -> tuple[dict[str, float], Trainer, RolloutBatch]:
+    """One update (one mini-batch: every metric is taken at the initial policy) on the first
+    rollout of a run whose plan was edited after it was decided: the batch (same seed) is
+    identical whatever the edit; its loss mask drops each response's first token, so
+    ``loss_mask`` and ``response_mask`` differ; the reference is perturbed so KL is not 0."""
+    resolved = load_config(REGISTRY, [*TINY, f"run_dir={tmp_path / name}", "kl.coef=0.1", "eval.size=0",
+                                      "trainer.entropy_coef=0.01", "trainer.num_mini_batches=1", "loss_agg=token-mean"])
+    resolved.plan = dataclasses.replace(resolved.plan, **edit)
+    trainer = Trainer(resolved, PM)
+    noise = torch.Generator().manual_seed(0)                        # a reference other than the policy: KL > 0
+    with torch.no_grad():
+        for weight in trainer.models.reference.parameters():
+            weight.add_(0.05 * torch.randn(weight.shape, generator=noise))
+    batch = trainer.sampler.sample(trainer.ctx.prompts)
+    batch.loss_mask[:, 0] = 0
+    try:
+        return trainer.learn(batch), trainer, batch
+    finally:
+        trainer.close()
+
+
+def test_the_learner_reads_each_terms_mask_and_aggregation_from_the_plan(tmp_path: Path) -> None:
+    base, _, batch = _learn_with_plan(tmp_path, "base")
+    plan = load_config(REGISTRY, [*TINY, "kl.coef=0.1", "trainer.entropy_coef=0.01", "loss_agg=token-mean"]).plan
+    assert plan.masks == {"policy": "loss_mask", "kl": "loss_mask", "entropy": "loss_mask"}
+    other_mask, _, _ = _learn_with_plan(tmp_path, "mask", masks={**plan.masks, "policy": "response_mask"})
+    assert other_mask["policy/loss"] != pytest.approx(base["policy/loss"], rel=1e-3)
+    assert other_mask["kl/value"] == pytest.approx(base["kl/value"], rel=1e-6)     # the kl term's mask is kept
+    kl_mask, _, _ = _learn_with_plan(tmp_path, "kl_mask", masks={**plan.masks, "kl": "response_mask"})
+    assert kl_mask["kl/value"] != pytest.approx(base["kl/value"], rel=1e-6)
+    summed, _, _ = _learn_with_plan(tmp_path, "agg", aggregation={**plan.aggregation, "policy": "token-sum"})
+    tokens = float(batch.loss_mask.sum())                                          # token-sum = token-mean x N
+    assert summed["policy/loss"] == pytest.approx(base["policy/loss"] * tokens, rel=1e-4)
+
+
+def test_the_engine_reads_precision_correction_and_recording_from_the_plan(tmp_path: Path) -> None:
+    _, trainer, _ = _learn_with_plan(tmp_path, "p", precision="bf16", correction="tis")
+    assert isinstance(trainer.learner.compute(), torch.autocast)            # the config says fp32
+    assert trainer.learner.correction.name == "tis"                       # the config says none
+    resolved = load_config(REGISTRY, [*TINY, f"run_dir={tmp_path / 'rec'}", "trainer.total_steps=1", "eval.size=0"])
+    resolved.plan = dataclasses.replace(resolved.plan, record=True)        # the config says rollout.record=false
+    Trainer(resolved, PM).run()
+    assert (tmp_path / "rec" / "rollouts").is_dir()
+
+
+PLAN_DECIDED_KEYS = (
+    "trainer.precision", "rollout.record", "rollout_correction", "loss_agg", "kl.coef", "kl.apply", "kl.estimator",
+    "kl.controller", "trainer.update_epochs", "trainer.num_mini_batches", "trainer.micro_batch_size",
+    "rollout.temperature", "rollout.top_p", "rollout.n", "rollout.max_new_tokens", "rollout.prompts_per_step",
+    "rollout.dtype", "rollout.backend", "launcher.nproc",
+)
+"""Config keys whose decision the run plan prints: the engine reads them from the plan."""
+
+ENGINE_MODULES = ("trainer", "learner", "sampler", "evaluation", "models", "scoring", "tracking")
+CONFIG_ALIASES = {"trainer_cfg": "trainer", "rollout_cfg": "rollout", "t": "trainer"}
+CONFIG_ROOTS = {"cfg", "trainer_cfg", "rollout_cfg", "t"}
+ALLOWED_READS = {("models", "rollout.max_new_tokens")}
+"""The embedded model's position table is sized by the response budget (``rlzoo sft`` builds
+it too, without a plan)."""
+
+
+def _config_reads(module: str) -> set[str]:
+    """Dotted config keys ``module`` of rlzoo/ reads through an attribute chain from a config
+    object (``cfg.trainer.precision``, ``self.trainer_cfg.precision``, ...)."""
+    return _config_reads_of((Path(__file__).parents[1] / "rlzoo" / f"{module}.py").read_text())
+
+
+def _config_reads_of(source: str) -> set[str]:
+    reads = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Attribute):
+            raw = ast.unparse(node).split(".")
+            if "plan" in raw or not CONFIG_ROOTS & set(raw):
+                continue
+            chain = [CONFIG_ALIASES.get(part, part) for part in raw]
+            for key in PLAN_DECIDED_KEYS:
+                if ".".join(chain).endswith(key) and (len(chain) > key.count(".") + 1 or "." in key):
+                    reads.add(key)
+    return reads
+
+
+@pytest.mark.parametrize("module", ENGINE_MODULES)
+def test_the_engine_reads_no_config_key_the_plan_decides(module: str) -> None:
+    assert {key for key in _config_reads(module) if (module, key) not in ALLOWED_READS} == set()
+
+
+def test_the_config_read_scan_sees_a_read() -> None:
+    assert _config_reads("learner") == set()
+    original = Path(__file__).parents[1] / "rlzoo" / "learner.py"
+    assert "self.plan.precision" in original.read_text()
+    assert "trainer.precision" in _config_reads_of("x = self.trainer_cfg.precision\ny = rollout.n\n")
+    assert _config_reads_of("y = cfg.rollout.n\nz = self.plan.rollout.n\nw = rollout.n\n") == {"rollout.n"}

@@ -68,6 +68,27 @@ def test_plugins_md_lists_the_batch_and_context_fields() -> None:
                                                        [f.name for f in dataclasses.fields(RunContext)]]
 
 
+@pytest.mark.slow
+def test_the_one_file_plugin_at_the_top_of_plugins_md_lists_and_trains(tmp_path: Path, monkeypatch, capsys) -> None:
+    """The page's headline example, saved as the file its first line names, used as the
+    page says: ``plugins=[my_rlzoo_plugin] advantage=mean_baseline``."""
+    import re
+
+    from rlzoo.cli import main
+    from zoo import TINY
+
+    block = next(b for b in re.findall(r"```python\n(.*?)```", DOCS.read_text(), flags=re.S)
+                 if b.startswith("# my_rlzoo_plugin.py"))
+    (tmp_path / "my_rlzoo_plugin.py").write_text(block)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    registry = build_registry(make_plugin_manager(modules=["my_rlzoo_plugin"]))
+    assert registry.get("advantage", "mean_baseline").description == "score minus the batch mean"
+    code = main(["train", *TINY, "plugins=[my_rlzoo_plugin]", "advantage=mean_baseline", "trainer.total_steps=2",
+                 "eval.size=0", f"run_dir={tmp_path / 'r'}"])
+    assert code == 0, capsys.readouterr().err
+    assert "advantage:\n  name: mean_baseline" in (tmp_path / "r" / "config.yaml").read_text()
+
+
 def test_plugins_md_snippets_run_and_its_extension_example_trains(tmp_path: Path, monkeypatch) -> None:
     import re
 
@@ -90,7 +111,7 @@ def test_plugins_md_snippets_run_and_its_extension_example_trains(tmp_path: Path
         resolved = load_config(registry, ["extensions=[{name: length_bonus, per_token: 0.5}]",
                                           f"run_dir={tmp_path / 'r'}", "model.hidden_size=32", "model.num_layers=1",
                                           "rollout.prompts_per_step=2", "rollout.n=2"])
-        trainer = Trainer(resolved, registry, pm)
+        trainer = Trainer(resolved, pm)
         metrics = trainer.train_step()
         trainer.close()
         assert metrics["length_bonus/mean"] > 0 and metrics["reward/shaped_mean"] > metrics["reward/mean"]
@@ -429,7 +450,7 @@ def test_extensions_run_in_list_order_then_modules_and_see_each_others_changes(t
         resolved = load_config(registry, [f"plugins=[{name}]", f"extensions=[{', '.join(order)}]",
                                           f"run_dir={tmp_path / '-'.join(order)}", "model.hidden_size=32",
                                           "model.num_layers=1", "rollout.prompts_per_step=2", "rollout.n=2"])
-        trainer = Trainer(resolved, registry, pm)
+        trainer = Trainer(resolved, pm)
         try:
             trainer.train_step()
             assert trainer.ctx.state["order"] == [*order, "module"]
@@ -466,6 +487,6 @@ def rlzoo_register_policy_losses(register):
                                       "model.hidden_size=32", "model.num_layers=1", "rollout.prompts_per_step=2",
                                       "rollout.n=2"])
     assert "reference" in resolved.plan.models and resolved.plan.runs("ref_logp")
-    trainer = Trainer(resolved, registry, pm)
+    trainer = Trainer(resolved, pm)
     trainer.train_step()
     assert importlib.import_module(name).SEEN == [True]

@@ -19,13 +19,13 @@ from hypothesis import strategies as st
 
 from rlzoo.config import build_params
 from rlzoo.errors import ConfigError
-from rlzoo.plugins import build_registry, make_plugin_manager
 from rlzoo.testing import check_component
 from rlzoo_plugins import policy_losses as module
+import zoo
 from zoo import builtin_names
 
 DOC = Path(__file__).parents[1] / "docs" / "algorithms" / "policy_losses.md"
-REG = build_registry(make_plugin_manager())
+REG = zoo.REGISTRY
 NAMES = builtin_names("policy_loss")     # every registered loss; each needs a VARIANTS entry below
 ALIASES = {"ppo": "ppo_clip", "gpg": "vanilla_pg", "gmpo": "geo_mean"}
 # non-default parameters that exercise every branch (delta, clip-higher, wide cov window)

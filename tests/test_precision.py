@@ -14,11 +14,10 @@ from rlzoo.config import load_config
 from rlzoo.errors import ConfigError
 from rlzoo.logprobs import response_forward
 from rlzoo.models import build_char_tokenizer, build_tiny_model
+import zoo
 from zoo import REGISTRY
 
-TINY = ["model.hidden_size=32", "model.intermediate_size=64", "model.num_layers=1", "model.num_heads=2",
-        "model.num_kv_heads=1", "task.num_digits=3", "rollout.prompts_per_step=4", "rollout.n=4",
-        "rollout.max_new_tokens=5", "logging.progress=false", "trainer.threads=1", "eval.size=0"]
+TINY = [*zoo.TINY, "eval.size=0"]
 
 
 def test_bf16_over_bf16_weights_and_unknown_precisions_are_refused() -> None:

@@ -118,8 +118,7 @@ REG = build_registry(PM)
 
 
 def _trainer(run_dir: Path, *overrides: str) -> Trainer:
-    return Trainer(load_config(REG, ["algo=grpo", f"run_dir={run_dir}", "logging.progress=false", *overrides]),
-                   REG, PM)
+    return Trainer(load_config(REG, ["algo=grpo", f"run_dir={run_dir}", "logging.progress=false", *overrides]), PM)
 
 
 def _scored_batch(run_dir: Path):

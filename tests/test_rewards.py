@@ -18,12 +18,11 @@ from rlzoo.config import load_config
 from rlzoo.errors import ConfigError, TrainingError
 from rlzoo.scoring import Rewards
 from rlzoo.tracking import effective_hparams
+import zoo
 from zoo import REGISTRY
 
 TWO = "reward=[exact_match, {name: length_match, weight: 0.5}]"
-TINY = ["model.hidden_size=32", "model.intermediate_size=64", "model.num_layers=1", "model.num_heads=2",
-        "model.num_kv_heads=1", "task.num_digits=3", "rollout.prompts_per_step=4", "rollout.n=4",
-        "rollout.max_new_tokens=5", "logging.progress=false", "trainer.threads=1", "eval.size=0"]
+TINY = [*zoo.TINY, "eval.size=0"]
 
 
 def _load(*overrides: str):

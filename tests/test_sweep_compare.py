@@ -16,13 +16,11 @@ from rlzoo.cli import main
 from rlzoo.compare import COLUMNS
 from rlzoo.errors import ConfigError
 from rlzoo.sweep import plan, split_values
+import zoo
 
 pytestmark = pytest.mark.slow  # end-to-end: trains, launches or installs
 
-TINY = ["model.hidden_size=32", "model.intermediate_size=64", "model.num_layers=1",
-        "model.num_heads=2", "model.num_kv_heads=1", "task.num_digits=3",
-        "rollout.prompts_per_step=4", "rollout.n=4", "rollout.max_new_tokens=5",
-        "trainer.threads=1", "trainer.total_steps=3"]
+TINY = [*zoo.TINY, "trainer.total_steps=3"]
 
 
 def test_split_values_respects_brackets() -> None:

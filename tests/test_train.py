@@ -17,16 +17,12 @@ from safetensors.torch import load_file
 from rlzoo.checkpoint import list_checkpoints
 from rlzoo.cli import main
 from rlzoo.events import read_scalars
+import zoo
 from zoo import builtin_names
 
 pytestmark = pytest.mark.slow  # end-to-end: trains, launches or installs
 
-TINY = [
-    "model.hidden_size=32", "model.intermediate_size=64", "model.num_layers=1",
-    "model.num_heads=2", "model.num_kv_heads=1", "task.num_digits=3",
-    "rollout.prompts_per_step=4", "rollout.n=4", "rollout.max_new_tokens=5",
-    "logging.progress=false", "logging.sample_every=2", "trainer.threads=1",
-]
+TINY = [*zoo.TINY, "logging.sample_every=2"]
 PRESETS = builtin_names("algorithm")
 REQUIRED_TAGS = {
     "reward/mean", "reward/std", "response_length/mean", "policy/loss", "policy/clipfrac",
@@ -270,6 +266,6 @@ def test_chat_template_of_a_local_model_is_applied(capsys, tmp_path: Path) -> No
     registry = build_registry(pm)
     for mode, expected in (("null", "123=="), ("false", "123=")):
         resolved = load_config(registry, [*TINY, f"model.path={model_dir}", f"model.chat_template={mode}"])
-        assert Trainer(resolved, registry, pm).sampler.format_prompt("123=") == expected
+        assert Trainer(resolved, pm).sampler.format_prompt("123=") == expected
     code, err = train(capsys, tmp_path / "second", f"model.path={model_dir}", "trainer.total_steps=1")
     assert code == 0, err

@@ -11,9 +11,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import zoo
 from rlzoo.config import build_params
 from rlzoo.errors import ConfigError
-from rlzoo.plugins import build_registry, make_plugin_manager
 
 DOC = Path(__file__).parents[1] / "docs" / "algorithms" / "value.md"
 NAN, INF = float("nan"), float("inf")
@@ -21,7 +21,7 @@ NAN, INF = float("nan"), float("inf")
 
 @pytest.fixture(scope="module")
 def reg():
-    return build_registry(make_plugin_manager())
+    return zoo.REGISTRY
 
 
 def _run(reg, values, old_values, returns, mask, **params):

@@ -1,0 +1,87 @@
+"""The resolved run config: what :func:`rlzoo.config.load_config` returns and the engine reads.
+
+It carries the validated config, the components it chose with their parameters, where
+every value came from, and the run plan decided from them (:mod:`rlzoo.plan`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from rlzoo.contract import BoundComponent
+from rlzoo.errors import ConfigError
+from rlzoo.kinds import COMPONENT_FIELDS
+from rlzoo.registry import Component, Registry
+
+
+@dataclass
+class ResolvedConfig:
+    """The validated run config, the components it chose and the run plan.
+
+    :ivar cfg: the full config (OmegaConf), component choices expanded to mappings with
+        every parameter (defaults filled in).
+    :ivar components: config path -> :class:`Component` for every choice that is set.
+    :ivar params: config path -> the parameter dataclass instance of that choice.
+    :ivar extensions: ``(component, params)`` for every enabled extension.
+    :ivar sources: dotted key -> the layer that set its value (``defaults``,
+        ``preset grpo``, ``--config run.yaml``, ``command line``, ...).
+    :ivar plan: the :class:`rlzoo.plan.RunPlan` decided from all of the above (set by
+        :func:`rlzoo.config.load_config`).
+    :ivar resume_changes: with ``resume=``, dotted key -> ``(saved, new)`` for every key
+        the resume changes (only :data:`rlzoo.resume.RESUMABLE_KEYS` may change).
+    :ivar rewards: ``(component, params, weight)`` of every reward function, in ``reward``
+        order (one, weight 1.0, unless ``reward`` is a list).
+    :ivar registry: the registry the components were chosen from (binds a component the
+        plan names by name, :meth:`bind_as`).
+    """
+
+    cfg: DictConfig
+    components: dict[str, Component]
+    params: dict[str, Any]
+    extensions: list[tuple[Component, Any]]
+    sources: dict[str, str] = field(default_factory=dict)
+    plan: Any = None
+    resume_changes: dict[str, tuple[Any, Any]] = field(default_factory=dict)
+    rewards: list[tuple[Component, Any, float]] = field(default_factory=list)
+    registry: Registry | None = None
+
+    def to_yaml(self) -> str:
+        return OmegaConf.to_yaml(self.cfg)
+
+    def bound(self, path: str) -> Any:
+        """The component chosen at ``path`` with its parameters bound, as the engine calls it."""
+        return self.components[path].bind(self.params[path])
+
+    def bind_as(self, path: str, name: str) -> BoundComponent:
+        """The component ``name`` of the kind chosen at ``path``, bound as the engine calls it:
+        the configured choice with its parameters when ``name`` is that choice, otherwise the
+        registered component of that name with its default parameters. The engine binds the
+        components the run plan names through this, so the plan, not the config, decides.
+
+        :raises ConfigError: no component of that kind is registered as ``name``.
+        """
+        chosen = self.components.get(path)
+        if chosen is not None and name in (chosen.name, *chosen.aliases):
+            return self.bound(path)
+        if self.registry is None:
+            raise ConfigError(f"{path}={name!r} is not the configured choice and no registry is at hand to bind it")
+        return self.registry.get(COMPONENT_FIELDS[path], name).bind(None)
+
+    def reward_functions(self) -> list[tuple[Any, float]]:
+        """``(bound reward function, weight)`` pairs, in ``reward`` order."""
+        return [(component.bind(params), weight) for component, params, weight in self.rewards]
+
+    def build(self, path: str, name: str | None = None, **inputs: Any) -> Any:
+        """Construct the component chosen at ``path`` (a task, a rollout backend, ...), or the
+        one named ``name`` there (:meth:`bind_as`), from ``inputs``; a ``ValueError`` /
+        ``OSError`` of its factory is a config error naming it."""
+        bound = self.bound(path) if name is None else self.bind_as(path, name)
+        try:
+            return bound(**inputs)
+        except ConfigError:
+            raise
+        except (ValueError, OSError) as exc:
+            raise ConfigError(f"{path} {bound.name!r}: {exc}") from exc
