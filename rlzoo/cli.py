@@ -1,4 +1,4 @@
-"""The ``rlzoo`` command line: train, sft, sweep, compare, config, list.
+"""The ``rlzoo`` command line: train, sft, sweep, compare, config, explain, diff, ab, export, list.
 
 Every user error (:class:`rlzoo.errors.RlzooError`) prints one line ``rlzoo: error: ...``
 and exits with code 2, before any model is built.
@@ -109,6 +109,14 @@ def _parser() -> argparse.ArgumentParser:
     ab.add_argument("--b", nargs="*", default=[], metavar="KEY=VALUE", help="overrides of learner B")
     ab.add_argument("--steps", type=int, help="replay only the first N recorded steps")
     ab.add_argument("--out", metavar="DIR", help="output directory (default RUN_DIR-ab-<timestamp>)")
+
+    export = sub.add_parser("export", help="write a run's trained policy as a model directory (LoRA merged)",
+                            description="Write the policy of a run's newest intact checkpoint (or --step's) "
+                            "to OUT as a transformers model directory with its tokenizer, loadable as "
+                            "model.path=OUT; a LoRA run's adapters are merged into its base weights.")
+    export.add_argument("run_dir", metavar="RUN_DIR", help="a run directory")
+    export.add_argument("out", metavar="OUT", help="a new (or empty) directory to write")
+    export.add_argument("--step", type=int, help="export this step's checkpoint (default: the newest intact one)")
 
     listing = sub.add_parser("list", help="list registered components by kind")
     listing.add_argument("--json", action="store_true", help="print JSON instead of text")
@@ -292,6 +300,15 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_export(args: argparse.Namespace) -> int:
+    from rlzoo.export import export_policy
+
+    _quiet_transformers()
+    checkpoint = export_policy(args.run_dir, args.out, args.step)
+    print(f"wrote {args.out} from {checkpoint}; load it with model.path={args.out}")
+    return 0
+
+
 def _cmd_list(args: argparse.Namespace) -> int:
     from rlzoo.introspect import describe_params
     from rlzoo.plugins import build_registry, make_plugin_manager
@@ -342,4 +359,5 @@ def _cmd_list(args: argparse.Namespace) -> int:
 
 
 _COMMANDS = {"train": _cmd_train, "sft": _cmd_sft, "sweep": _cmd_sweep, "compare": _cmd_compare,
-             "config": _cmd_config, "explain": _cmd_explain, "diff": _cmd_diff, "ab": _cmd_ab, "list": _cmd_list}
+             "config": _cmd_config, "explain": _cmd_explain, "diff": _cmd_diff, "ab": _cmd_ab, "list": _cmd_list,
+             "export": _cmd_export}

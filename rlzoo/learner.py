@@ -22,7 +22,7 @@ from rlzoo import distributed
 from rlzoo.batch import BatchCounts, RolloutBatch
 from rlzoo.resolved import ResolvedConfig
 from rlzoo.errors import TrainingError
-from rlzoo.logprobs import full_sequence, response_forward
+from rlzoo.logprobs import full_sequence
 from rlzoo.masked import masked_mean
 from rlzoo.models import RunModels
 
@@ -134,7 +134,7 @@ class Learner:
             self.kl_controller = resolved.build("kl.controller", init_coef=0.0)  # its state is checkpointed
         self.value_loss = resolved.bound("value_loss") if models.critic else None
         factor = lr_factor(t.lr_schedule, t.warmup_steps, t.total_steps)
-        self.optimizer = adamw(models.policy.parameters(), t.lr, tuple(t.betas), t.weight_decay)
+        self.optimizer = adamw(models.trainable(), t.lr, tuple(t.betas), t.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, factor)
         self.critic_optimizer = self.critic_scheduler = None
         if models.critic is not None:
@@ -336,10 +336,7 @@ class Learner:
 
     @torch.no_grad()
     def _ref_logits(self, mb: RolloutBatch) -> torch.Tensor:
-        with self.compute():
-            return response_forward(self.models.reference, mb.prompt_ids, mb.prompt_mask, mb.response_ids,
-                                    mb.response_mask, with_logits=True,
-                                    temperature=self.plan.logprob_temperature).logits
+        return self._forward(self.models.reference_forward, mb, with_logits=True)[2]
 
     def _critic_step(self, mini: RolloutBatch, means: _WeightedMeans) -> None:
         models, mask = self.models, self.plan.masks["value"]

@@ -33,7 +33,7 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
-from rlzoo import distributed
+from rlzoo import distributed, lora
 from rlzoo.errors import ConfigError
 from rlzoo.logprobs import ResponseForward
 
@@ -242,6 +242,8 @@ class RunModels:
     :ivar critic_forward: the critic as the update calls it (wrapped under torchrun).
     :ivar teacher_forward: :class:`ResponseForward` of the frozen teacher (``teacher.path``),
         or ``None``.
+    :ivar initial: what the run's ``init_model/`` keeps, when not the policy itself (a LoRA
+        run: the base weights without adapters, :class:`rlzoo.lora.SavedBase`).
     """
 
     policy: PreTrainedModel
@@ -252,6 +254,7 @@ class RunModels:
     critic: ValueModel | None = None
     critic_forward: torch.nn.Module | None = None
     teacher_forward: torch.nn.Module | None = None
+    initial: Any = None
 
     def generation_context(self) -> Any:
         """A context within which the policy's weights are whole (FSDP; otherwise a no-op)."""
@@ -266,6 +269,16 @@ class RunModels:
     def saveable_policy(self) -> Any:
         """The policy as an object with ``save_pretrained`` (a collective under FSDP)."""
         return _saveable(self.policy, self.policy_forward, "model.")
+
+    def saveable_initial(self) -> Any:
+        """What ``init_model/`` keeps (an object with ``save_pretrained``): the initial
+        policy, or under LoRA its base weights (checkpoints keep the adapters)."""
+        return self.initial if self.initial is not None else self.saveable_policy()
+
+    def trainable(self) -> list[torch.nn.Parameter]:
+        """The policy's parameters the optimizer updates: all of them, or under LoRA the
+        adapters only (the frozen base requires no gradient)."""
+        return [param for param in self.policy.parameters() if param.requires_grad]
 
     def saveable(self) -> dict[str, Any]:
         """``name -> object with save_pretrained`` for a checkpoint (a collective when the
@@ -305,15 +318,18 @@ def build_run_models(cfg: DictConfig, plan: Any, task: Any, device: torch.device
 
     :param task: supplies the embedded tokenizer's alphabet when ``model.path`` is unset.
     :param resume_from: a checkpoint directory to load the policy and critic from.
-    :param init_model_dir: the run's ``init_model/``: the reference when resuming.
+    :param init_model_dir: the run's ``init_model/``: the reference when resuming (and
+        under LoRA the base the checkpoint's adapters are loaded onto).
     :raises ConfigError: no usable model (e.g. a task that needs ``model.path``).
     """
-    if resume_from is not None:
+    if resume_from is not None and plan.lora is None:
         policy, tokenizer = load_pretrained(resume_from / "policy", cfg.model.dtype)
+    elif resume_from is not None:
+        policy, tokenizer = load_pretrained(init_model_dir, cfg.model.dtype)  # the frozen base
     else:
         policy, tokenizer = build_policy(cfg, task)
     reference = None
-    if "reference" in plan.models:
+    if "reference" in plan.models and plan.lora is None:
         if resume_from is not None:
             reference = load_pretrained(init_model_dir, cfg.model.dtype)[0]
         else:
@@ -327,15 +343,26 @@ def build_run_models(cfg: DictConfig, plan: Any, task: Any, device: torch.device
         critic = ValueModel.from_policy_config(policy.config, policy).to(device)
         if resume_from is not None:
             critic.load_from(resume_from / "critic")  # before any sharding
+    initial = None
+    if plan.lora is not None:  # after the critic: it starts from the plain base weights
+        policy = lora.add_adapters(policy, plan.lora)
+        if resume_from is not None:
+            lora.load_adapters(policy, resume_from / "policy")
+        initial = lora.SavedBase(policy)
     policy.to(device)
     if reference is not None:
         reference.to(device)
     if cfg.model.gradient_checkpointing:
         policy.gradient_checkpointing_enable()
+        if plan.lora is not None:  # frozen embeddings: checkpointed blocks need an input that requires grad
+            policy.enable_input_require_grads()
+    reference_forward = ResponseForward(reference) if reference is not None else None
+    if plan.lora is not None and "reference" in plan.models:
+        reference_forward = lora.AdaptersOff(ResponseForward(policy))
     models = RunModels(policy=policy, tokenizer=tokenizer, policy_forward=ResponseForward(policy),
-                       reference=reference, reference_forward=ResponseForward(reference) if reference else None,
+                       reference=reference, reference_forward=reference_forward,
                        critic=critic, critic_forward=critic,
-                       teacher_forward=ResponseForward(teacher) if teacher is not None else None)
+                       teacher_forward=ResponseForward(teacher) if teacher is not None else None, initial=initial)
     if dist.enabled:
         token = torch.zeros((1, 1), dtype=torch.long, device=device)  # one token of prompt and of response
         example = (token, torch.ones_like(token), token, torch.ones_like(token))

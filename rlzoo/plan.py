@@ -12,6 +12,7 @@ it to ``plan.txt`` in its directory.
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -95,6 +96,46 @@ class RolloutPlan:
 
 
 @dataclass(frozen=True)
+class LoraPlan:
+    """Low-rank adapters (``model.lora``, through ``peft``): only they are trained.
+
+    :ivar rank: the adapters' rank ``r`` (> 0).
+    :ivar alpha: their product ``B·A`` is scaled by ``alpha / rank``.
+    :ivar dropout: dropout on the adapters' input while training.
+    :ivar target_modules: names of the linear layers that get adapters.
+    """
+
+    rank: int
+    alpha: float
+    dropout: float
+    target_modules: tuple[str, ...]
+
+    @property
+    def scale(self) -> float:
+        """``alpha / rank``, the factor on the adapters' product."""
+        return self.alpha / self.rank
+
+
+PEFT_MIN_VERSION = (0, 11)
+"""The oldest ``peft`` whose ``disable_adapter``, ``merge_and_unload`` and
+``set_peft_model_state_dict`` rlzoo relies on."""
+LORA_INSTALL = "pip install 'rlzoo[lora]' (or pip install 'peft>=0.11')"
+
+
+def peft_problem() -> str | None:
+    """Why ``peft`` cannot serve a LoRA run (not installed, or older than
+    :data:`PEFT_MIN_VERSION`), or ``None``; checked without importing it."""
+    try:
+        version = importlib.metadata.version("peft")
+    except importlib.metadata.PackageNotFoundError:
+        return "the peft package is not installed"
+    numbers = tuple(int(part) for part in (version.split(".") + ["0", "0"])[:2] if part.isdigit())
+    if len(numbers) == 2 and numbers < PEFT_MIN_VERSION:
+        return f"peft {version} is installed, older than 0.11"
+    return None
+
+
+@dataclass(frozen=True)
 class RunPlan:
     """What a run is. Built by :func:`build_plan`; read by the engine.
 
@@ -113,6 +154,8 @@ class RunPlan:
     :ivar correction: the rollout correction's name (``none``: weights of 1).
     :ivar record: each step's batch is written to ``rollouts/`` (``rollout.record``).
     :ivar precision: ``trainer.precision``: ``fp32``, or ``bf16`` compute over float32 weights.
+    :ivar lora: the policy's LoRA adapters (``model.lora.rank`` > 0), or ``None``: every
+        weight is trained.
     :ivar warnings: choices that cannot act under this plan, in words.
     """
 
@@ -128,6 +171,7 @@ class RunPlan:
     correction: str = "none"
     record: bool = False
     precision: str = "fp32"
+    lora: LoraPlan | None = None
     warnings: list[str] = field(default_factory=list)
 
     @property
@@ -160,6 +204,7 @@ class RunPlan:
             "rollout": dataclasses.asdict(self.rollout),
             "rollout_correction": self.correction,
             "precision": self.precision,
+            "lora": None if self.lora is None else dataclasses.asdict(self.lora),
             "warnings": list(self.warnings),
         }
 
@@ -178,6 +223,11 @@ class RunPlan:
             lines.append(f"rollout correction: {self.correction} weights the per-token policy loss")
         if self.record:
             lines.append("each step's batch is recorded in rollouts/ (rlzoo ab replays it)")
+        if self.lora is not None:
+            a = self.lora
+            lines.append(f"lora: rank-{a.rank} adapters on {', '.join(a.target_modules)}, scaled by alpha/rank = "
+                         f"{a.alpha:g}/{a.rank} = {a.scale:g}, dropout {a.dropout:g}; only the adapters are trained "
+                         "and checkpointed (peft), the base weights stay frozen")
         if self.precision == "bf16":
             lines.append("precision: bf16 autocast for every model forward and backward of the learner over float32 "
                          "weights and optimizer state; softmax, log-probs, losses and values in float32")
@@ -228,7 +278,8 @@ def build_plan(resolved: ResolvedConfig) -> RunPlan:
         needs |= comps["value_loss"].needs
     _check_consistency(resolved, needs, kl_on, world)
 
-    models = {"policy": "trained"}
+    lora = _lora_plan(cfg)
+    models = {"policy": "trained" if lora is None else f"base weights frozen, rank-{lora.rank} LoRA adapters trained"}
     passes: dict[str, str] = {}
     if "greedy" in needs:
         passes["greedy"] = f"a greedy rollout of each prompt for the baseline ({_names(acting, 'greedy')})"
@@ -261,7 +312,10 @@ def build_plan(resolved: ResolvedConfig) -> RunPlan:
                     coef=float(cfg.kl.coef), uses_logits=uses_logits,
                     controller_updates=controller.name != "fixed")
     if "reference" in needs or "logits" in needs:
-        models["reference"] = f"frozen initial policy, for {_names(acting, 'reference') or _names(acting, 'logits')}"
+        readers = _names(acting, 'reference') or _names(acting, 'logits')
+        models["reference"] = (f"frozen initial policy, for {readers}" if lora is None else
+                               f"the policy with its LoRA adapters disabled (the frozen base weights; no second "
+                               f"copy), for {readers}")
         if "reference" in needs:
             passes["ref_logp"] = f"reference log-probs of the sampled tokens ({_names(acting, 'reference')})"
         if "logits" in needs:
@@ -270,7 +324,8 @@ def build_plan(resolved: ResolvedConfig) -> RunPlan:
         models["teacher"] = f"frozen teacher {cfg.teacher.path} ({_names(acting, 'teacher')})"
         passes["teacher_logp"] = f"teacher log-probs of the sampled tokens ({_names(acting, 'teacher')})"
     if "critic" in needs:
-        models["critic"] = f"value model initialised from the policy ({_names(acting, 'critic')})"
+        models["critic"] = (f"value model initialised from the policy ({_names(acting, 'critic')})"
+                            + ("; all its weights are trained (LoRA adapts the policy only)" if lora else ""))
         passes["values"] = "critic values of the rollout (the value loss's old values)"
     rollout_dtype = cfg.rollout.dtype or cfg.model.dtype
     if cfg.rollout.dtype and cfg.rollout.dtype != cfg.model.dtype:
@@ -293,13 +348,38 @@ def build_plan(resolved: ResolvedConfig) -> RunPlan:
                                        n=int(cfg.rollout.n), max_new_tokens=int(cfg.rollout.max_new_tokens),
                                        temperature=float(cfg.rollout.temperature), top_p=float(cfg.rollout.top_p)),
                    correction=comps["rollout_correction"].name, record=bool(cfg.rollout.record),
-                   precision=str(cfg.trainer.precision))
+                   precision=str(cfg.trainer.precision), lora=lora)
     plan.warnings.extend(_inert_choices(resolved, plan))
     return plan
 
 
+def _lora_plan(cfg: Any) -> LoraPlan | None:
+    lora = cfg.model.lora
+    if int(lora.rank) == 0:
+        return None
+    return LoraPlan(rank=int(lora.rank), alpha=float(lora.alpha), dropout=float(lora.dropout),
+                    target_modules=tuple(str(name) for name in lora.target_modules))
+
+
+def _check_lora(cfg: Any, world: int) -> None:
+    """LoRA runs need peft and a data-parallel strategy that keeps whole modules."""
+    rank = int(cfg.model.lora.rank)
+    if rank == 0:
+        return
+    problem = peft_problem()
+    if problem is not None:
+        raise ConfigError(f"model.lora.rank={rank} trains LoRA adapters through peft, but {problem}: "
+                          f"{LORA_INSTALL}; or set model.lora.rank=0 to train every weight")
+    if world > 1 and cfg.distributed.strategy == "fsdp":
+        raise ConfigError(f"model.lora.rank={rank} with distributed.strategy=fsdp is not supported (FSDP2 would "
+                          "need each peft adapter layer sharded on its own, which rlzoo does not do): use "
+                          "distributed.strategy=ddp (the frozen base is small enough to replicate when the "
+                          "adapters are what trains), or model.lora.rank=0")
+
+
 def _check_consistency(resolved: ResolvedConfig, needs: set[str], kl_on: bool, world: int) -> None:
     cfg = resolved.cfg
+    _check_lora(cfg, world)
     comps = resolved.components
     acting = [*comps.values(), *(c for c, _ in resolved.extensions)]
     if "groups" in needs and cfg.rollout.n < 2:
@@ -392,6 +472,12 @@ def _inert_choices(resolved: ResolvedConfig, plan: RunPlan) -> list[str]:
     if cfg.teacher.path and "teacher" not in plan.needs:
         warnings.append(f"teacher.path is set but no component reads the teacher (teacher_logp): {cfg.teacher.path} "
                         "is not loaded; distil with advantage=opd")
+    if plan.lora is None:
+        set_lora = [key for key in ("model.lora.alpha", "model.lora.dropout", "model.lora.target_modules")
+                    if resolved.sources.get(key) == "command line"]
+        if set_lora:
+            warnings.append(f"model.lora.rank=0: every weight is trained and no adapter exists, so "
+                            f"{', '.join(set_lora)} has no effect; set model.lora.rank > 0 for LoRA")
     if "critic" not in plan.needs and resolved.sources.get("value_loss.name") == "command line":
         warnings.append("value_loss is set but no component needs a critic: it has no effect")
     return warnings

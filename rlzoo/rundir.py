@@ -53,6 +53,7 @@ from rlzoo.checkpoint import (
 )
 from rlzoo.errors import ConfigError, RlzooError, TrainingError
 from rlzoo.events import read_scalars
+from rlzoo.lora import ADAPTER_CONFIG
 from rlzoo.recording import ROLLOUT_DIR, record
 
 INIT_MODEL_DIR = "init_model"
@@ -222,7 +223,11 @@ SHAPE_KEYS = ("model_type", "vocab_size", "hidden_size", "intermediate_size", "n
 
 def _check_same_model(policy: Path, init_model: Path) -> None:
     """:raises ConfigError: the checkpoint's policy has other shapes than the run's
-    ``init_model/`` (a checkpoint of another run copied in, or an edited config)."""
+    ``init_model/`` (a checkpoint of another run copied in, or an edited config). A LoRA
+    checkpoint's ``policy/`` holds adapters only: they are checked when loaded onto
+    ``init_model/`` (:func:`rlzoo.lora.load_adapters`)."""
+    if not (policy / "config.json").is_file() and (policy / ADAPTER_CONFIG).is_file():
+        return
     try:
         got, want = (json.loads((folder / "config.json").read_text()) for folder in (policy, init_model))
     except (OSError, ValueError) as exc:

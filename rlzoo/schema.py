@@ -19,6 +19,14 @@ from omegaconf.errors import ValidationError
 from rlzoo.errors import ConfigError, did_you_mean
 
 @dataclass
+class LoraConfig:
+    rank: int = MISSING
+    alpha: float = MISSING
+    dropout: float = MISSING
+    target_modules: list[str] = MISSING
+
+
+@dataclass
 class ModelConfig:
     path: Optional[str] = MISSING
     arch: str = MISSING
@@ -30,6 +38,7 @@ class ModelConfig:
     dtype: str = MISSING
     gradient_checkpointing: bool = MISSING
     chat_template: Optional[bool] = MISSING
+    lora: LoraConfig = field(default_factory=LoraConfig)
 
 
 @dataclass
@@ -175,7 +184,7 @@ POSITIVE: tuple[str, ...] = (
 NON_NEGATIVE: tuple[str, ...] = (
     "trainer.lr", "trainer.critic_lr", "trainer.weight_decay", "trainer.warmup_steps",
     "trainer.max_grad_norm", "trainer.entropy_coef", "trainer.threads", "trainer.logprob_keep_mb", "kl.coef",
-    "logging.sample_every", "checkpoint.every", "eval.every", "eval.size", "eval.n",
+    "logging.sample_every", "checkpoint.every", "eval.every", "eval.size", "eval.n", "model.lora.rank",
 )
 
 
@@ -229,8 +238,23 @@ def check_values(cfg: DictConfig) -> None:
     if not 0 <= cfg.eval.holdout < 1:
         raise ConfigError(f"invalid value for eval.holdout: {cfg.eval.holdout!r}; must be in [0, 1) (the share of "
                           "each task's prompts held out of training for evaluation)")
+    _check_lora(cfg.model.lora)
     if len(cfg.trainer.betas) != 2:
         raise ConfigError(f"invalid value for trainer.betas: {list(cfg.trainer.betas)}; need 2 numbers")
+
+def _check_lora(lora: DictConfig) -> None:
+    """The values of ``model.lora`` (checked whatever its rank: a config stays valid when the
+    rank is raised later)."""
+    if not lora.alpha > 0:
+        raise ConfigError(f"invalid value for model.lora.alpha: {lora.alpha!r}; must be > 0 (the adapters' "
+                          "product is scaled by alpha / rank)")
+    if not 0 <= lora.dropout < 1:
+        raise ConfigError(f"invalid value for model.lora.dropout: {lora.dropout!r}; must be in [0, 1)")
+    names = list(lora.target_modules)
+    if not names or any(not str(name).strip() for name in names):
+        raise ConfigError(f"invalid value for model.lora.target_modules: {names!r}; list the names of the "
+                          "linear layers to adapt, e.g. [q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj]")
+
 
 def schema_keys(node: Any, prefix: str = "") -> list[str]:
     keys = []

@@ -40,6 +40,9 @@ def run_sft(resolved: ResolvedConfig, steps: int = 100,
         raise ConfigError(f"unknown SFT target {target!r}; choose one of {', '.join(TARGETS)}")
     if steps < 1 or batch_size < 1:
         raise ConfigError(f"steps and batch_size must be >= 1, got {steps} and {batch_size}")
+    if resolved.plan.lora is not None:
+        raise ConfigError(f"rlzoo sft trains every weight of the model; model.lora.rank={resolved.plan.lora.rank} "
+                          "is for rlzoo train: set model.lora.rank=0")
     cfg = resolved.cfg
     task_name = resolved.components["task"].name
     task = resolved.build("task")

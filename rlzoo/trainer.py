@@ -197,7 +197,7 @@ class Trainer:
         cfg, main = self.cfg, self.dist.is_main
         if self.run_dir.resume_from is None:
             with self.run_dir.starting():  # a start that fails leaves the directory as it was
-                self.run_dir.start(cfg, self.plan.render(), self.models.saveable_policy(), self.models.tokenizer)
+                self.run_dir.start(cfg, self.plan.render(), self.models.saveable_initial(), self.models.tokenizer)
                 self.save()  # step 0: from here on, the run is resumable
         else:
             self.run_dir.record_resume(self.step, self.resolved.resume_changes, self.plan.render())
