@@ -17,7 +17,10 @@ without it, before anything is built.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +50,15 @@ def _peft() -> Any:
         raise ConfigError(f"LoRA needs the peft package: {LORA_INSTALL}") from exc
 
 
+@contextlib.contextmanager
+def _quiet_peft() -> Iterator[None]:
+    """Without the FutureWarning peft's wrapping triggers in transformers 5 (it asks the
+    deprecated ``is_gradient_checkpointing``): nothing a user can act on."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+        yield
+
+
 def linear_names(model: torch.nn.Module) -> list[str]:
     """The distinct last names of ``model``'s linear layers (what ``target_modules`` can name)."""
     return sorted({name.rsplit(".", 1)[-1] for name, module in model.named_modules()
@@ -70,7 +82,8 @@ def add_adapters(model: torch.nn.Module, lora: LoraPlan) -> Any:
     config = peft.LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
                              target_modules=list(lora.target_modules), bias="none", task_type="CAUSAL_LM")
     try:
-        wrapped = peft.get_peft_model(model, config)
+        with _quiet_peft():
+            wrapped = peft.get_peft_model(model, config)
     except ValueError as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ConfigError(f"model.lora.target_modules={list(lora.target_modules)} cannot be adapted ({first}); "
@@ -171,7 +184,8 @@ def merged_policy(base: torch.nn.Module, adapter_dir: Path) -> torch.nn.Module:
     """
     peft = _peft()
     try:
-        adapted = peft.PeftModel.from_pretrained(base, str(adapter_dir))
+        with _quiet_peft():
+            adapted = peft.PeftModel.from_pretrained(base, str(adapter_dir))
     except (OSError, ValueError, RuntimeError, SafetensorError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ConfigError(f"cannot load the LoRA adapters of {adapter_dir}: {first}") from exc
