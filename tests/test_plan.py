@@ -216,11 +216,12 @@ PLAN_DECIDED_KEYS = (
     "trainer.precision", "rollout.record", "rollout_correction", "loss_agg", "kl.coef", "kl.apply", "kl.estimator",
     "kl.controller", "trainer.update_epochs", "trainer.num_mini_batches", "trainer.micro_batch_size",
     "rollout.temperature", "rollout.top_p", "rollout.n", "rollout.max_new_tokens", "rollout.prompts_per_step",
-    "rollout.dtype", "rollout.backend", "launcher.nproc",
+    "rollout.dtype", "rollout.backend", "launcher.nproc", "model.lora.rank", "model.lora.alpha", "model.lora.dropout",
+    "model.lora.target_modules",
 )
 """Config keys whose decision the run plan prints: the engine reads them from the plan."""
 
-ENGINE_MODULES = ("trainer", "learner", "sampler", "evaluation", "models", "scoring", "tracking")
+ENGINE_MODULES = ("trainer", "learner", "sampler", "evaluation", "models", "scoring", "tracking", "lora")
 CONFIG_ALIASES = {"trainer_cfg": "trainer", "rollout_cfg": "rollout", "t": "trainer"}
 CONFIG_ROOTS = {"cfg", "trainer_cfg", "rollout_cfg", "t"}
 ALLOWED_READS = {("models", "rollout.max_new_tokens")}
