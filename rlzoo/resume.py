@@ -71,8 +71,23 @@ def requested(overrides: list[str] | None, config_file: str | Path | None) -> st
     return str(resume) if resume else None
 
 
+def with_new_keys(saved: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
+    """``saved`` plus every key of ``defaults`` it lacks (recursively through mappings both
+    hold): a run written before a config key existed resumes with that key's default, which
+    keeps what the run did then (a new key's default is the old behaviour, e.g.
+    ``model.lora.rank: 0``). Keys ``saved`` has are never changed."""
+    merged = dict(saved)
+    for key, value in defaults.items():
+        if key not in merged:
+            merged[key] = copy.deepcopy(value)
+        elif isinstance(merged[key], dict) and isinstance(value, dict) and "name" not in value:
+            merged[key] = with_new_keys(merged[key], value)
+    return merged
+
+
 def saved_config(resume: str) -> dict[str, Any]:
-    """The config a run was started with (its ``config.yaml``), checked to be resumable.
+    """The config a run was started with (its ``config.yaml``, plus the defaults of keys
+    added since: :func:`with_new_keys`), checked to be resumable.
 
     :raises ConfigError: ``resume`` is not a run directory, or holds no checkpoint.
     """
@@ -81,7 +96,8 @@ def saved_config(resume: str) -> dict[str, Any]:
         raise ConfigError(f"resume={resume!r} is not a run directory (no {CONFIG_FILE})")
     if latest_checkpoint(run_dir) is None and not (run_dir / PLAN_FILE).is_file():
         raise ConfigError(f"resume={resume!r}: no checkpoint found in {run_dir / 'checkpoints'}")
-    return config.read_yaml(run_dir / CONFIG_FILE, f"resume={resume}: run config")
+    saved = config.read_yaml(run_dir / CONFIG_FILE, f"resume={resume}: run config")
+    return with_new_keys(saved, config.read_yaml(config.default_config_path(), "default config"))
 
 
 def plugin_modules(overrides: list[str] | None, config_file: str | Path | None) -> list[str]:

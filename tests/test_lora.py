@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from safetensors.torch import load_file
 
 from rlzoo.cli import main
@@ -309,3 +310,14 @@ def test_two_ddp_ranks_equal_one_process(tmp_path: Path) -> None:
         torch.testing.assert_close(got["grads"][key], grad, rtol=1e-4, atol=1e-7)
     for key, param in want.items():
         assert (got["params"][key] - param).abs().max() <= 1e-5, key
+
+
+def test_a_run_from_before_model_lora_existed_resumes_without_adapters(tmp_path: Path) -> None:
+    run = tmp_path / "old"
+    assert main(["train", *TINY, *QUIET, "trainer.total_steps=1", f"run_dir={run}"]) == 0
+    saved = yaml.safe_load((run / "config.yaml").read_text())
+    del saved["model"]["lora"]                                       # as rlzoo wrote it before this key
+    (run / "config.yaml").write_text(yaml.safe_dump(saved))
+    assert main(["train", f"resume={run}", "trainer.total_steps=2"]) == 0
+    assert "lora" not in (run / "plan.txt").read_text()
+    assert (run / "checkpoints" / "step_000002" / "policy" / "model.safetensors").is_file()
