@@ -1,0 +1,80 @@
+"""Peak RSS of a LoRA run against full fine-tuning with a KL reference, same work.
+
+Each configuration trains in a fresh process (``rlzoo train`` through :func:`rlzoo.cli.main`)
+and reports that process's peak resident set size (``getrusage(RUSAGE_SELF).ru_maxrss``),
+after a baseline process that only imports rlzoo, torch and transformers and builds the
+registry. Full fine-tuning holds the policy, a frozen reference copy, gradients and two
+AdamW moments per weight; LoRA holds the policy once (the reference is the same model with
+its adapters disabled) and gradients and moments for the adapters only.
+
+    python benchmarks/lora_memory.py                          # the embedded tiny default
+    python benchmarks/lora_memory.py --model-path DIR --task arithmetic --reward numeric_match
+
+Timings on a shared machine are not comparable; memory is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+CHILD = """
+import json, resource, sys
+from rlzoo.cli import main
+from rlzoo.plugins import load_registry
+argv = json.loads(sys.argv[1])
+load_registry()
+rc = main(argv) if argv else 0
+print("RSS_KB", json.dumps({"rc": rc, "maxrss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))
+"""
+
+
+def peak_rss_mib(argv: list[str]) -> float:
+    """Peak RSS in MiB of a fresh process running ``rlzoo`` with ``argv`` (nothing: import only)."""
+    proc = subprocess.run([sys.executable, "-c", CHILD, json.dumps(argv)], capture_output=True, text=True,
+                          env={"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RSS_KB ")]
+    if proc.returncode or not lines:
+        raise SystemExit(f"rlzoo {' '.join(argv)} failed:\n{proc.stderr[-3000:]}")
+    result = json.loads(lines[-1].split(" ", 1)[1])
+    if result["rc"]:
+        raise SystemExit(f"rlzoo {' '.join(argv)} exited {result['rc']}:\n{proc.stderr[-3000:]}")
+    return result["maxrss_kb"] / 1024
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model-path", help="a local model directory (default: the embedded tiny model)")
+    parser.add_argument("--task", default=None, help="task name (default: the default task)")
+    parser.add_argument("--reward", default=None, help="reward name (default: the task's)")
+    parser.add_argument("--rank", type=int, default=8, help="LoRA rank (default 8)")
+    parser.add_argument("--steps", type=int, default=2, help="training steps per run (default 2)")
+    parser.add_argument("--extra", nargs="*", default=[], metavar="KEY=VALUE", help="overrides for both runs")
+    args = parser.parse_args()
+    common = ["algo=grpo", "kl.coef=0.04", f"trainer.total_steps={args.steps}", "eval.size=0",
+              "logging.progress=false", "logging.sample_every=0", "trainer.threads=1", "checkpoint.every=0"]
+    if args.model_path:
+        common.append(f"model.path={args.model_path}")
+    if args.task:
+        common.append(f"task={args.task}")
+    if args.reward:
+        common.append(f"reward={args.reward}")
+    common += args.extra
+    with tempfile.TemporaryDirectory() as tmp:
+        baseline = peak_rss_mib([])
+        full = peak_rss_mib(["train", *common, f"run_dir={Path(tmp) / 'full'}"])
+        lora = peak_rss_mib(["train", *common, f"model.lora.rank={args.rank}", f"run_dir={Path(tmp) / 'lora'}"])
+    print(f"| run | peak RSS (MiB) | above import (MiB) |\n|---|---|---|")
+    print(f"| import rlzoo, torch, transformers | {baseline:.0f} | 0 |")
+    print(f"| full fine-tuning + reference copy | {full:.0f} | {full - baseline:.0f} |")
+    print(f"| LoRA rank {args.rank}, reference = adapters off | {lora:.0f} | {lora - baseline:.0f} |")
+    print(f"\nLoRA / full above import: {(lora - baseline) / max(full - baseline, 1e-9):.2f}x; overrides: "
+          f"{' '.join(common)}")
+
+
+if __name__ == "__main__":
+    main()
