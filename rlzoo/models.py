@@ -354,8 +354,8 @@ def build_run_models(cfg: DictConfig, plan: Any, task: Any, device: torch.device
         reference.to(device)
     if cfg.model.gradient_checkpointing:
         policy.gradient_checkpointing_enable()
-        if plan.lora is not None:  # frozen embeddings: reentrant checkpointing (transformers 4) needs an input that requires grad
-            policy.enable_input_require_grads()
+        if plan.lora is not None:  # frozen embeddings: reentrant checkpointing (transformers 4's
+            policy.enable_input_require_grads()  # default) needs a block input that requires grad
     reference_forward = ResponseForward(reference) if reference is not None else None
     if plan.lora is not None and "reference" in plan.models:
         reference_forward = lora.AdaptersOff(ResponseForward(policy))

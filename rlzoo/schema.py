@@ -253,7 +253,8 @@ def _check_lora(lora: DictConfig) -> None:
     names = list(lora.target_modules)
     if not names or any(not str(name).strip() for name in names):
         raise ConfigError(f"invalid value for model.lora.target_modules: {names!r}; list the names of the "
-                          "linear layers to adapt, e.g. [q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj]")
+                          "linear layers to adapt, e.g. [q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, "
+                          "down_proj]")
 
 
 def schema_keys(node: Any, prefix: str = "") -> list[str]:

@@ -296,8 +296,8 @@ def test_two_ddp_ranks_equal_one_process(tmp_path: Path) -> None:
     trainer.close()
     assert grads and all("lora_" in k for k in grads)
     spec = tmp_path / "cases.json"
-    spec.write_text(json.dumps([{"overrides": [*args, f"run_dir={tmp_path / 'dp'}"], "batch": str(tmp_path / "batch.pt"),
-                                 "out": str(tmp_path / "dp.out")}]))
+    spec.write_text(json.dumps([{"overrides": [*args, f"run_dir={tmp_path / 'dp'}"],
+                                 "batch": str(tmp_path / "batch.pt"), "out": str(tmp_path / "dp.out")}]))
     env = {k: v for k, v in os.environ.items() if k != "WORLD_SIZE"}
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                            str(Path(__file__).with_name("dist_worker.py")), str(spec)],
