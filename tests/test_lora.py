@@ -225,6 +225,18 @@ def test_export_of_a_full_finetuning_run_is_its_policy(tmp_path: Path) -> None:
 # ------------------------------------------------------------------ rollout, precision, critic
 
 
+def test_the_rollout_samples_from_the_adapted_policy_it_trains(tmp_path: Path) -> None:
+    """The KV-cache decode loop (through peft's forward) and the training forward (decoder +
+    chunked head over the output embedding) give the same log-probs once the adapters have
+    moved: ``rollout/mismatch_k3`` stays at float rounding."""
+    trainer = _trainer(tmp_path)
+    first = trainer.train_step()
+    second = trainer.train_step()
+    assert first["grad_norm"] > 0 and second["rollout/mismatch_k3"] < 1e-9
+    assert second["rollout/max_abs_log_ratio"] < 1e-4
+    trainer.close()
+
+
 def test_rollout_dtype_copy_syncs_the_adapters(tmp_path: Path) -> None:
     trainer = _trainer(tmp_path, "rollout.dtype=bfloat16", "trainer.total_steps=1")
     trainer.train_step()
