@@ -9,6 +9,7 @@ its adapters disabled) and gradients and moments for the adapters only.
 
     python benchmarks/lora_memory.py                          # the embedded tiny default
     python benchmarks/lora_memory.py --model-path DIR --task arithmetic --reward numeric_match
+    python benchmarks/lora_memory.py --stages ...            # peak after each stage of one step
 
 Timings on a shared machine are not comparable; memory is.
 """
@@ -32,6 +33,41 @@ rc = main(argv) if argv else 0
 print("RSS_KB", json.dumps({"rc": rc, "maxrss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))
 """
 
+STAGES = """
+import json, resource, sys
+from rlzoo.config import load_config
+from rlzoo.plugins import load_registry
+from rlzoo.trainer import Trainer
+
+def peak(stage):
+    print(f"| {stage} | {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} |", flush=True)
+
+pm, registry = load_registry()
+peak("imported")
+trainer = Trainer(load_config(registry, json.loads(sys.argv[1])), pm)
+peak("models built")
+trainer.run_dir.start(trainer.cfg, trainer.plan.render(), trainer.models.saveable_initial(), trainer.models.tokenizer)
+peak("init_model/ written")
+batch = trainer.sampler.sample(trainer.ctx.prompts)
+peak("rollout")
+trainer.learner.prepare(batch)
+peak("old and reference passes")
+trainer.learner.update(batch)
+peak("update (forward, backward, AdamW)")
+trainer.save()
+peak("checkpoint written")
+trainer.close()
+"""
+
+
+def stages(argv: list[str]) -> str:
+    """The peak RSS (MiB) after each stage of one training step, as Markdown rows."""
+    proc = subprocess.run([sys.executable, "-c", STAGES, json.dumps(argv)], capture_output=True, text=True,
+                          env={"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
+    if proc.returncode:
+        raise SystemExit(f"stages of {' '.join(argv)} failed:\n{proc.stderr[-3000:]}")
+    return "\n".join(line for line in proc.stdout.splitlines() if line.startswith("|"))
+
 
 def peak_rss_mib(argv: list[str]) -> float:
     """Peak RSS in MiB of a fresh process running ``rlzoo`` with ``argv`` (nothing: import only)."""
@@ -54,6 +90,7 @@ def main() -> None:
     parser.add_argument("--rank", type=int, default=8, help="LoRA rank (default 8)")
     parser.add_argument("--steps", type=int, default=2, help="training steps per run (default 2)")
     parser.add_argument("--extra", nargs="*", default=[], metavar="KEY=VALUE", help="overrides for both runs")
+    parser.add_argument("--stages", action="store_true", help="also the peak after each stage of a step")
     args = parser.parse_args()
     common = ["algo=grpo", "kl.coef=0.04", f"trainer.total_steps={args.steps}", "eval.size=0",
               "logging.progress=false", "logging.sample_every=0", "trainer.threads=1", "checkpoint.every=0"]
@@ -74,6 +111,11 @@ def main() -> None:
     print(f"| LoRA rank {args.rank}, reference = adapters off | {lora:.0f} | {lora - baseline:.0f} |")
     print(f"\nLoRA / full above import: {(lora - baseline) / max(full - baseline, 1e-9):.2f}x; overrides: "
           f"{' '.join(common)}")
+    if args.stages:
+        with tempfile.TemporaryDirectory() as tmp:
+            for name, extra in (("full fine-tuning", []), (f"LoRA rank {args.rank}", [f"model.lora.rank={args.rank}"])):
+                print(f"\n{name}, peak RSS (MiB) after each stage of one step:\n\n| stage | peak |\n|---|---|")
+                print(stages([*common, *extra, f"run_dir={Path(tmp) / name.split()[0]}"]))
 
 
 if __name__ == "__main__":
