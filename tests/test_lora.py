@@ -273,8 +273,9 @@ def test_gradient_checkpointing_gives_the_adapters_the_same_gradients(tmp_path: 
 @pytest.mark.parametrize("overrides", [
     ["trainer.precision=bf16"],
     ["algo=ppo"],
+    ["kl.estimator=full", "kl.coef=0.1"],
 ])
-def test_lora_trains_under_bf16_and_with_a_critic(tmp_path: Path, overrides) -> None:
+def test_lora_trains_under_bf16_with_a_critic_and_with_full_vocabulary_kl(tmp_path: Path, overrides) -> None:
     trainer = _trainer(tmp_path, *overrides)
     adapters = adapter_parameters(trainer.models.policy)
     before = {k: v.detach().clone() for k, v in adapters.items()}
@@ -285,6 +286,8 @@ def test_lora_trains_under_bf16_and_with_a_critic(tmp_path: Path, overrides) -> 
     if trainer.models.critic is not None:
         assert not any("lora_" in k for k, _ in trainer.models.critic.named_parameters())
         assert metrics["value/loss"] >= 0
+    if "kl.estimator=full" in overrides:  # reference logits with the adapters off; later mini-batches moved
+        assert metrics["kl/value"] > 0
     trainer.close()
 
 
