@@ -76,6 +76,7 @@ class TrainerConfig:
     device: str = MISSING
     threads: int = MISSING
     precision: str = MISSING
+    old_logp: str = MISSING
 
 
 @dataclass
@@ -154,6 +155,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "trainer.lr_schedule": ("constant", "linear", "cosine"),
     "trainer.device": ("cpu", "cuda", "auto"),
     "trainer.precision": ("fp32", "bf16"),
+    "trainer.old_logp": ("compute", "rollout"),
     "distributed.strategy": ("ddp", "fsdp"),
     "distributed.backend": ("auto", "gloo", "nccl"),
 }
