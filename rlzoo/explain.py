@@ -67,7 +67,7 @@ def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def _in_sections(key: str) -> bool:
-    return any(key == s or key.startswith(s + ".") for s in SECTIONS) and key not in OPERATIONAL
+    return any(key == s or key.startswith((s + ".", s + "[")) for s in SECTIONS) and key not in OPERATIONAL
 
 
 def _unused(key: str, resolved: ResolvedConfig) -> str:

@@ -237,7 +237,7 @@ def test_explain_lists_each_correction_parameter_and_the_eval_keys_with_sources(
     assert "[default of rollout_correction icepop]" in rows["rollout_correction[0].high"]
     assert "eval.every" in rows and "(unused: eval.size = 0: no evaluation)" in rows["eval.every"]
     single = explain(load_config(REGISTRY, ["rollout_correction={name: tis, cap: 3}"]), REGISTRY)
-    assert re.search(r"^rollout_correction\.cap\s+3\s+\[command line\]", single, flags=re.M)
+    assert re.search(r"^rollout_correction\.cap\s+3\.0\s+\[command line\]", single, flags=re.M)
 
 
 def test_bypass_drops_the_old_log_prob_pass_and_refuses_what_then_reads_nothing() -> None:
