@@ -21,6 +21,7 @@ import torch
 
 from rlzoo import distributed
 from rlzoo.batch import RolloutBatch
+from rlzoo.errors import TrainingError
 from rlzoo.masked import masked_mean
 from rlzoo.plan import CorrectionStep
 from rlzoo.resolved import ResolvedConfig
@@ -58,6 +59,9 @@ class Corrections:
         weights = None
         with distributed.batch_statistics(self.dist.enabled):
             for step, bound in self.batch_steps:
+                if batch.old_logp is None and "old_logp" in bound.component.inputs:
+                    raise TrainingError(f"rollout_correction {step.name!r} reads old_logp, but the run plan runs no "
+                                        "old-log-prob pass (a plan edited after build_plan decided it?)")
                 mask = batch.loss_mask
                 found, found_metrics = bound(old_logp=batch.old_logp, rollout_logp=batch.rollout_logp,
                                              advantages=batch.advantages, response_mask=mask)

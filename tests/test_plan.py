@@ -205,7 +205,8 @@ def test_the_learner_reads_each_terms_mask_and_aggregation_from_the_plan(tmp_pat
 
 def test_the_engine_reads_precision_correction_and_recording_from_the_plan(tmp_path: Path) -> None:
     _, trainer, _ = _learn_with_plan(tmp_path, "p", precision="bf16",
-                                     corrections=(CorrectionStep("tis", 0, "batch", "weight"),))
+                                     corrections=(CorrectionStep("tis", 0, "batch", "weight"),),
+                                     passes={"old_logp": "read by tis", "ref_logp": "for KL"})
     assert isinstance(trainer.learner.compute(), torch.autocast)            # the config says fp32
     assert [b.name for _, b in trainer.learner.corrections.batch_steps] == ["tis"]   # the config says none
     resolved = load_config(REGISTRY, [*TINY, f"run_dir={tmp_path / 'rec'}", "trainer.total_steps=1", "eval.size=0"])
