@@ -178,7 +178,8 @@ class IcePopParams:
     high: float = 5.0
     """β: tokens with π_old/μ > β get weight 0 (verl's IcePop presets: 0.5 / 5)."""
     mode: str = "weight"
-    """``weight``: a token outside the band gets weight 0 and stays in the denominators; ``mask``: it leaves loss_mask."""
+    """``weight``: a token outside the band gets weight 0 and stays in the denominators; ``mask``: it leaves
+    loss_mask."""
 
     def __post_init__(self) -> None:
         if not 0 < self.low < self.high:
@@ -273,14 +274,16 @@ class RejectionParams:
     """Parameters of ``rejection``."""
 
     estimator: str = "k3"
-    """Per-token divergence: ``k2`` = x²/2, ``k3`` = exp(x) − 1 − x, x = log(π_old/μ) (verl's token_k2 / token_k3)."""
+    """Per-token divergence: ``k2`` = x²/2, ``k3`` = exp(x) − 1 − x, x = log(π_old/μ) (verl's token_k2 /
+    token_k3)."""
     level: str = "mean"
     """``token``: reject each token whose divergence exceeds the threshold; ``sum``, ``mean``, ``max``: reject
     every token of a sequence whose sum / mean / max over its tokens does (verl's seq_sum_*, seq_mean_*, seq_max_*)."""
     threshold: float = 0.01
     """Largest divergence kept; > 0 (verl's K3-RS presets: seq_mean_k3 with 0.01)."""
     mode: str = "weight"
-    """``weight``: a rejected token gets weight 0 and stays in the denominators; ``mask``: it leaves loss_mask (verl)."""
+    """``weight``: a rejected token gets weight 0 and stays in the denominators; ``mask``: it leaves loss_mask
+    (verl)."""
 
     def __post_init__(self) -> None:
         if self.estimator not in REJECTION_STATISTICS:
@@ -379,7 +382,8 @@ def rlzoo_register_rollout_corrections(register) -> None:
              description="token-level truncated IS: w = min(π_old/μ, C)")
     register("seq_tis", seq_tis, params=SeqTISParams, paper="verl rollout_is=sequence; TRL sequence_truncate",
              description="sequence-level truncated IS: w = min(Π_t π_old/μ, C) on every token of the sequence")
-    register("rejection", rejection, params=RejectionParams, paper="verl rollout_rs (token/seq_sum/seq_mean/seq_max k2, k3)",
+    register("rejection", rejection, params=RejectionParams,
+             paper="verl rollout_rs (token/seq_sum/seq_mean/seq_max k2, k3)",
              description="drop tokens / sequences whose k2 or k3 divergence between μ and π_old exceeds a threshold")
     register("icepop", icepop, params=IcePopParams,
              description="token-level masked IS: w = π_old/μ inside [α, β], else 0 (IcePop, Ring-1T)")

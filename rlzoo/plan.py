@@ -457,9 +457,10 @@ def _inert_choices(resolved: ResolvedConfig, plan: RunPlan) -> list[str]:
                             "has no effect")
     inert = [c.name for c, _ in resolved.corrections if "logp" not in c.inputs]
     if inert and same_distribution:
-        warnings.append(f"rollout_correction {', '.join(inert)} corrects for μ ≠ π_old, but the hf backend samples "
-                        "from the trained policy itself in its own dtype (rollout/mismatch_k3 ≈ 0): its weights are 1 "
-                        "to float rounding; set rollout.dtype=bfloat16 (or rollout.top_p < 1) for a gap to correct")
+        warnings.append(f"rollout_correction {', '.join(inert)} corrects for μ ≠ π_old, but the hf backend "
+                        "samples from the trained policy itself in its own dtype (rollout/mismatch_k3 ≈ 0): its "
+                        "weights are 1 to float rounding; set rollout.dtype=bfloat16 (or rollout.top_p < 1) for a gap "
+                        "to correct")
     advantage = resolved.components["advantage"]
     if "reward_scores" in advantage.inputs and len(resolved.rewards) == 1:
         warnings.append(f"advantage {advantage.name} normalises each of several reward functions separately; with "
