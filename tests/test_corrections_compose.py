@@ -294,3 +294,18 @@ def test_a_bypass_run_takes_the_rollout_log_probs_as_old(tmp_path: Path) -> None
         trainer.close()
     assert batch.old_logp is batch.rollout_logp and "rollout/mismatch_k3" not in metrics
     assert metrics["policy/approx_kl"] != 0.0                                  # π (fp32) vs μ (bf16) from step one
+
+
+def test_a_run_saved_before_trainer_old_logp_existed_resumes_unchanged(tmp_path: Path) -> None:
+    import yaml
+    from omegaconf import OmegaConf
+
+    from rlzoo.resume import load_run_config
+    from rlzoo.rundir import CONFIG_FILE, PLAN_FILE
+
+    saved = OmegaConf.to_container(load_config(REGISTRY, [f"run_dir={tmp_path}"]).cfg)
+    del saved["trainer"]["old_logp"]
+    (tmp_path / CONFIG_FILE).write_text(yaml.safe_dump(saved))
+    (tmp_path / PLAN_FILE).write_text("# run plan\n")
+    resolved = load_run_config(REGISTRY, [f"resume={tmp_path}"])
+    assert resolved.cfg.trainer.old_logp == "compute" and resolved.resume_changes == {}
