@@ -6,8 +6,12 @@ Formulas: ../docs/algorithms/corrections.md. Notation, per sampled token of a ``
 batch: ``x = old_logp − rollout_logp = log(π_old/μ)``, clamped to ±20, and ``r = exp(x)``.
 Every correction returns ``(weights, metrics)``: detached ``(B, T)`` weights that multiply
 the per-token policy loss (0 drops a token; it stays in the aggregation's denominator, as
-in verl's IS weights, slime and NeMo-RL) and scalar metrics over the valid tokens. Padding
-gets weight 0 and never influences a valid weight.
+in verl's IS weights, slime and NeMo-RL, unless the correction's ``mode`` is ``mask``:
+then the engine removes it from the loss mask, as verl's rejection) and scalar metrics over
+the valid tokens. Padding gets weight 0 and never influences a valid weight. Corrections
+that read no current-policy ``logp`` are called once per step over the whole batch
+(:mod:`rlzoo.correcting`), so their full reductions (a batch normalisation) are over the
+whole batch, every process's included; ``rollout_correction=[a, b]`` composes them.
 """
 
 from __future__ import annotations
