@@ -309,3 +309,44 @@ def test_a_run_saved_before_trainer_old_logp_existed_resumes_unchanged(tmp_path:
     (tmp_path / PLAN_FILE).write_text("# run plan\n")
     resolved = load_run_config(REGISTRY, [f"resume={tmp_path}"])
     assert resolved.cfg.trainer.old_logp == "compute" and resolved.resume_changes == {}
+
+
+@pytest.mark.slow
+def test_two_ranks_normalise_and_reject_over_the_global_batch(tmp_path: Path) -> None:
+    """The batch-stage corrections' reductions (tis's batch normalisation, the rejection's
+    loss-mask narrowing and its metrics) under DDP equal one process on the whole batch."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from rlzoo.trainer import Trainer
+
+    args = ["task.num_digits=3", "rollout.prompts_per_step=4", "rollout.n=4", "rollout.max_new_tokens=5",
+            "trainer.micro_batch_size=3", "trainer.num_mini_batches=1", "trainer.lr=0.001", "logging.progress=false",
+            "model.hidden_size=32", "model.intermediate_size=64", "loss_agg=seq-mean-token-mean", "eval.size=0",
+            "rollout.dtype=bfloat16", "rollout_correction=[{name: tis, normalize: true, cap: 1.0005}, "
+            "{name: rejection, level: token, threshold: 1e-7, mode: mask}]"]
+    trainer = Trainer(load_config(REGISTRY, [*args, f"run_dir={tmp_path / 'one'}"]), PM)
+    batch = trainer.sampler.sample(4)
+    scores = torch.rand(len(batch), generator=torch.Generator().manual_seed(7))
+    batch.scores, batch.rewards = scores, scores.clone()
+    torch.save(batch, tmp_path / "batch.pt")
+    want = trainer.learn(batch)
+    params = {k: v.detach().clone() for k, v in trainer.models.policy.named_parameters()}
+    trainer.close()
+    assert 0 < want["rollout_correction/rejection/dropped_frac"] < 1 and want["rollout_correction/tis/norm_factor"] != 1
+    spec = tmp_path / "cases.json"
+    spec.write_text(json.dumps([{"overrides": [*args, f"run_dir={tmp_path / 'dp'}"], "batch": str(tmp_path / "batch.pt"),
+                                 "out": str(tmp_path / "dp.out")}]))
+    env = {k: v for k, v in os.environ.items() if k != "WORLD_SIZE"} | {"OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           str(Path(__file__).with_name("dist_worker.py")), str(spec)],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    got = torch.load(tmp_path / "dp.out", weights_only=False)
+    for key, value in want.items():
+        if key.startswith("rollout_correction/"):
+            assert got["metrics"][key] == pytest.approx(value, rel=1e-5, abs=1e-7), key
+    for key, param in params.items():
+        assert (got["params"][key] - param).abs().max() <= 1e-5, key
