@@ -337,8 +337,8 @@ def test_two_ranks_normalise_and_reject_over_the_global_batch(tmp_path: Path) ->
     trainer.close()
     assert 0 < want["rollout_correction/rejection/dropped_frac"] < 1 and want["rollout_correction/tis/norm_factor"] != 1
     spec = tmp_path / "cases.json"
-    spec.write_text(json.dumps([{"overrides": [*args, f"run_dir={tmp_path / 'dp'}"], "batch": str(tmp_path / "batch.pt"),
-                                 "out": str(tmp_path / "dp.out")}]))
+    spec.write_text(json.dumps([{"overrides": [*args, f"run_dir={tmp_path / 'dp'}"],
+                                 "batch": str(tmp_path / "batch.pt"), "out": str(tmp_path / "dp.out")}]))
     env = {k: v for k, v in os.environ.items() if k != "WORLD_SIZE"} | {"OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                            str(Path(__file__).with_name("dist_worker.py")), str(spec)],
