@@ -111,7 +111,7 @@ KINDS: dict[str, Kind] = {kind.name: kind for kind in (
         }),
     Kind(
         name='rollout_correction', hook='rlzoo_register_rollout_corrections', title='Rollout corrections',
-        config_path='rollout_correction', output='weights_metrics',
+        config_path='rollout_correction', output='weights_metrics', takes_list=True,
         docs='docs/algorithms/corrections.md', tested_in='rlzoo.testing',
         inputs={
             "old_logp": Input("old_logp", "(B, T) float: log-probs under π_old, the trained policy before this "

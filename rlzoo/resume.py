@@ -22,6 +22,7 @@ from rlzoo.errors import ConfigError
 from rlzoo.registry import Registry
 from rlzoo.resolved import ResolvedConfig
 from rlzoo.rundir import CONFIG_FILE, PLAN_FILE
+from rlzoo.schema import ADDED_KEYS
 
 RESUMABLE_KEYS = ("trainer.total_steps", "logging.", "checkpoint.every", "checkpoint.keep", "trainer.threads",
                   "trainer.micro_batch_size", "trainer.logprob_chunk_size", "trainer.logprob_keep_mb",
@@ -71,23 +72,8 @@ def requested(overrides: list[str] | None, config_file: str | Path | None) -> st
     return str(resume) if resume else None
 
 
-def with_new_keys(saved: dict[str, Any], defaults: dict[str, Any]) -> dict[str, Any]:
-    """``saved`` plus every key of ``defaults`` it lacks (recursively through mappings both
-    hold): a run written before a config key existed resumes with that key's default, which
-    keeps what the run did then (a new key's default is the old behaviour, e.g.
-    ``model.lora.rank: 0``). Keys ``saved`` has are never changed."""
-    merged = dict(saved)
-    for key, value in defaults.items():
-        if key not in merged:
-            merged[key] = copy.deepcopy(value)
-        elif isinstance(merged[key], dict) and isinstance(value, dict) and "name" not in value:
-            merged[key] = with_new_keys(merged[key], value)
-    return merged
-
-
 def saved_config(resume: str) -> dict[str, Any]:
-    """The config a run was started with (its ``config.yaml``, plus the defaults of keys
-    added since: :func:`with_new_keys`), checked to be resumable.
+    """The config a run was started with (its ``config.yaml``), checked to be resumable.
 
     :raises ConfigError: ``resume`` is not a run directory, or holds no checkpoint.
     """
@@ -96,8 +82,21 @@ def saved_config(resume: str) -> dict[str, Any]:
         raise ConfigError(f"resume={resume!r} is not a run directory (no {CONFIG_FILE})")
     if latest_checkpoint(run_dir) is None and not (run_dir / PLAN_FILE).is_file():
         raise ConfigError(f"resume={resume!r}: no checkpoint found in {run_dir / 'checkpoints'}")
-    saved = config.read_yaml(run_dir / CONFIG_FILE, f"resume={resume}: run config")
-    return with_new_keys(saved, config.read_yaml(config.default_config_path(), "default config"))
+    return config.read_yaml(run_dir / CONFIG_FILE, f"resume={resume}: run config")
+
+
+def with_added_keys(saved: dict[str, Any]) -> dict[str, Any]:
+    """``saved`` with every :data:`rlzoo.schema.ADDED_KEYS` key it lacks set to the value
+    the run ran with (a run saved before the key existed)."""
+    out = copy.deepcopy(saved)
+    for key, value in ADDED_KEYS.items():
+        node = out
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {}) if isinstance(node, dict) else node
+        if isinstance(node, dict) and leaf not in node:
+            node[leaf] = value
+    return out
 
 
 def plugin_modules(overrides: list[str] | None, config_file: str | Path | None) -> list[str]:
@@ -121,7 +120,7 @@ def load_run_config(registry: Registry, overrides: list[str] | None = None,
     resume = requested(overrides, config_file)
     if not resume:
         return config.load_config(registry, overrides, config_file)
-    saved = saved_config(resume)
+    saved = with_added_keys(saved_config(resume))
     base = {**copy.deepcopy(saved), "resume": resume}
     resolved = config.load_config(registry, overrides, config_file, base=base,
                                   base_label=f"run {Path(resume) / CONFIG_FILE}")

@@ -51,6 +51,7 @@ class RolloutConfig:
     dtype: Optional[str] = MISSING
     record: bool = MISSING
     backend: Any = MISSING
+    staleness: int = MISSING
 
 
 @dataclass
@@ -85,6 +86,7 @@ class TrainerConfig:
     device: str = MISSING
     threads: int = MISSING
     precision: str = MISSING
+    old_logp: str = MISSING
 
 
 @dataclass
@@ -155,6 +157,16 @@ RENAMED_KEYS: dict[str, str] = {
 }
 """Keys of rlzoo 0.1 -> their rlzoo 0.2 names (an old key is an error naming the new one)."""
 
+ADDED_KEYS: dict[str, Any] = {
+    "trainer.old_logp": "compute",
+    "model.lora.rank": 0,
+    "model.lora.alpha": 16.0,
+    "model.lora.dropout": 0.0,
+    "model.lora.target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+}
+"""Keys added after a run may have been saved -> the value such a run ran with (a resumed run
+whose ``config.yaml`` lacks one gets it, and that is no change)."""
+
 CHOICES: dict[str, tuple[str, ...]] = {
     "model.arch": ("qwen2", "llama"),
     "model.dtype": ("float32", "bfloat16"),
@@ -163,6 +175,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "trainer.lr_schedule": ("constant", "linear", "cosine"),
     "trainer.device": ("cpu", "cuda", "auto"),
     "trainer.precision": ("fp32", "bf16"),
+    "trainer.old_logp": ("compute", "rollout"),
     "distributed.strategy": ("ddp", "fsdp"),
     "distributed.backend": ("auto", "gloo", "nccl"),
 }
@@ -184,7 +197,8 @@ POSITIVE: tuple[str, ...] = (
 NON_NEGATIVE: tuple[str, ...] = (
     "trainer.lr", "trainer.critic_lr", "trainer.weight_decay", "trainer.warmup_steps",
     "trainer.max_grad_norm", "trainer.entropy_coef", "trainer.threads", "trainer.logprob_keep_mb", "kl.coef",
-    "logging.sample_every", "checkpoint.every", "eval.every", "eval.size", "eval.n", "model.lora.rank",
+    "logging.sample_every", "checkpoint.every", "rollout.staleness", "eval.every", "eval.size", "eval.n",
+    "model.lora.rank",
 )
 
 
