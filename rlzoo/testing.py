@@ -442,7 +442,7 @@ def check_component(component: Component, params: Any = None, *, registry: Regis
     if component.kind == "task":
         check_task(fn(), label)
     elif component.kind == "reward":
-        check_reward(fn, label, task)
+        check_reward(fn.build(device=torch.device("cpu"), tokenizer=None), label, task)
     elif component.kind == "advantage":
         check_advantage_estimator(fn, label, component.needs)
     else:
