@@ -1,6 +1,8 @@
 """``rlzoo rm``: train a reward model from preference pairs (Bradley–Terry).
 
-Each row of ``rm.data`` (``.jsonl`` or ``.parquet``) holds a ``prompt``, a ``chosen`` and a
+``rm.data=task`` generates the pairs from the configured task and reward
+(:func:`task_pairs`: a gold score for every answer). Otherwise each row of ``rm.data``
+(``.jsonl`` or ``.parquet``) holds a ``prompt``, a ``chosen`` and a
 ``rejected`` response (text, or chat messages: lists of ``{"role", "content"}``) and
 optionally a ``margin`` (a number ≥ 0, default 0). The model scores prompt + response
 exactly as the ``reward_model`` reward function will (:mod:`rlzoo.rewardmodel`) and
@@ -46,7 +48,7 @@ from rlzoo.rewardmodel import Text, encode, from_causal_lm, reward_text, sequenc
 from rlzoo.rng import global_rng_state, seed_everything, set_global_rng_state
 from rlzoo.rollout import left_pad
 from rlzoo.rundir import RM_MODEL_DIR, RunDirectory
-from rlzoo.tasks import read_rows
+from rlzoo.tasks import Holdout, read_rows
 from rlzoo.tracking import Tracker
 
 COLUMNS = ("prompt", "chosen", "rejected")
@@ -99,6 +101,55 @@ def load_pairs(path: str | Path) -> list[Pair]:
             raise ConfigError(f"{where} column {MARGIN!r} is {margin!r}: a margin is a finite number >= 0")
         pairs.append(Pair(row["prompt"], row["chosen"], row["rejected"], float(margin)))
     return pairs
+
+
+TASK_DATA = "task"
+"""``rm.data=task``: pairs generated from the configured task and its reward (:func:`task_pairs`)."""
+
+
+def _swap_two(text: str, rng: random.Random) -> str:
+    if len(text) < 2:
+        return text
+    i, j = rng.sample(range(len(text)), 2)
+    chars = list(text)
+    chars[i], chars[j] = chars[j], chars[i]
+    return "".join(chars)
+
+
+def task_pairs(resolved: ResolvedConfig, count: int, seed: int) -> list[Pair]:
+    """``count`` preference pairs over the configured task's *training* prompts (the run's
+    held-out prompts excluded): for each prompt two of {the reference answer
+    (``answer_text``), a well-formed unsolved answer (``format_text``), the reference with
+    two characters swapped} that the run's reward scores differently; the higher-scored is
+    chosen, so the reward is the *gold* score beside the learned *proxy*.
+
+    :raises ConfigError: the task and reward give too few pairs with distinct scores.
+    """
+    task = resolved.build("task")
+    rewards = [fn for fn, _ in resolved.reward_functions()]
+    if len(rewards) != 1:
+        raise ConfigError(f"rm.data={TASK_DATA} ranks answers by one reward function; reward names {len(rewards)}")
+    rng = random.Random(f"rm-task/{seed}")
+    holdout = Holdout(float(resolved.cfg.eval.holdout))
+    pairs: list[Pair] = []
+    for _ in range(20):
+        examples = task.sample_train(count, rng, holdout)
+        candidates = [(e, [task.answer_text(e), task.format_text(e, rng), _swap_two(task.answer_text(e), rng)])
+                      for e in examples]
+        drawn = [(e, *rng.sample(options, 2)) for e, options in candidates]
+        texts = [text for _, a, b in drawn for text in (a, b)]
+        scores = rewards[0](prompts=[e.prompt for e, _, _ in drawn for _ in (0, 1)], completions=texts,
+                            references=[e.reference for e, _, _ in drawn for _ in (0, 1)],
+                            rows=[dict(e.row) for e, _, _ in drawn for _ in (0, 1)])
+        scores = [float(x) for x in scores]
+        for k, (example, a, b) in enumerate(drawn):
+            sa, sb = scores[2 * k], scores[2 * k + 1]
+            if sa != sb and len(pairs) < count:
+                pairs.append(Pair(example.prompt, a if sa > sb else b, b if sa > sb else a))
+        if len(pairs) == count:
+            return pairs
+    raise ConfigError(f"rm.data={TASK_DATA}: task {resolved.components['task'].name!r} gave only {len(pairs)} pairs "
+                      f"of answers its reward scores differently (of {count}); give a preference file instead")
 
 
 def split_pairs(count: int, eval_fraction: float, seed: int) -> tuple[list[int], list[int]]:
@@ -189,7 +240,8 @@ def describe(cfg: Any, train: int, held: int) -> str:
     backbone = cfg.model.path or f"the embedded tiny {cfg.model.arch} model ({cfg.model.num_layers} layers, " \
                                  f"width {cfg.model.hidden_size})"
     return ("# reward-model run (rlzoo rm)\n"
-            f"data: {cfg.rm.data}: {train} training pairs, {held} held out (rm.eval_fraction {cfg.rm.eval_fraction})\n"
+            f"data: {cfg.rm.data if cfg.rm.data != TASK_DATA else f'task {cfg.task.name} ranked by its reward'}: "
+            f"{train} training pairs, {held} held out (rm.eval_fraction {cfg.rm.eval_fraction})\n"
             f"model: {backbone} with a one-output score head on the last token's hidden state (starts at 0)\n"
             f"loss: Bradley-Terry, mean over pairs of -log sigmoid(r_chosen - r_rejected - margin)\n"
             f"update: {cfg.rm.steps} steps of {cfg.rm.batch_size} pairs, AdamW lr {cfg.trainer.lr}, "
@@ -221,8 +273,10 @@ def run_rm(resolved: ResolvedConfig, overwrite: bool = False) -> Path:
     cfg = resolved.cfg
     if not cfg.rm.data:
         raise ConfigError("rlzoo rm trains on preference pairs: set rm.data to a .jsonl or .parquet file with "
-                          f"{', '.join(COLUMNS)} (and optionally {MARGIN}) columns")
-    pairs = load_pairs(cfg.rm.data)
+                          f"{', '.join(COLUMNS)} (and optionally {MARGIN}) columns, or rm.data={TASK_DATA} for "
+                          "pairs ranked by the task's reward")
+    pairs = task_pairs(resolved, int(cfg.rm.task_pairs), int(cfg.seed)) if cfg.rm.data == TASK_DATA \
+        else load_pairs(cfg.rm.data)
     if len(pairs) < 2 and cfg.rm.eval_fraction > 0:
         raise ConfigError(f"rm.data {cfg.rm.data!r} holds {len(pairs)} pair: hold none out with rm.eval_fraction=0")
     train_rows, held_rows = split_pairs(len(pairs), float(cfg.rm.eval_fraction), int(cfg.seed))

@@ -120,6 +120,7 @@ class RMConfig:
     eval_fraction: float = MISSING
     eval_every: int = MISSING
     chat_template: Optional[bool] = MISSING
+    task_pairs: int = MISSING
 
 
 @dataclass
@@ -181,7 +182,7 @@ POSITIVE: tuple[str, ...] = (
     "trainer.total_steps", "trainer.update_epochs", "trainer.num_mini_batches", "trainer.micro_batch_size",
     "trainer.logprob_chunk_size", "model.hidden_size", "model.intermediate_size",
     "model.num_layers", "model.num_heads", "model.num_kv_heads", "logging.log_every",
-    "checkpoint.keep", "distributed.timeout_s", "launcher.nproc", "rm.steps", "rm.batch_size",
+    "checkpoint.keep", "distributed.timeout_s", "launcher.nproc", "rm.steps", "rm.batch_size", "rm.task_pairs",
 )
 NON_NEGATIVE: tuple[str, ...] = (
     "trainer.lr", "trainer.critic_lr", "trainer.weight_decay", "trainer.warmup_steps",
