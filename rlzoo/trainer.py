@@ -118,7 +118,7 @@ class Trainer:
         rollout_s = time.perf_counter() - start
         if self.plan.record:
             self.run_dir.record_rollout(self.step, batch)
-        metrics = batch_metrics(batch, self.sampler.rewards.names, self.dist)
+        metrics = batch_metrics(batch, self.sampler.rewards.names, self.dist, self.sampler.rewards.weights.tolist())
         metrics.update(distributed.all_reduce_floats(self.sampler.rewards.metrics(), self.dist, op="mean"))
         self.last_samples = group_samples(batch)
         update_start = time.perf_counter()

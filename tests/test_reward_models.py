@@ -183,7 +183,28 @@ def test_a_run_scores_with_a_reward_model_in_a_reward_list(tmp_path: Path) -> No
     events = EventAccumulator(str(run_dir)).Reload()
     tags = set(events.Tags()["scalars"])
     assert {"timing/reward_model_s", "reward/reward_model", "reward/sorted_digits"} <= tags
+    assert not {"reward/proxy", "reward/gold"} & tags  # no weight-0 function: nothing is a gold score
     assert "reward_model: frozen reward model" in (run_dir / "plan.txt").read_text()
     state = torch.load(run_dir / "checkpoints" / "step_000002" / "trainer_state.pt", weights_only=True)
     moments = state["ranks"][0]["sampler"]["rewards"]["1:reward_model"]["moments"]
     assert moments["count"] == 2 * 16  # two training batches of 16; evaluation is not counted
+
+
+def test_a_weight_zero_reward_is_logged_as_gold_beside_the_proxy() -> None:
+    from rlzoo.batch import RolloutBatch
+    from rlzoo.distributed import SINGLE
+    from rlzoo.tracking import batch_metrics
+
+    per_reward = torch.tensor([[1.0, 0.25], [3.0, 0.75]])
+    scores = per_reward @ torch.tensor([1.0, 0.0])
+    mask = torch.ones(2, 3)
+    batch = RolloutBatch(prompt_ids=torch.ones(2, 1, dtype=torch.long), prompt_mask=torch.ones(2, 1),
+                         response_ids=torch.ones(2, 3, dtype=torch.long), response_mask=mask,
+                         group_ids=torch.tensor([0, 0]), scores=scores, truncated=torch.zeros(2, dtype=torch.bool),
+                         prompts=["a", "b"], completions=["x", "y"], references=["x", "y"], reward_scores=per_reward)
+    batch.rewards = scores.clone()
+    metrics = batch_metrics(batch, ["reward_model", "sorted_digits"], SINGLE, [1.0, 0.0])
+    assert metrics["reward/proxy"] == metrics["reward/mean"] == 2.0
+    assert metrics["reward/gold"] == 0.5 == metrics["reward/sorted_digits"]
+    both = batch_metrics(batch, ["reward_model", "sorted_digits"], SINGLE, [1.0, 0.5])
+    assert "reward/gold" not in both and "reward/proxy" not in both
