@@ -208,3 +208,45 @@ def test_a_weight_zero_reward_is_logged_as_gold_beside_the_proxy() -> None:
     assert metrics["reward/gold"] == 0.5 == metrics["reward/sorted_digits"]
     both = batch_metrics(batch, ["reward_model", "sorted_digits"], SINGLE, [1.0, 0.5])
     assert "reward/gold" not in both and "reward/proxy" not in both
+
+
+def test_the_remote_judge_of_plugins_md_registers_plans_and_scores(plugin_module, capsys) -> None:
+    """The scorer-class example of docs/plugins.md, verbatim, against a local HTTP judge
+    that scores a completion by its length."""
+    import json
+    import re
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    from rlzoo.plugins import build_registry, make_plugin_manager
+
+    text = (Path(__file__).parents[1] / "docs" / "plugins.md").read_text()
+    source = re.search(r"a judge behind an HTTP\s+endpoint looks like this:\s+```python\n(.*?)```", text, re.S).group(1)
+    name = plugin_module(source)
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            reply = json.dumps({"score": float(len(body["completion"]))}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(reply)))
+            self.end_headers()
+            self.wfile.write(reply)
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        registry = build_registry(make_plugin_manager(modules=[name]))
+        url = f"http://127.0.0.1:{server.server_port}/score"
+        resolved = load_config(registry, [f"plugins=[{name}]", f"reward={{name: judge, url: '{url}'}}"])
+        assert resolved.plan.models["judge"] == f"remote judge at {url} (one request per completion)"
+        with pytest.raises(ConfigError, match="url must be an http"):
+            load_config(registry, [f"plugins=[{name}]", "reward={name: judge, url: ftp://x}"])
+        built = resolved.reward_functions(device=torch.device("cpu"), tokenizer=None)
+        scores, _ = Rewards(built).score(["1="], ["abc"], ["1"], [{}], training=True)
+        assert scores.tolist() == [3.0]
+    finally:
+        server.shutdown()
