@@ -250,3 +250,19 @@ def test_the_remote_judge_of_plugins_md_registers_plans_and_scores(plugin_module
         assert scores.tolist() == [3.0]
     finally:
         server.shutdown()
+
+
+def test_a_resumed_run_continues_the_running_statistics_exactly(tmp_path: Path) -> None:
+    tiny_reward_model(tmp_path / "rm", ALPHABET)
+    reward = f"reward={{name: reward_model, path: {tmp_path / 'rm'}, normalize: true, clip: 2.0}}"
+    common = [*zoo.TINY, "eval.size=0", "checkpoint.every=1", reward]
+    assert main(["train", *common, "trainer.total_steps=3", f"run_dir={tmp_path / 'straight'}"]) == 0
+    assert main(["train", *common, "trainer.total_steps=2", f"run_dir={tmp_path / 'split'}"]) == 0
+    assert main(["train", f"resume={tmp_path / 'split'}", "trainer.total_steps=3"]) == 0
+
+    def state(run: str) -> dict:
+        saved = torch.load(tmp_path / run / "checkpoints" / "step_000003" / "trainer_state.pt", weights_only=True)
+        return saved["ranks"][0]["sampler"]["rewards"]["0:reward_model"]["moments"]
+
+    assert state("straight")["count"] == 3 * 16
+    assert state("split") == state("straight")  # float64 statistics, bit for bit
