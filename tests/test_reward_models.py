@@ -266,3 +266,25 @@ def test_a_resumed_run_continues_the_running_statistics_exactly(tmp_path: Path) 
 
     assert state("straight")["count"] == 3 * 16
     assert state("split") == state("straight")  # float64 statistics, bit for bit
+
+
+def test_an_rlzoo_critic_directory_scores_with_its_value_head(tmp_path: Path) -> None:
+    """A causal LM backbone with a value head (rlzoo's critic, as a PPO checkpoint holds it):
+    the score is the value at the last valid token."""
+    from omegaconf import OmegaConf
+
+    from rlzoo.models import ValueModel, build_tiny_model
+
+    torch.manual_seed(1)
+    tokenizer = build_char_tokenizer(ALPHABET)
+    shape = OmegaConf.create({"arch": "llama", "hidden_size": 16, "intermediate_size": 32, "num_layers": 1,
+                              "num_heads": 2, "num_kv_heads": 1})
+    critic = ValueModel.from_policy_config(build_tiny_model(shape, tokenizer, 64).config)
+    torch.nn.init.normal_(critic.value_head.weight)
+    critic.save_pretrained(tmp_path / "critic")
+    tokenizer.save_pretrained(str(tmp_path / "critic"))
+    ids = tokenizer("31=13").input_ids
+    with torch.no_grad():
+        want = critic(torch.tensor([ids]), torch.ones(1, len(ids)), torch.arange(len(ids))[None])[0, -1]
+    got = _scorer(tmp_path / "critic")(prompts=["31="], completions=["13"])
+    assert got.tolist() == pytest.approx([float(want)], abs=1e-5)

@@ -118,3 +118,20 @@ def test_rm_reaches_high_held_out_accuracy_on_sorting_pairs(tmp_path: Path) -> N
 
     accuracy = EventAccumulator(str(run)).Reload().Scalars("eval/accuracy")[-1].value
     assert accuracy >= 0.8, accuracy
+
+
+def test_rm_starts_from_a_model_path_backbone(tmp_path: Path) -> None:
+    from omegaconf import OmegaConf
+
+    from rlzoo.models import build_char_tokenizer, build_tiny_model
+
+    tokenizer = build_char_tokenizer("0123456789=")
+    shape = OmegaConf.create({"arch": "llama", "hidden_size": 16, "intermediate_size": 32, "num_layers": 1,
+                              "num_heads": 2, "num_kv_heads": 1})
+    build_tiny_model(shape, tokenizer, 64).save_pretrained(str(tmp_path / "lm"))
+    tokenizer.save_pretrained(str(tmp_path / "lm"))
+    data = sorting_pairs(tmp_path / "prefs.jsonl", count=40)
+    run = tmp_path / "run"
+    assert main(["rm", *TINY, f"rm.data={data}", "rm.steps=2", f"model.path={tmp_path / 'lm'}", f"run_dir={run}"]) == 0
+    config = json.loads((run / "reward_model" / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForSequenceClassification"] and config["num_hidden_layers"] == 1
