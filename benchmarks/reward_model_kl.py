@@ -39,7 +39,8 @@ def main(out: str, runs: list[str]) -> None:
         peak = int(np.argmax(gold))
         print(f"{label}: gold peak {gold[peak]:.3f} at KL {kl[peak]:.3f} (steps {peak + 1}-{peak + WINDOW}); "
               f"last: proxy {proxy[-1]:.3f}, gold {gold[-1]:.3f}, KL {kl[-1]:.3f}")
-    for axis, title in ((left, "proxy: reward/proxy (learned reward model)"), (right, "gold: reward/gold (true reward)")):
+    titles = ("proxy: reward/proxy (learned reward model)", "gold: reward/gold (true reward)")
+    for axis, title in zip((left, right), titles):
         axis.set_xlabel(f"kl/value (nats per token, {WINDOW}-step mean)")
         axis.set_title(title)
         axis.legend()

@@ -38,7 +38,8 @@ def sorting_pairs(path: Path, count: int = 200, seed: int = 0) -> Path:
 
 
 def test_bradley_terry_by_hand() -> None:
-    chosen, rejected, margin = torch.tensor([2.0, 0.0, -30.0]), torch.tensor([1.0, 0.0, 30.0]), torch.tensor([0.5, 0, 0])
+    chosen, rejected = torch.tensor([2.0, 0.0, -30.0]), torch.tensor([1.0, 0.0, 30.0])
+    margin = torch.tensor([0.5, 0.0, 0.0])
     want = [-math.log(1 / (1 + math.exp(-0.5))), math.log(2.0), 60.0]
     assert bradley_terry(chosen, rejected, margin).tolist() == pytest.approx(want, rel=1e-6)
 
