@@ -74,6 +74,14 @@ def _normalize(weights: torch.Tensor, mask: torch.Tensor, per_sequence: bool) ->
     return weights / factor, factor.detach()
 
 
+def _check_truncation(cap: float, clip_min: Optional[float]) -> None:
+    """:raises ValueError: unless cap > 0 and clip_min is None or in [0, cap)."""
+    if not cap > 0:
+        raise ValueError(f"cap must be > 0, got {cap}")
+    if clip_min is not None and not 0 <= clip_min < cap:
+        raise ValueError(f"need 0 <= clip_min < cap, got clip_min={clip_min}, cap={cap}")
+
+
 @dataclass
 class TISParams:
     """Parameters of ``tis``."""
@@ -86,10 +94,7 @@ class TISParams:
     """Divide the truncated weights by their mean over the batch's valid tokens (verl's rollout_is_batch_normalize)."""
 
     def __post_init__(self) -> None:
-        if not self.cap > 0:
-            raise ValueError(f"cap must be > 0, got {self.cap}")
-        if self.clip_min is not None and not 0 <= self.clip_min < self.cap:
-            raise ValueError(f"need 0 <= clip_min < cap, got clip_min={self.clip_min}, cap={self.cap}")
+        _check_truncation(self.cap, self.clip_min)
 
 
 def tis(old_logp: torch.Tensor, rollout_logp: torch.Tensor, response_mask: torch.Tensor,
@@ -133,10 +138,7 @@ class SeqTISParams:
     """Divide the weights by their mean over the batch's non-empty sequences (verl's rollout_is_batch_normalize)."""
 
     def __post_init__(self) -> None:
-        if not self.cap > 0:
-            raise ValueError(f"cap must be > 0, got {self.cap}")
-        if self.clip_min is not None and not 0 <= self.clip_min < self.cap:
-            raise ValueError(f"need 0 <= clip_min < cap, got clip_min={self.clip_min}, cap={self.cap}")
+        _check_truncation(self.cap, self.clip_min)
 
 
 def seq_tis(old_logp: torch.Tensor, rollout_logp: torch.Tensor, response_mask: torch.Tensor,

@@ -210,6 +210,14 @@ def rlzoo_register_reward_functions(register: Register) -> None:
         lists of equal length ``B`` (prompt text, decoded completion text, the task's
         reference answer, the example's data row as a dict) and expects ``B`` finite floats
         (a list or a ``(B,)`` tensor). Evaluation calls it the same way on held-out prompts.
+
+        ``fn`` may be a *scorer class* (a learned reward model, a judge): its constructor
+        may name ``params`` and the setup inputs ``device`` and ``tokenizer``
+        (:attr:`rlzoo.kinds.Kind.setup_inputs`); the engine builds it once per run and calls
+        the instance as above. Optional: ``describe(params) -> str`` (static; the plan's line,
+        its ``ValueError`` refuses the config), ``state_dict()`` / ``load_state_dict()``
+        (checkpointed), ``metrics()`` (logged each step), a ``training`` attribute the
+        engine sets (``False`` for evaluation and greedy baselines).
     """
 
 

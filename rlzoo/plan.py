@@ -379,6 +379,7 @@ def build_plan(resolved: ResolvedConfig) -> RunPlan:
         models["critic"] = (f"value model initialised from the policy ({_names(acting, 'critic')})"
                             + ("; all its weights are trained (LoRA adapts the policy only)" if lora else ""))
         passes["values"] = "critic values of the rollout (the value loss's old values)"
+    models.update(_scorer_models(resolved))
     rollout_dtype = cfg.rollout.dtype or cfg.model.dtype
     if cfg.rollout.dtype and cfg.rollout.dtype != cfg.model.dtype:
         models["rollout"] = (f"a {cfg.rollout.dtype} copy of the policy for generation, synced after each "
@@ -506,6 +507,24 @@ def _check_consistency(resolved: ResolvedConfig, needs: set[str], kl_on: bool, w
             raise ConfigError(f"kl.controller={controller.name} adapts beta of the KL folded into the reward "
                               "(Ziegler et al. 2019); with kl.apply=loss beta is fixed (as verl's kl_loss_coef): "
                               "set kl.controller=fixed or kl.apply=reward")
+
+
+def _scorer_models(resolved: ResolvedConfig) -> dict[str, str]:
+    """The models the reward scorers load (a reward registered as a class with a
+    ``describe(params)``), each with its plan line; the line's ``ValueError`` (no model
+    directory, ...) is a config error, raised before anything is built."""
+    models: dict[str, str] = {}
+    for component, params, _ in resolved.rewards:
+        describe = getattr(component.fn, "describe", None) if isinstance(component.fn, type) else None
+        if describe is None:
+            continue
+        try:
+            line = str(describe(params))
+        except ValueError as exc:
+            raise ConfigError(f"reward {component.name!r}: {exc}") from exc
+        key = component.name if component.name not in models else f"{component.name}#{len(models) + 1}"
+        models[key] = line
+    return models
 
 
 def _check_reward_inputs(resolved: ResolvedConfig, kl_on: bool) -> None:

@@ -88,9 +88,20 @@ class ResolvedConfig:
             raise ConfigError(f"rollout_correction {name!r} is not configured and no registry is at hand to bind it")
         return self.registry.get("rollout_correction", name).bind(None)
 
-    def reward_functions(self) -> list[tuple[Any, float]]:
-        """``(bound reward function, weight)`` pairs, in ``reward`` order."""
-        return [(component.bind(params), weight) for component, params, weight in self.rewards]
+    def reward_functions(self, **setup: Any) -> list[tuple[Any, float]]:
+        """``(bound reward function, weight)`` pairs, in ``reward`` order; a scorer class is
+        built here from ``setup`` (``device``, ``tokenizer``: :attr:`rlzoo.kinds.Kind.setup_inputs`),
+        so call this once per run. A ``ValueError`` / ``OSError`` of a scorer's constructor
+        is a config error naming it."""
+        out = []
+        for component, params, weight in self.rewards:
+            try:
+                out.append((component.bind(params).build(**setup), weight))
+            except ConfigError as exc:
+                raise ConfigError(f"reward {component.name!r}: {exc}") from exc
+            except (ValueError, OSError) as exc:
+                raise ConfigError(f"reward {component.name!r}: {exc}") from exc
+        return out
 
     def build(self, path: str, name: str | None = None, **inputs: Any) -> Any:
         """Construct the component chosen at ``path`` (a task, a rollout backend, ...), or the

@@ -26,7 +26,7 @@ from rlzoo.schema import ADDED_KEYS
 
 RESUMABLE_KEYS = ("trainer.total_steps", "logging.", "checkpoint.every", "checkpoint.keep", "trainer.threads",
                   "trainer.micro_batch_size", "trainer.logprob_chunk_size", "trainer.logprob_keep_mb",
-                  "distributed.timeout_s")
+                  "distributed.timeout_s", "rm.steps", "rm.eval_every")
 """Config keys (a trailing dot: every key below it) that ``resume=`` may change: run
 length, logging, checkpointing, and knobs of speed and memory that leave the math as it
 is (micro-batching and chunking may change float rounding). Every other key keeps the

@@ -124,6 +124,17 @@ class LauncherConfig:
 
 
 @dataclass
+class RMConfig:
+    data: Optional[str] = MISSING
+    steps: int = MISSING
+    batch_size: int = MISSING
+    eval_fraction: float = MISSING
+    eval_every: int = MISSING
+    chat_template: Optional[bool] = MISSING
+    task_pairs: int = MISSING
+
+
+@dataclass
 class RunConfig:
     algo: Optional[str] = MISSING
     seed: int = MISSING
@@ -149,6 +160,7 @@ class RunConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
+    rm: RMConfig = field(default_factory=RMConfig)
 
 RENAMED_KEYS: dict[str, str] = {
     "trainer.ppo_epochs": "trainer.update_epochs",
@@ -192,12 +204,13 @@ POSITIVE: tuple[str, ...] = (
     "trainer.total_steps", "trainer.update_epochs", "trainer.num_mini_batches", "trainer.micro_batch_size",
     "trainer.logprob_chunk_size", "model.hidden_size", "model.intermediate_size",
     "model.num_layers", "model.num_heads", "model.num_kv_heads", "logging.log_every",
-    "checkpoint.keep", "distributed.timeout_s", "launcher.nproc",
+    "checkpoint.keep", "distributed.timeout_s", "launcher.nproc", "rm.steps", "rm.batch_size", "rm.task_pairs",
 )
 NON_NEGATIVE: tuple[str, ...] = (
     "trainer.lr", "trainer.critic_lr", "trainer.weight_decay", "trainer.warmup_steps",
     "trainer.max_grad_norm", "trainer.entropy_coef", "trainer.threads", "trainer.logprob_keep_mb", "kl.coef",
     "logging.sample_every", "checkpoint.every", "rollout.staleness", "eval.every", "eval.size", "eval.n",
+    "rm.eval_fraction", "rm.eval_every",
     "model.lora.rank",
 )
 
