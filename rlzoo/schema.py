@@ -175,6 +175,9 @@ ADDED_KEYS: dict[str, Any] = {
     "model.lora.alpha": 16.0,
     "model.lora.dropout": 0.0,
     "model.lora.target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+    "rollout.staleness": 0,
+    "rm.data": None, "rm.steps": 200, "rm.batch_size": 32, "rm.eval_fraction": 0.1, "rm.eval_every": 50,
+    "rm.chat_template": None, "rm.task_pairs": 2000,
 }
 """Keys added after a run may have been saved -> the value such a run ran with (a resumed run
 whose ``config.yaml`` lacks one gets it, and that is no change)."""

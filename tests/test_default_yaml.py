@@ -4,10 +4,13 @@ value says so, with the value the default run uses."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import yaml
 
 from rlzoo.config import default_config_path, load_config
+from rlzoo.resume import with_added_keys
+from rlzoo.schema import ADDED_KEYS
 from zoo import REGISTRY
 
 
@@ -64,3 +67,18 @@ def test_every_key_the_default_preset_replaces_says_so_with_its_value() -> None:
 def test_the_comment_reader_follows_nesting() -> None:
     text = "a: 1  # one\nb:\n  c: x  # see\n  d:\n    e: 2 # deep\nf: 3\n"
     assert _comments(text) == {"a": "one", "b": "", "b.c": "see", "b.d": "", "b.d.e": "deep", "f": ""}
+
+
+def test_every_key_added_since_0_2_0_has_the_value_old_runs_ran_with() -> None:
+    """A run saved by an earlier version lacks the keys added since; ``resume=`` fills them
+    from ``schema.ADDED_KEYS`` (else the resume fails on a missing key). The fixture is
+    ``configs/default.yaml`` at 896f598 (the last commit before the keys of issues 20-26)."""
+    old = yaml.safe_load((Path(__file__).parent / "data" / "default_896f598.yaml").read_text())
+    now = _leaves(yaml.safe_load(default_config_path().read_text()))
+    added = sorted(set(now) - set(_leaves(old)))
+    assert added, "nothing added since 896f598? (then this test checks nothing)"
+    missing = [key for key in added if key not in ADDED_KEYS and not any(k.startswith(f"{key}.") for k in ADDED_KEYS)]
+    assert not missing, f"keys added without an entry in schema.ADDED_KEYS: {missing}"
+    filled = _leaves(with_added_keys(old))
+    for key in added:
+        assert key in filled, key
