@@ -204,6 +204,19 @@ def rlzoo_register_reward_functions(register: Register) -> None:
         lists of equal length ``B`` (prompt text, decoded completion text, the task's
         reference answer, the example's data row as a dict) and expects ``B`` finite floats
         (a list or a ``(B,)`` tensor). Evaluation calls it the same way on held-out prompts.
+        A function that names ``answers`` also gets the answer the run's ``answer_format``
+        finds in each completion (``None`` where it finds none).
+    """
+
+
+@hookspec
+def rlzoo_register_answer_formats(register: Register) -> None:
+    """Register answer formats (kind ``answer_format``), e.g. ``answer_tag``.
+
+    :param register: call ``register(name, fn, hint="...", ...)``. The engine calls
+        ``fn(text=completion)`` and expects ``list[str]``: every answer-like span of the
+        completion in order of appearance (the run's answer is the last; none found: ``[]``).
+        ``hint`` is the sentence ``{format}`` stands for in ``task.instruction``.
     """
 
 

@@ -31,11 +31,14 @@ class Example:
     :ivar reference: what the reward function receives as ``references[i]`` (any value).
     :ivar row: further columns of the example (a file task's whole row), passed to reward
         functions that name the ``rows`` input; empty for the built-in generated tasks.
+    :ivar messages: the prompt as chat messages (``{role, content}`` dicts) when the data
+        gives it so; ``prompt`` is then their text (:mod:`rlzoo.prompts` renders them).
     """
 
     prompt: str
     reference: Any
     row: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    messages: tuple[Mapping[str, str], ...] | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
