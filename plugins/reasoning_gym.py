@@ -193,7 +193,7 @@ def reasoning_gym_reward(completions: list[str], rows: list[dict[str, Any]],
 def rlzoo_register_tasks(register) -> None:
     register("reasoning_gym", ReasoningGym, params=ReasoningGymParams, reward="reasoning_gym", listing=_listing,
              description="reasoning-gym's procedural generators, one or several mixed by weight "
-                         f"({INSTALL.split(' (')[0]})", paper="arXiv:2505.24760")
+                         f"({INSTALL.split(' (')[0]})")
 
 
 @hookimpl
