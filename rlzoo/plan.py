@@ -83,6 +83,8 @@ class RolloutPlan:
     :ivar temperature: the sampling temperature; log-probs for training are taken under
         logits / this too (as verl and TRL do).
     :ivar top_p: the nucleus of the sampling distribution.
+    :ivar staleness: step t trains on the rollouts of the policy of step t − staleness
+        (``rollout.staleness``; :mod:`rlzoo.rollout_queue`); 0 is on-policy.
     """
 
     backend: str
@@ -92,6 +94,7 @@ class RolloutPlan:
     max_new_tokens: int
     temperature: float
     top_p: float
+    staleness: int = 0
 
 
 @dataclass(frozen=True)
@@ -173,6 +176,9 @@ class RunPlan:
         lines.append(f"  rollout: {r.backend} backend, {u.sequences} sequences ({r.dtype}): {r.n} completions of "
                      f"at most {r.max_new_tokens} tokens per prompt, temperature {r.temperature:g}"
                      f"{f', top_p {r.top_p:g}' if r.top_p < 1 else ''}")
+        if r.staleness:
+            lines.append(f"  rollout queue: step t trains on the rollouts of the policy of step t-{r.staleness} "
+                         f"(steps 1-{r.staleness} on the initial policy's; rollout.staleness)")
         lines += [f"  {name}: {why}" for name, why in self.passes.items()]
         if self.correction != "none":
             lines.append(f"rollout correction: {self.correction} weights the per-token policy loss")
@@ -291,7 +297,8 @@ def build_plan(resolved: ResolvedConfig) -> RunPlan:
                    rollout=RolloutPlan(backend=comps["rollout.backend"].name, dtype=str(rollout_dtype),
                                        prompts_per_process=int(cfg.rollout.prompts_per_step) // world,
                                        n=int(cfg.rollout.n), max_new_tokens=int(cfg.rollout.max_new_tokens),
-                                       temperature=float(cfg.rollout.temperature), top_p=float(cfg.rollout.top_p)),
+                                       temperature=float(cfg.rollout.temperature), top_p=float(cfg.rollout.top_p),
+                                       staleness=int(cfg.rollout.staleness)),
                    correction=comps["rollout_correction"].name, record=bool(cfg.rollout.record),
                    precision=str(cfg.trainer.precision))
     plan.warnings.extend(_inert_choices(resolved, plan))
@@ -380,10 +387,14 @@ def _inert_choices(resolved: ResolvedConfig, plan: RunPlan) -> list[str]:
     correction = resolved.components["rollout_correction"]
     same_distribution = (plan.rollout.backend == "hf" and plan.rollout.dtype == cfg.model.dtype
                          and float(cfg.rollout.top_p) == 1.0)
-    if correction.name != "none" and "logp" not in correction.inputs and same_distribution:
+    if correction.name != "none" and "logp" not in correction.inputs and same_distribution \
+            and not plan.rollout.staleness:
         warnings.append(f"rollout_correction {correction.name} corrects for μ ≠ π_old, but the hf backend samples "
                         "from the trained policy itself in its own dtype (rollout/mismatch_k3 ≈ 0): its weights are 1 "
                         "to float rounding; set rollout.dtype=bfloat16 (or rollout.top_p < 1) for a gap to correct")
+    if plan.rollout.staleness >= int(cfg.trainer.total_steps):
+        warnings.append(f"rollout.staleness={plan.rollout.staleness} >= trainer.total_steps="
+                        f"{cfg.trainer.total_steps}: every step trains on the initial policy's rollouts")
     advantage = resolved.components["advantage"]
     if "reward_scores" in advantage.inputs and len(resolved.rewards) == 1:
         warnings.append(f"advantage {advantage.name} normalises each of several reward functions separately; with "

@@ -44,6 +44,7 @@ class RolloutConfig:
     dtype: Optional[str] = MISSING
     record: bool = MISSING
     backend: Any = MISSING
+    staleness: int = MISSING
 
 
 @dataclass
@@ -210,7 +211,7 @@ POSITIVE: tuple[str, ...] = (
 NON_NEGATIVE: tuple[str, ...] = (
     "trainer.lr", "trainer.critic_lr", "trainer.weight_decay", "trainer.warmup_steps",
     "trainer.max_grad_norm", "trainer.entropy_coef", "trainer.threads", "trainer.logprob_keep_mb", "kl.coef",
-    "logging.sample_every", "checkpoint.every", "eval.every", "eval.size", "eval.n",
+    "logging.sample_every", "checkpoint.every", "rollout.staleness", "eval.every", "eval.size", "eval.n",
 )
 
 

@@ -216,7 +216,7 @@ PLAN_DECIDED_KEYS = (
     "trainer.precision", "rollout.record", "rollout_correction", "loss_agg", "kl.coef", "kl.apply", "kl.estimator",
     "kl.controller", "trainer.update_epochs", "trainer.num_mini_batches", "trainer.micro_batch_size",
     "rollout.temperature", "rollout.top_p", "rollout.n", "rollout.max_new_tokens", "rollout.prompts_per_step",
-    "rollout.dtype", "rollout.backend", "launcher.nproc",
+    "rollout.dtype", "rollout.backend", "rollout.staleness", "launcher.nproc",
 )
 """Config keys whose decision the run plan prints: the engine reads them from the plan."""
 
