@@ -28,9 +28,13 @@ GENERATED_TASKS = [name for name in builtin_names("task") if name != "file"]
 TINY = [*zoo.TINY, "task.num_digits=4", "eval.size=8", "eval.n=2"]
 
 
+REQUIRED = {"reasoning_gym": {"dataset": "basic_arithmetic"}}
+"""Parameters of the generated tasks that have required ones."""
+
+
 def _task(name: str) -> Task:
     component = REGISTRY.get("task", name)
-    return component.fn(params=component.default_params())
+    return component.fn(params=component.params(**REQUIRED.get(name, {})))
 
 
 def test_holdout_is_a_fixed_function_of_the_prompt() -> None:
