@@ -180,3 +180,22 @@ def test_the_sampler_and_sft_build_prompts_in_one_place() -> None:
         text = (root / module).read_text()
         assert "apply_chat_template" not in text, f"{module} builds prompts itself"
     assert "prompt_format.encode" in (root / "sft.py").read_text()
+
+
+def test_eval_at_start_logs_step_0_and_leaves_training_alone(capsys, tmp_path) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    import zoo
+    from rlzoo.cli import main
+
+    common = [*zoo.TINY, "trainer.total_steps=1", "eval.size=4", "eval.n=0", "answer_format=last_number"]
+    for name, extra in (("plain", []), ("start", ["eval.at_start=true"])):
+        assert main(["train", *common, *extra, f"run_dir={tmp_path / name}"]) == 0, capsys.readouterr().err
+    assert "evaluation before the first step: eval/greedy_accuracy" in capsys.readouterr().out
+    events = EventAccumulator(str(tmp_path / "start"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("eval/strict_accuracy")] == [0, 1]
+    assert [e.step for e in events.Scalars("eval/lenient_accuracy")] == [0, 1]
+    weights = [(tmp_path / n / "checkpoints" / "step_000001" / "policy" / "model.safetensors").read_bytes()
+               for n in ("plain", "start")]
+    assert weights[0] == weights[1]
