@@ -31,7 +31,7 @@ class ModelConfig:
     dtype: str = MISSING
     gradient_checkpointing: bool = MISSING
     chat_template: Optional[bool] = MISSING
-    system_prompt: Optional[str] = MISSING
+    system_prompt: Optional[str] = None  # not MISSING: runs saved before it existed still resume
 
 
 @dataclass
@@ -95,7 +95,7 @@ class EvalConfig:
     n: int = MISSING
     threshold: float = MISSING
     holdout: float = MISSING
-    at_start: bool = False
+    at_start: bool = False  # not MISSING: runs saved before it existed still resume
 
 
 @dataclass

@@ -199,3 +199,15 @@ def test_eval_at_start_logs_step_0_and_leaves_training_alone(capsys, tmp_path) -
     weights = [(tmp_path / n / "checkpoints" / "step_000001" / "policy" / "model.safetensors").read_bytes()
                for n in ("plain", "start")]
     assert weights[0] == weights[1]
+
+
+def test_a_config_saved_before_these_keys_existed_still_loads() -> None:
+    from omegaconf import OmegaConf
+
+    saved = OmegaConf.to_container(load_config(REGISTRY, []).cfg)
+    del saved["answer_format"], saved["model"]["system_prompt"], saved["eval"]["at_start"]
+    del saved["task"]["instruction"]
+    resolved = load_config(REGISTRY, [], base=saved)
+    assert "answer_format" not in resolved.components and resolved.cfg.model.system_prompt is None
+    assert Rewards.for_run(resolved).answers([" 1 "]) == [" 1 "]      # no format: the completion
+    assert PromptFormat.for_run(resolved).render("12=", SimpleNamespace(chat_template=None)) == "12="
