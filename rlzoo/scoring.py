@@ -8,6 +8,11 @@ weighted sum Σ_k w_k·r_k as ``scores`` ``(B,)``, which every other stage sees 
 ``reward/mean``, the advantage estimators' ``token_rewards``, evaluation). With one
 function the sum is its score unchanged.
 
+A reward registered as a class (a *scorer*, e.g. ``reward_model``) is built once per run
+(:meth:`rlzoo.contract.BoundComponent.build`, on the run's device) before it gets here;
+:class:`Rewards` tells it whether it scores a training batch (``training``), keeps its
+``state_dict`` in the checkpoint and logs its ``metrics()`` every step.
+
 The run's answer format (``answer_format``) finds each completion's answer; functions that
 name the ``answers`` input get it (``None`` where the format finds none). Evaluation's
 lenient score (:meth:`Rewards.lenient_scores`) takes the best score over every span any
@@ -20,7 +25,7 @@ from typing import Any
 
 import torch
 
-from rlzoo.contract import BoundComponent
+from rlzoo.contract import BoundComponent, BuiltComponent
 from rlzoo.errors import TrainingError
 from rlzoo.resolved import ResolvedConfig
 
@@ -28,13 +33,13 @@ from rlzoo.resolved import ResolvedConfig
 class Rewards:
     """The reward functions of a run and their weights.
 
-    :param functions: ``(bound reward function, weight)`` pairs, in config order.
+    :param functions: ``(bound reward function or built scorer, weight)`` pairs, in config order.
     :param answer_format: the run's answer format (``None``: the completion is the answer).
     :param all_formats: every registered answer format (for :meth:`lenient_scores`).
     """
 
-    def __init__(self, functions: list[tuple[BoundComponent, float]], answer_format: BoundComponent | None = None,
-                 all_formats: list[BoundComponent] | None = None) -> None:
+    def __init__(self, functions: list[tuple[BoundComponent | BuiltComponent, float]],
+                 answer_format: BoundComponent | None = None, all_formats: list[BoundComponent] | None = None) -> None:
         if not functions:
             raise ValueError("a run needs at least one reward function")
         self.functions = [fn for fn, _ in functions]
@@ -44,15 +49,37 @@ class Rewards:
         self.all_formats = list(all_formats or [])
 
     @classmethod
-    def for_run(cls, resolved: ResolvedConfig) -> "Rewards":
-        """The run's reward functions and answer format, with every registered format for
-        lenient scoring."""
+    def for_run(cls, resolved: ResolvedConfig, **setup: Any) -> "Rewards":
+        """The run's reward functions (scorers built with the ``setup`` inputs: ``device``,
+        ``tokenizer``) and answer format, with every registered format for lenient scoring."""
         chosen = resolved.bound("answer_format") if "answer_format" in resolved.components else None
         formats = [c.bind(None) for c in resolved.registry.components("answer_format")] if resolved.registry else []
-        return cls(resolved.reward_functions(), chosen, formats)
+        return cls(resolved.reward_functions(**setup), chosen, formats)
 
     def __len__(self) -> int:
         return len(self.functions)
+
+    def _scorers(self) -> list[tuple[str, Any]]:
+        """``(key, instance)`` of every built scorer (key ``<k>:<name>``, unique per run)."""
+        return [(f"{k}:{fn.name}", fn.instance) for k, fn in enumerate(self.functions)
+                if isinstance(fn, BuiltComponent)]
+
+    def state_dict(self) -> dict[str, Any]:
+        """The scorers' states (plain values), by :meth:`_scorers` key."""
+        return {key: scorer.state_dict() for key, scorer in self._scorers() if hasattr(scorer, "state_dict")}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for key, scorer in self._scorers():
+            if key in state and hasattr(scorer, "load_state_dict"):
+                scorer.load_state_dict(state[key])
+
+    def metrics(self) -> dict[str, float]:
+        """What the scorers report (``metrics()``) since the last call, e.g. their time."""
+        out: dict[str, float] = {}
+        for _, scorer in self._scorers():
+            if hasattr(scorer, "metrics"):
+                out.update({key: float(value) for key, value in scorer.metrics().items()})
+        return out
 
     def answers(self, completions: list[str]) -> list[str | None]:
         """The answer the run's answer format finds in each completion (its last span),
@@ -62,15 +89,20 @@ class Rewards:
         return [found[-1] if found else None for found in (_spans(self.answer_format, c) for c in completions)]
 
     def score(self, prompts: list[str], completions: list[str], references: list[Any],
-              rows: list[dict[str, Any]], answers: list[str | None] | None = None
+              rows: list[dict[str, Any]], training: bool = False, answers: list[str | None] | None = None
               ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(scores (B,), reward_scores (B, K))``: the weighted sum and each function's raw
         float32 scores (column k is ``reward[k]``'s).
 
+        :param training: the completions are a training batch (scorers with running
+            statistics update them only then; evaluation and greedy baselines leave them).
         :param answers: the answers to pass (default: :meth:`answers` of ``completions``).
+
         :raises TrainingError: a function raised (naming it and the first failing sample),
             returned the wrong number of scores or a non-finite one.
         """
+        for _, scorer in self._scorers():
+            scorer.training = training
         answers = self.answers(completions) if answers is None else answers
         columns = [_call(fn, prompts, completions, references, rows, answers) for fn in self.functions]
         per_reward = torch.stack(columns, dim=1)
@@ -104,7 +136,7 @@ def _spans(answer_format: BoundComponent, text: str) -> list[str]:
     return found
 
 
-def _call(fn: BoundComponent, prompts: list[str], completions: list[str], references: list[Any],
+def _call(fn: BoundComponent | BuiltComponent, prompts: list[str], completions: list[str], references: list[Any],
           rows: list[dict[str, Any]], answers: list[str | None]) -> torch.Tensor:
     """One reward function's ``(B,)`` float32 scores, checked."""
     name = fn.name

@@ -246,7 +246,7 @@ class FileTask(Task):
         self._train_rows: list[int] | None = None
 
     def _load(self, path: Path, split: str) -> list[Example]:
-        rows = _read_rows(path, split)
+        rows = read_rows(path, split=split)
         if not rows:
             raise ConfigError(f"task file {str(path)!r} holds no examples")
         answer_key = self.answer_key or _default_answer_key(rows[0])
@@ -365,13 +365,17 @@ def _prompt(value: Any, where: str) -> tuple[str, tuple[dict[str, str], ...] | N
     return users[-1], tuple(messages)
 
 
-def _read_rows(path: Path, split: str = "train") -> list[Any]:
+def read_rows(path: Path, what: str = "task file", split: str = "train") -> list[Any]:
     """The rows of a ``.jsonl`` / ``.json`` (one object a line) or ``.parquet`` file, or of
-    a ``datasets`` ``save_to_disk`` directory (``split`` of a ``DatasetDict``)."""
+    a ``datasets`` ``save_to_disk`` directory (``split`` of a ``DatasetDict``).
+
+    :param what: how errors name the file (``task file``, ``preference file``).
+    :raises ConfigError: missing file, a line that is not JSON, an unknown extension.
+    """
     if path.is_dir():
-        return _read_saved_dataset(path, split)
+        return _read_saved_dataset(path, split, what)
     if not path.is_file():
-        raise ConfigError(f"task file {str(path)!r} does not exist")
+        raise ConfigError(f"{what} {str(path)!r} does not exist")
     suffix = path.suffix.lower()
     if suffix in (".jsonl", ".json"):
         rows = []
@@ -381,39 +385,39 @@ def _read_rows(path: Path, split: str = "train") -> list[Any]:
             try:
                 rows.append(json.loads(line))
             except json.JSONDecodeError as exc:
-                raise ConfigError(f"task file {str(path)!r} line {lineno} is not valid JSON: {exc}") from exc
+                raise ConfigError(f"{what} {str(path)!r} line {lineno} is not valid JSON: {exc}") from exc
         return rows
     if suffix == ".parquet":
-        return _pyarrow(path).parquet.read_table(path).to_pylist()
-    raise ConfigError(f"task file {str(path)!r}: unsupported extension {suffix!r}; use .jsonl, .parquet or a "
+        return _pyarrow(path, what).parquet.read_table(path).to_pylist()
+    raise ConfigError(f"{what} {str(path)!r}: unsupported extension {suffix!r}; use .jsonl, .parquet or a "
                       "directory written by datasets' save_to_disk")
 
 
-def _pyarrow(path: Path) -> Any:
+def _pyarrow(path: Path, what: str) -> Any:
     try:
         import pyarrow
         import pyarrow.ipc
         import pyarrow.parquet
     except ImportError as exc:
-        raise ConfigError(f"reading {str(path)!r} needs pyarrow: pip install 'rlzoo[files]'") from exc
+        raise ConfigError(f"reading {what} {str(path)!r} needs pyarrow: pip install 'rlzoo[files]'") from exc
     return pyarrow
 
 
-def _read_saved_dataset(path: Path, split: str) -> list[Any]:
+def _read_saved_dataset(path: Path, split: str, what: str) -> list[Any]:
     """The rows of a ``save_to_disk`` directory: its Arrow shards (``state.json``), or those
     of ``split`` in a ``DatasetDict`` directory (``dataset_dict.json``)."""
     splits_file = path / "dataset_dict.json"
     if splits_file.is_file():
         splits = json.loads(splits_file.read_text()).get("splits", [])
         if split not in splits:
-            raise ConfigError(f"task file {str(path)!r} is a DatasetDict without split {split!r}; its splits: "
+            raise ConfigError(f"{what} {str(path)!r} is a DatasetDict without split {split!r}; its splits: "
                               f"{', '.join(splits)} (set task.split)")
         path = path / split
     state_file = path / "state.json"
     if not state_file.is_file():
-        raise ConfigError(f"task file {str(path)!r} is a directory but not one written by datasets' save_to_disk "
+        raise ConfigError(f"{what} {str(path)!r} is a directory but not one written by datasets' save_to_disk "
                           "(no state.json or dataset_dict.json)")
-    pa = _pyarrow(path)
+    pa = _pyarrow(path, what)
     rows: list[Any] = []
     for shard in json.loads(state_file.read_text()).get("_data_files", []):
         with pa.memory_map(str(path / shard["filename"])) as source:

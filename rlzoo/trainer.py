@@ -87,7 +87,8 @@ class Trainer:
                                  generation_context=self.models.generation_context)
         # rank 0 draws the prompts a single process draws; other ranks their own streams
         stream = cfg.seed if self.dist.rank == 0 else f"{cfg.seed}/rank{self.dist.rank}"
-        self.sampler = Sampler(task, Rewards.for_run(resolved), self.models.tokenizer, backend, cfg,
+        rewards = Rewards.for_run(resolved, device=self.device, tokenizer=self.models.tokenizer)
+        self.sampler = Sampler(task, rewards, self.models.tokenizer, backend, cfg,
                                self.plan, self.device, stream, PromptFormat.for_run(resolved))
         task_name = resolved.components["task"].name
         for warning in check_encodable(task, task_name, self.models.tokenizer, self.sampler.holdout):
@@ -119,7 +120,8 @@ class Trainer:
         rollout_s = time.perf_counter() - start
         if self.plan.record:
             self.run_dir.record_rollout(self.step, batch)
-        metrics = batch_metrics(batch, self.sampler.rewards.names, self.dist)
+        metrics = batch_metrics(batch, self.sampler.rewards.names, self.dist, self.sampler.rewards.weights.tolist())
+        metrics.update(distributed.all_reduce_floats(self.sampler.rewards.metrics(), self.dist, op="mean"))
         self.last_samples = group_samples(batch)
         update_start = time.perf_counter()
         metrics.update(self.learn(batch))

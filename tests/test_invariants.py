@@ -33,13 +33,16 @@ TASK_PARAMS = {"reasoning_gym": {"dataset": "basic_arithmetic"}}
 
 def _inputs(component, tmp_path) -> dict:
     """What a component's checks need besides the defaults: a file for the file task, the
-    required parameters of a task, the task whose default reward a reward is (its
-    references or rows may not be strings)."""
+    required parameters of a task, a model directory for reward_model, the task whose
+    default reward a reward is (its references or rows may not be strings)."""
     if component.kind == "task" and component.name == "file":
         (tmp_path / "d.jsonl").write_text("".join(f'{{"prompt": "{i}=", "answer": "{i}"}}\n' for i in range(20)))
         return {"params": {"path": str(tmp_path / "d.jsonl")}}
     if component.kind == "task" and component.name in TASK_PARAMS:
         return {"params": TASK_PARAMS[component.name]}
+    if component.kind == "reward" and component.name == "reward_model":  # scores with a model directory
+        zoo.tiny_reward_model(tmp_path / "rm")
+        return {"params": {"path": str(tmp_path / "rm")}}
     if component.kind == "reward":
         tasks = [t for t in REGISTRY.components("task") if t.meta.get("reward") == component.name and t.name != "file"]
         if not tasks:
