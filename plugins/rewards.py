@@ -1,5 +1,10 @@
 """Reward functions: rule-based ones, ``fn(prompts, completions, references) -> list[float]``,
-and ``reward_model``, a scorer class built once per run that scores with a learned model."""
+and ``reward_model``, a scorer class built once per run that scores with a learned model.
+
+Rule-based ones that name ``answers`` compare the answer the run's ``answer_format`` finds
+in each completion (the whole completion under the default ``plain``; ``None``, scored 0,
+where the format finds none), so ``answer_format=answer_tag`` works with them unchanged.
+"""
 
 from __future__ import annotations
 
@@ -42,22 +47,29 @@ class ExactMatchParams:
     """Compare after stripping surrounding whitespace."""
 
 
+def _answers(completions: list[str], answers: list[str | None] | None) -> list[str | None]:
+    return list(completions) if answers is None else answers
+
+
 def exact_match(prompts: list[str], completions: list[str], references: list[object],
-                params: ExactMatchParams | None = None) -> list[float]:
-    """1.0 when the completion equals the reference (as text), else 0.0."""
+                answers: list[str | None] | None = None, params: ExactMatchParams | None = None) -> list[float]:
+    """1.0 when the answer (the completion under ``answer_format=plain``) equals the
+    reference (as text), else 0.0."""
     params = params or ExactMatchParams()
     norm = (lambda s: s.strip()) if params.strip else (lambda s: s)
-    return [float(norm(c) == norm(str(r))) for c, r in zip(completions, references)]
+    return [float(a is not None and norm(a) == norm(str(r))) for a, r in zip(_answers(completions, answers), references)]
 
 
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 
 
-def numeric_match(prompts: list[str], completions: list[str], references: list[object]) -> list[float]:
-    """1.0 when the last number in the completion equals the reference number."""
+def numeric_match(prompts: list[str], completions: list[str], references: list[object],
+                  answers: list[str | None] | None = None) -> list[float]:
+    """1.0 when the last number in the answer (the completion under ``answer_format=plain``)
+    equals the reference number."""
     scores = []
-    for completion, reference in zip(completions, references):
-        found = _NUMBER.findall(completion)
+    for answer, reference in zip(_answers(completions, answers), references):
+        found = _NUMBER.findall(answer or "")
         try:
             scores.append(float(bool(found) and float(found[-1]) == float(str(reference))))
         except ValueError:
@@ -75,6 +87,13 @@ def length_match(prompts: list[str], completions: list[str], references: list[ob
         got, want = len(completion.strip()), len(str(reference).strip())
         scores.append(float(got == 0) if want == 0 else max(0.0, 1.0 - abs(got - want) / want))
     return scores
+
+
+def format_reward(prompts: list[str], completions: list[str], answers: list[str | None] | None = None) -> list[float]:
+    """A format reward: 1.0 when the run's ``answer_format`` finds an answer in the
+    completion, else 0.0 (always 1 under ``plain``). Combine it with the task's reward:
+    ``reward=[reasoning_gym, {name: format, weight: 0.2}]``."""
+    return [float(a is not None) for a in _answers(completions, answers)]
 
 
 @dataclass
@@ -210,6 +229,8 @@ def rlzoo_register_reward_functions(register) -> None:
              description="1 if the completion equals the reference answer")
     register("numeric_match", numeric_match,
              description="1 if the last number in the completion equals the reference")
+    register("format", format_reward,
+             description="1 if the run's answer_format finds an answer (a format reward for reward=[...])")
     register("length_match", length_match,
              description="1 − relative length difference to the reference (a format reward)")
     register("countdown", countdown, params=CountdownRewardParams,

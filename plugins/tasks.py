@@ -160,14 +160,19 @@ def eval_expression(expr: str) -> Optional[int]:
 @dataclass
 class FileTaskParams:
     path: Optional[str] = None
-    """A .jsonl or .parquet file of prompts and reference answers (required)."""
+    """A .jsonl or .parquet file, or a datasets save_to_disk directory, of prompts and reference answers (required)."""
     prompt_key: str = "prompt"
-    """Column holding the prompt text."""
-    answer_key: str = "answer"
-    """Column holding the reference answer (the reward's ``references``)."""
+    """Column holding the prompt: text, or chat messages [{role, content}] (verl's and TRL's layout)."""
+    answer_key: Optional[str] = None
+    """Column holding the reference answer (the reward's ``references``), dots for a nested field; None:
+    ``answer``, or verl's ``reward_model.ground_truth`` in a file that has it and no ``answer``."""
     eval_path: Optional[str] = None
-    """A file of evaluation rows (same format); None: the rows whose prompt falls in the
+    """A file of evaluation rows (same kinds); None: the rows whose prompt falls in the
     held-out share (``eval.holdout``) evaluate and the rest train."""
+    split: str = "train"
+    """The split read from a DatasetDict directory (``path`` and ``eval_path``)."""
+    eval_split: Optional[str] = None
+    """A split of the DatasetDict at ``path`` to evaluate on (instead of ``eval_path``)."""
 
     def __post_init__(self) -> None:
         if not self.path:
@@ -175,7 +180,8 @@ class FileTaskParams:
 
 
 def _file_task(params: FileTaskParams) -> Task:
-    return FileTask(params.path, params.prompt_key, params.answer_key, params.eval_path)
+    return FileTask(params.path, params.prompt_key, params.answer_key, params.eval_path, params.split,
+                    params.eval_split)
 
 
 @hookimpl
@@ -188,4 +194,5 @@ def rlzoo_register_tasks(register) -> None:
              description="reach the target with + - * over the given numbers",
              paper="TinyZero countdown")
     register("file", _file_task, params=FileTaskParams, reward="exact_match",
-             description="prompts + reference answers from a JSONL/Parquet file, in shuffled epochs")
+             description="prompts (text or chat messages) + reference answers from a JSONL/Parquet file or a "
+                         "datasets directory, in shuffled epochs")

@@ -10,6 +10,7 @@ import argparse
 import json
 import os
 import sys
+import textwrap
 from collections.abc import Sequence
 
 from rlzoo.errors import ConfigError, RlzooError
@@ -348,6 +349,7 @@ def _cmd_list(args: argparse.Namespace) -> int:
             "needs": sorted(c.needs),
             "inputs": list(c.inputs),
             "params": describe_params(c),
+            "listing": c.meta["listing"]() if callable(c.meta.get("listing")) else None,
         }
         for kind in kinds
         for c in registry.components(kind)
@@ -373,6 +375,8 @@ def _cmd_list(args: argparse.Namespace) -> int:
                     extra.append(row["paper"])
                 tail = f" [{'; '.join(extra)}]" if extra else ""
                 print(f"  {row['name']:<{width}}  {row['package']:<{pkg_width}}  {row['description']}{tail}")
+                if row["listing"]:
+                    print(textwrap.fill(row["listing"], 110, initial_indent=" " * 4, subsequent_indent=" " * 6))
             print()
     for error in errors:
         print(f"rlzoo: error: {error}", file=sys.stderr)

@@ -32,6 +32,11 @@ COLUMNS: list[tuple[str, str]] = [
                  "prompts whose greedy completion scores at least `eval.threshold`"),
     ("eval pass@1", "`eval/pass@1` at the last evaluation: per held-out prompt, the share of its `eval.n` "
                     "sampled completions that are correct, averaged"),
+    ("eval strict", "`eval/strict_accuracy` at the last evaluation: share of the held-out prompts whose greedy "
+                    "completion is correct with its answer where `answer_format` says (the right answer in the "
+                    "requested format)"),
+    ("eval lenient", "`eval/lenient_accuracy` at the last evaluation: share of the held-out prompts whose greedy "
+                     "completion holds the right answer anywhere (in any registered answer format's spans)"),
     ("reward final", "the smoothed training reward at the last step. Smoothed training reward: the mean of "
                      "`reward/mean` over W consecutive logged steps (W = `--window`, or all of a run's steps if "
                      "it has fewer), defined where a full window exists"),
@@ -181,6 +186,8 @@ def table(groups: list[Group], threshold: float) -> str:
         cells = [group.label, str(len(runs)),
                  _mean_std([r.final_eval("eval/greedy_accuracy") for r in runs]),
                  _mean_std([r.final_eval("eval/pass@1") for r in runs]),
+                 _mean_std([r.final_eval("eval/strict_accuracy") for r in runs]),
+                 _mean_std([r.final_eval("eval/lenient_accuracy") for r in runs]),
                  _mean_std([r.reward_final for r in runs]), _mean_std([r.reward_best for r in runs]), steps,
                  _mean_std([r.train_s for r in runs], 0), _mean_std([r.eval_s for r in runs], 0),
                  _mean_std([r.tokens_per_s for r in runs], 0)]

@@ -34,7 +34,8 @@ from rlzoo.plan import build_plan
 from rlzoo.presets import load_preset
 from rlzoo.registry import Component, Registry
 from rlzoo.resolved import ResolvedConfig
-from rlzoo.schema import RENAMED_KEYS, RunConfig, check_values, schema_keys, type_message
+from rlzoo.schema import (RENAMED_KEYS, TASK_KEYS, RunConfig, check_instruction, check_values, schema_keys,
+                          type_message)
 
 __all__ = ["PRESET_REFUSED_KEYS", "ResolvedConfig", "build_params", "default_config_path", "load_config",
            "parse_overrides", "plugin_modules", "read_layers"]
@@ -257,6 +258,10 @@ def load_config(
                 for key in (layer_spec or {"name": None}):
                     sources[f"{path}.{key}"] = label
         specs[path] = spec
+    task_extras: dict[str, Any] = {}
+    if specs["task"] is not None:  # every task's own keys (task.instruction), not its factory's parameters
+        task_extras = {key: specs["task"].pop(key, None) for key in TASK_KEYS}
+        check_instruction(task_extras["instruction"])
     ext_specs: list[Any] = []
     for label, layer in labelled:
         present, value = _pop_path(layer, "extensions")
@@ -312,6 +317,8 @@ def load_config(
             raise ConfigError(f"{preset_label}: {exc}" if from_preset and preset_label else str(exc)) from exc
         components[path] = component
         params[path] = instance
+        if path == "task":
+            expanded = {**expanded, **task_extras}
         OmegaConf.update(cfg, path, expanded, force_add=True)
         for key in expanded:
             sources.setdefault(f"{path}.{key}", f"default of {kind} {component.name}")

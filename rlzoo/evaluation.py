@@ -9,12 +9,19 @@ Logged tags:
 
 - ``eval/greedy_accuracy``: share of prompts whose greedy completion is correct;
 - ``eval/greedy_score``: mean score of the greedy completions (partial credit counts);
+- ``eval/strict_accuracy``: share of prompts whose greedy completion is correct *and*
+  holds an answer where the run's ``answer_format`` says (the right answer in the
+  requested format; equal to ``greedy_accuracy`` under ``answer_format=plain``);
+- ``eval/lenient_accuracy``: share of prompts whose greedy completion holds the right
+  answer anywhere: its best score over every span any registered answer format finds
+  (:meth:`rlzoo.scoring.Rewards.lenient_scores`) is correct; at least the strict accuracy;
 - ``eval/pass@1``: mean over prompts of c/n, c the correct ones among the n samples;
 - ``eval/pass@<n>``: the unbiased pass@n estimate (some sample correct), when n > 1;
 - ``eval/sampled_score``: mean score of the samples (``reward/mean`` on held-out prompts);
 - ``timing/eval_s``: seconds the evaluation took (not part of ``timing/step_s``).
 
-Evaluation never changes training: it runs under :func:`torch.random.fork_rng` with its
+With ``eval.at_start=true`` a fresh run also evaluates before its first step (logged at
+step 0), so every tag has a before → after pair. Evaluation never changes training: it runs under :func:`torch.random.fork_rng` with its
 own seed (the step), draws no prompts from the sampler's RNG and leaves the group counter
 alone, so a run with evaluation trains exactly as one without (tested).
 """
@@ -61,6 +68,7 @@ class Evaluator:
     def __init__(self, examples: list[Example], sampler: Sampler, cfg: Any, dist: distributed.DistInfo) -> None:
         self.examples, self.sampler, self.dist = examples, sampler, dist
         self.every, self.n = int(cfg.eval.every), int(cfg.eval.n)
+        self.at_start = bool(getattr(cfg.eval, "at_start", False))
         self.threshold = float(cfg.eval.threshold)
         self.rollout = sampler.plan.rollout
         # at most as many sequences per generate call as a training rollout (the size the
@@ -93,6 +101,7 @@ class Evaluator:
     def describe(self) -> str:
         """One line for the start of a run: what is evaluated, how often."""
         when = f"every {self.every} steps and after the last" if self.every else "after the last step"
+        when = f"before the first step, {when}" if self.at_start else when
         sampled = f" and {self.n} samples" if self.n else ""
         return (f"rlzoo: evaluation on {len(self.examples)} held-out prompts (greedy{sampled} each, correct = "
                 f"score >= {self.threshold:g}) {when}")
@@ -111,7 +120,7 @@ class Evaluator:
         completions: list[str] = []
         for start in range(0, len(examples), per_call):
             part = examples[start:start + per_call]
-            gen = sampler.backend.generate(sampler.encode_prompts([e.prompt for e in part]),
+            gen = sampler.backend.generate(sampler.encode_prompts(part),
                                            num_samples=per_example, max_new_tokens=rollout.max_new_tokens,
                                            temperature=rollout.temperature, top_p=rollout.top_p,
                                            greedy=samples == 0)
@@ -122,8 +131,9 @@ class Evaluator:
             completions += texts
         return scores, completions
 
-    def _answer(self, examples: list[Example], seed: int) -> list[tuple[float, list[float], str]]:
-        """``(greedy score, sample scores, greedy completion)`` per example."""
+    def _answer(self, examples: list[Example], seed: int) -> list[tuple[float, list[float], str, bool, float]]:
+        """``(greedy score, sample scores, greedy completion, whether the answer format
+        finds an answer in it, its lenient score)`` per example."""
         with torch.random.fork_rng(devices=_devices(self.sampler.device)):
             torch.manual_seed(seed)
             greedy, completions = self._generate(examples, 0)
@@ -131,7 +141,11 @@ class Evaluator:
             if self.n:
                 flat, _ = self._generate(examples, self.n)
                 sampled = [flat[i * self.n:(i + 1) * self.n] for i in range(len(examples))]
-        return list(zip(greedy, sampled, completions))
+        rewards = self.sampler.rewards
+        found = [answer is not None for answer in rewards.answers(completions)]
+        lenient = rewards.lenient_scores([e.prompt for e in examples], completions, [e.reference for e in examples],
+                                         [dict(e.row) for e in examples]).tolist() if examples else []
+        return list(zip(greedy, sampled, completions, found, lenient))
 
     def run(self, step: int) -> dict[str, float]:
         """Evaluate now; returns the ``eval/...`` metrics and ``timing/eval_s`` (the same on
@@ -146,8 +160,12 @@ class Evaluator:
         parts = distributed.gather_objects(list(zip(mine, answers)), self.dist)
         results = dict(item for part in parts for item in part)
         greedy = np.array([results[i][0] for i in range(len(self.examples))])
+        strict = (greedy >= self.threshold) & np.array([results[i][3] for i in range(len(self.examples))])
+        lenient = strict | (np.array([results[i][4] for i in range(len(self.examples))]) >= self.threshold)
         metrics = {"eval/greedy_accuracy": float((greedy >= self.threshold).mean()),
-                   "eval/greedy_score": float(greedy.mean())}
+                   "eval/greedy_score": float(greedy.mean()),
+                   "eval/strict_accuracy": float(strict.mean()),
+                   "eval/lenient_accuracy": float(lenient.mean())}
         if self.n:
             sampled = np.array([results[i][1] for i in range(len(self.examples))])
             correct = (sampled >= self.threshold).sum(1)

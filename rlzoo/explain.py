@@ -78,7 +78,7 @@ def _unused(key: str, resolved: ResolvedConfig) -> str:
         return "no critic in this run"
     if key == "trainer.critic_lr" and "critic" not in plan.needs:
         return "no critic in this run"
-    if key in ("eval.every", "eval.n", "eval.threshold") and int(resolved.cfg.eval.size) == 0:
+    if key in ("eval.every", "eval.n", "eval.threshold", "eval.at_start") and int(resolved.cfg.eval.size) == 0:
         return "eval.size = 0: no evaluation"
     return ""
 

@@ -218,6 +218,20 @@ def rlzoo_register_reward_functions(register: Register) -> None:
         its ``ValueError`` refuses the config), ``state_dict()`` / ``load_state_dict()``
         (checkpointed), ``metrics()`` (logged each step), a ``training`` attribute the
         engine sets (``False`` for evaluation and greedy baselines).
+
+        A function that names ``answers`` also gets the answer the run's ``answer_format``
+        finds in each completion (``None`` where it finds none).
+    """
+
+
+@hookspec
+def rlzoo_register_answer_formats(register: Register) -> None:
+    """Register answer formats (kind ``answer_format``), e.g. ``answer_tag``.
+
+    :param register: call ``register(name, fn, hint="...", ...)``. The engine calls
+        ``fn(text=completion)`` and expects ``list[str]``: every answer-like span of the
+        completion in order of appearance (the run's answer is the last; none found: ``[]``).
+        ``hint`` is the sentence ``{format}`` stands for in ``task.instruction``.
     """
 
 

@@ -176,10 +176,21 @@ KINDS: dict[str, Kind] = {kind.name: kind for kind in (
             "references": Input(None, "list of B reference answers (the task's Example.reference)"),
             "rows": Input(None, "list of B dicts: the rest of each example's data row (Example.row; a file "
                                 "task's whole row, every column; {} for the generated built-in tasks)"),
+            "answers": Input(None, "list of B: the answer the run's answer_format finds in each completion "
+                                   "(str), None where it finds none; the completion itself under the "
+                                   "default answer_format=plain"),
         },
         setup_inputs={
             "device": Input(None, "torch.device the run's models live on (a scorer class's model goes there)"),
             "tokenizer": Input(None, "the policy's tokenizer (a reward model reads decoded text with its own)"),
+        }),
+    Kind(
+        name='answer_format', hook='rlzoo_register_answer_formats', title='Answer formats',
+        config_path='answer_format', output=None,
+        docs='docs/tasks.md', tested_in='tests/test_answers.py (hand-written completions, strict and lenient)',
+        inputs={
+            "text": Input(None, "str: one decoded completion; returns list[str], every answer-like span in "
+                                "order (the answer is the last)"),
         }),
     Kind(
         name='task', hook='rlzoo_register_tasks', title='Tasks',

@@ -15,11 +15,11 @@ from typing import Any
 import torch
 
 from rlzoo.batch import RolloutBatch
-from rlzoo.errors import ConfigError
 from rlzoo.plan import RunPlan
+from rlzoo.prompts import PromptFormat
 from rlzoo.rollout import left_pad
 from rlzoo.scoring import Rewards
-from rlzoo.tasks import Holdout, Task
+from rlzoo.tasks import Example, Holdout, Task
 
 
 class Sampler:
@@ -29,34 +29,32 @@ class Sampler:
     :param rewards: the run's reward functions and weights.
     :param tokenizer: the policy's tokenizer.
     :param backend: the rollout backend (``generate``, ``sync_weights``).
-    :param cfg: the run config (``model.chat_template``, ``eval.holdout``).
+    :param cfg: the run config (``eval.holdout``; the prompt settings when
+        ``prompt_format`` is not given).
     :param plan: the run plan (how completions are generated, whether a greedy pass runs).
     :param device: where the batch's tensors go.
     :param seed: seeds the prompt RNG (a string makes each process's stream its own).
+    :param prompt_format: instruction, system prompt and chat template (:mod:`rlzoo.prompts`).
     """
 
     def __init__(self, task: Task, rewards: Rewards, tokenizer: Any, backend: Any, cfg: Any,
-                 plan: RunPlan, device: torch.device, seed: int | str) -> None:
+                 plan: RunPlan, device: torch.device, seed: int | str,
+                 prompt_format: PromptFormat | None = None) -> None:
         self.task, self.rewards, self.tokenizer, self.backend = task, rewards, tokenizer, backend
-        self.chat_template = cfg.model.chat_template
+        self.prompt_format = prompt_format or PromptFormat.from_config(cfg)
         self.plan, self.device = plan, device
         self.rng = random.Random(seed)
         self.holdout = Holdout(float(cfg.eval.holdout))
         self.next_group = 0
-        if self.chat_template is True and not getattr(tokenizer, "chat_template", None):
-            raise ConfigError("model.chat_template=true but the tokenizer has no chat template")
+        self.prompt_format.check(tokenizer)
 
-    def format_prompt(self, prompt: str) -> str:
-        """The prompt as the model sees it: a user turn of the tokenizer's chat template
-        when ``model.chat_template`` is true (or null and the tokenizer has one)."""
-        if self.chat_template is False or not getattr(self.tokenizer, "chat_template", None):
-            return prompt
-        return self.tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
-                                                  tokenize=False, add_generation_prompt=True)
+    def format_prompt(self, prompt: Example | str) -> str:
+        """The prompt as the model sees it (:meth:`rlzoo.prompts.PromptFormat.render`)."""
+        return self.prompt_format.render(prompt, self.tokenizer)
 
-    def encode_prompts(self, prompts: list[str]) -> list[list[int]]:
+    def encode_prompts(self, prompts: list[Example] | list[str]) -> list[list[int]]:
         """Token ids of each prompt as the model sees it (:meth:`format_prompt`), unpadded."""
-        return self.tokenizer([self.format_prompt(p) for p in prompts], add_special_tokens=False).input_ids
+        return self.prompt_format.encode(prompts, self.tokenizer)
 
     def sample(self, n_prompts: int) -> RolloutBatch:
         """Draw ``n_prompts`` training prompts (never a held-out one) and return their scored
@@ -66,7 +64,7 @@ class Sampler:
         group_ids = torch.arange(self.next_group, self.next_group + n_prompts).repeat_interleave(rollout.n)
         self.next_group += n_prompts
         texts = [e.prompt for e in examples]
-        token_lists = self.encode_prompts(texts)
+        token_lists = self.encode_prompts(examples)
         gen = self.backend.generate(token_lists, num_samples=rollout.n, max_new_tokens=rollout.max_new_tokens,
                                     temperature=rollout.temperature, top_p=rollout.top_p)
         prompt_ids, prompt_mask = left_pad(token_lists, self.tokenizer.pad_token_id)

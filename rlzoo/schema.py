@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import re
+import string
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -39,6 +40,7 @@ class ModelConfig:
     gradient_checkpointing: bool = MISSING
     chat_template: Optional[bool] = MISSING
     lora: LoraConfig = field(default_factory=LoraConfig)
+    system_prompt: Optional[str] = MISSING
 
 
 @dataclass
@@ -103,6 +105,7 @@ class EvalConfig:
     n: int = MISSING
     threshold: float = MISSING
     holdout: float = MISSING
+    at_start: bool = MISSING
 
 
 @dataclass
@@ -145,6 +148,7 @@ class RunConfig:
     extensions: list[Any] = MISSING
     task: Any = MISSING
     reward: Any = MISSING
+    answer_format: Any = MISSING
     model: ModelConfig = field(default_factory=ModelConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     rollout_correction: Any = MISSING
@@ -162,6 +166,37 @@ class RunConfig:
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
     rm: RMConfig = field(default_factory=RMConfig)
 
+INSTRUCTION_FIELDS = ("question", "format")
+"""The fields an instruction template may use."""
+
+
+def check_instruction(instruction: Any) -> None:
+    """``task.instruction`` is null or a template using ``{question}`` and only :data:`INSTRUCTION_FIELDS`.
+
+    :raises ConfigError: naming the bad value and the fields.
+    """
+    if instruction is None:
+        return
+    if not isinstance(instruction, str):
+        raise ConfigError(f"invalid value for task.instruction: {instruction!r}; a template string such as "
+                          "'Solve: {question} {format}'")
+    try:
+        used = {name for _, name, _, _ in string.Formatter().parse(instruction) if name is not None}
+    except ValueError as exc:
+        raise ConfigError(f"invalid task.instruction {instruction!r}: {exc} (write a literal brace as {{{{ or }}}})") \
+            from exc
+    unknown = sorted(used - set(INSTRUCTION_FIELDS))
+    if unknown or "question" not in used:
+        what = f"unknown field {{{unknown[0]}}}" if unknown else "no {question}"
+        raise ConfigError(f"invalid task.instruction {instruction!r}: {what}; the template's fields are "
+                          f"{', '.join('{' + f + '}' for f in INSTRUCTION_FIELDS)} and {{question}} is required")
+
+
+TASK_KEYS: tuple[str, ...] = ("instruction",)
+"""Keys of the ``task`` mapping that every task takes besides its own parameters
+(:mod:`rlzoo.prompts`): recorded with the task's parameters, never passed to its factory."""
+
+
 RENAMED_KEYS: dict[str, str] = {
     "trainer.ppo_epochs": "trainer.update_epochs",
     "trainer.mini_batches": "trainer.num_mini_batches",
@@ -175,7 +210,7 @@ ADDED_KEYS: dict[str, Any] = {
     "model.lora.alpha": 16.0,
     "model.lora.dropout": 0.0,
     "model.lora.target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
-    "rollout.staleness": 0,
+    "rollout.staleness": 0, "model.system_prompt": None, "eval.at_start": False, "answer_format": "plain",
     "rm.data": None, "rm.steps": 200, "rm.batch_size": 32, "rm.eval_fraction": 0.1, "rm.eval_every": 50,
     "rm.chat_template": None, "rm.task_pairs": 2000,
 }

@@ -1,6 +1,7 @@
 """``rlzoo sft``: supervised fine-tuning on a task's reference answers (a warm-up).
 
-Teacher-forced cross-entropy on ``prompt + target + EOS`` with the loss on the target
+Teacher-forced cross-entropy on ``prompt + target + EOS`` (the prompt built as RL builds it:
+instruction, system prompt and chat template, :mod:`rlzoo.prompts`) with the loss on the target
 tokens only. ``sft.target=answer`` trains on the reference answers (this teaches e.g.
 digit sorting in seconds and leaves RL nothing to learn); ``format`` trains on
 well-formed but unsolved completions (the task's ``format_text``: for sorting, the
@@ -21,6 +22,7 @@ from rlzoo.learner import adamw
 from rlzoo.logprobs import response_forward
 from rlzoo.masked import masked_mean
 from rlzoo.models import build_policy
+from rlzoo.prompts import PromptFormat
 from rlzoo.rollout import left_pad
 from rlzoo.tasks import Holdout
 
@@ -49,15 +51,15 @@ def run_sft(resolved: ResolvedConfig, steps: int = 100,
     torch.manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)
     model, tokenizer = build_policy(cfg, task)
+    prompt_format = PromptFormat.for_run(resolved)  # the instruction, system prompt and chat template RL uses
+    prompt_format.check(tokenizer)
     optimizer = adamw(model.parameters(), lr or cfg.trainer.lr, tuple(cfg.trainer.betas))
     model.train()
     holdout = Holdout(float(cfg.eval.holdout))  # never train on the prompts RL runs evaluate on
     for step in range(1, steps + 1):
         examples = task.sample_train(batch_size, rng, holdout)
         texts = [task.answer_text(e) if target == "answer" else task.format_text(e, rng) for e in examples]
-        prompt_ids, prompt_mask = left_pad(
-            [tokenizer(e.prompt, add_special_tokens=False).input_ids for e in examples],
-            tokenizer.pad_token_id)
+        prompt_ids, prompt_mask = left_pad(prompt_format.encode(examples, tokenizer), tokenizer.pad_token_id)
         targets = [tokenizer(t, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
                    for t in texts]
         width = max(len(t) for t in targets)

@@ -31,11 +31,14 @@ class Example:
     :ivar reference: what the reward function receives as ``references[i]`` (any value).
     :ivar row: further columns of the example (a file task's whole row), passed to reward
         functions that name the ``rows`` input; empty for the built-in generated tasks.
+    :ivar messages: the prompt as chat messages (``{role, content}`` dicts) when the data
+        gives it so; ``prompt`` is then their text (:mod:`rlzoo.prompts` renders them).
     """
 
     prompt: str
     reference: Any
     row: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    messages: tuple[Mapping[str, str], ...] | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -195,49 +198,70 @@ def check_encodable(task: Task, task_name: str, tokenizer: Any, holdout: Holdout
 
 
 class FileTask(Task):
-    """Prompts and reference answers read from a JSONL or Parquet file, iterated in
-    seeded shuffled epochs.
+    """Prompts and reference answers read from a data file, iterated in seeded shuffled
+    epochs.
+
+    Files: JSONL (one object a line), Parquet, or a directory written by ``datasets``'
+    ``save_to_disk`` (a ``Dataset``, or a ``DatasetDict`` whose ``split`` is read; read
+    with pyarrow, ``datasets`` is not needed). The prompt column holds text, or chat
+    messages (a list of ``{role, content}``: verl's and TRL's layout), which keep their
+    turns (:mod:`rlzoo.prompts`); the example's ``prompt`` text is then the last user turn.
+    ``answer_key`` may name a nested field with dots (verl's ``reward_model.ground_truth``);
+    unset, it is ``answer``, or ``reward_model.ground_truth`` in a file without an
+    ``answer`` column that has it. Every column reaches reward functions as the row.
 
     The rows whose prompts :meth:`Holdout.select` holds out are the evaluation set; with
-    ``eval_path`` that file is the evaluation set instead and every row of ``path``
-    trains. Training walks the training rows in a random order drawn from the run's
-    sampler RNG, a new order each epoch; the position is saved in checkpoints, so a
-    resumed run continues the same epoch. Its ``alphabet`` is every character of the
+    ``eval_path`` (or ``eval_split``) those rows are the evaluation set instead and every
+    row of ``path`` trains. Training walks the training rows in a random order drawn from
+    the run's sampler RNG, a new order each epoch; the position is saved in checkpoints,
+    so a resumed run continues the same epoch. Its ``alphabet`` is every character of the
     files' prompts and answers, so the embedded tiny model can train on it without
     ``model.path``.
 
-    :param path: ``.jsonl`` (one JSON object a line) or ``.parquet`` file.
-    :param prompt_key: field holding the prompt text.
-    :param answer_key: field holding the reference answer.
-    :param eval_path: a file of the same format holding the evaluation examples.
-    :raises ConfigError: missing, empty or malformed file, or missing fields.
+    :param path: a ``.jsonl`` / ``.parquet`` file or a ``save_to_disk`` directory.
+    :param prompt_key: column holding the prompt (text or messages).
+    :param answer_key: column holding the reference answer (dots for nested fields).
+    :param eval_path: a file of the same kinds holding the evaluation examples.
+    :param split: the split of a ``DatasetDict`` directory to train on.
+    :param eval_split: a split of ``path`` (a ``DatasetDict`` directory) to evaluate on.
+    :raises ConfigError: missing, empty or malformed file, or missing fields (naming the
+        file, row and column).
     """
 
-    def __init__(self, path: str, prompt_key: str = "prompt", answer_key: str = "answer",
-                 eval_path: str | None = None) -> None:
+    def __init__(self, path: str, prompt_key: str = "prompt", answer_key: str | None = None,
+                 eval_path: str | None = None, split: str = "train", eval_split: str | None = None) -> None:
         self.path = Path(path)
         self.prompt_key, self.answer_key = prompt_key, answer_key
-        self.rows = self._load(self.path)
-        self.eval_rows = self._load(Path(eval_path)) if eval_path else None
-        self.alphabet = "".join(sorted({ch for e in self.examples() for ch in e.prompt + self.answer_text(e)}))
+        self.rows = self._load(self.path, split)
+        if eval_path and eval_split:
+            raise ConfigError("give eval_path or eval_split, not both")
+        self.eval_rows = (self._load(Path(eval_path), split) if eval_path else
+                          self._load(self.path, eval_split) if eval_split else None)
+        texts = [self.answer_text(e) + "".join(m["content"] for m in e.messages or [{"content": e.prompt}])
+                 for e in self.examples()]
+        self.alphabet = "".join(sorted({ch for text in texts for ch in text}))
         self.epoch, self.cursor, self.epoch_seed = 0, 0, None
         self._order: list[int] | None = None
         self._held_out: set[str] | None = None
         self._train_rows: list[int] | None = None
 
-    def _load(self, path: Path) -> list[Example]:
-        rows = read_rows(path)
+    def _load(self, path: Path, split: str) -> list[Example]:
+        rows = read_rows(path, split=split)
         if not rows:
             raise ConfigError(f"task file {str(path)!r} holds no examples")
+        answer_key = self.answer_key or _default_answer_key(rows[0])
         examples = []
         for i, row in enumerate(rows):
-            if not isinstance(row, dict) or self.prompt_key not in row or self.answer_key not in row:
-                raise ConfigError(f"task file {str(path)!r} row {i + 1} lacks {self.prompt_key!r} or "
-                                  f"{self.answer_key!r}: {str(row)[:200]}")
-            if not isinstance(row[self.prompt_key], str) or not row[self.prompt_key]:
-                raise ConfigError(f"task file {str(path)!r} row {i + 1}: {self.prompt_key!r} must be a "
-                                  "non-empty string")
-            examples.append(Example(prompt=row[self.prompt_key], reference=row[self.answer_key], row=row))
+            where = f"task file {str(path)!r} row {i + 1}"
+            if not isinstance(row, dict):
+                raise ConfigError(f"{where} is a {type(row).__name__}, not an object of columns: {str(row)[:200]}")
+            found, reference = _field(row, answer_key)
+            if self.prompt_key not in row or not found:
+                missing = self.prompt_key if self.prompt_key not in row else answer_key
+                raise ConfigError(f"{where} lacks column {missing!r} (columns: {', '.join(map(str, row))}); set "
+                                  f"task.{'prompt_key' if missing == self.prompt_key else 'answer_key'}")
+            prompt, messages = _prompt(row[self.prompt_key], f"{where} column {self.prompt_key!r}")
+            examples.append(Example(prompt=prompt, reference=reference, row=row, messages=messages))
         return examples
 
     def sample(self, n: int, rng: random.Random) -> list[Example]:
@@ -292,12 +316,64 @@ class FileTask(Task):
         self._order = None
 
 
-def read_rows(path: Path, what: str = "task file") -> list[Any]:
-    """The rows of a ``.jsonl`` / ``.json`` (one object a line) or ``.parquet`` file.
+ROLES = ("system", "user", "assistant", "tool")
+"""The roles a chat-messages prompt may use."""
+
+
+def _default_answer_key(row: Any) -> str:
+    """``answer``, or verl's ``reward_model.ground_truth`` when the row has that and no ``answer``."""
+    if isinstance(row, dict) and "answer" not in row and _field(row, "reward_model.ground_truth")[0]:
+        return "reward_model.ground_truth"
+    return "answer"
+
+
+def _field(row: Any, key: str) -> tuple[bool, Any]:
+    """``(found, value)`` of a column, or of a nested field named with dots."""
+    if isinstance(row, dict) and key in row:
+        return True, row[key]
+    node = row
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False, None
+        node = node[part]
+    return True, node
+
+
+def _prompt(value: Any, where: str) -> tuple[str, tuple[dict[str, str], ...] | None]:
+    """``(prompt text, messages or None)`` of a prompt cell: a non-empty string, or a
+    non-empty list of ``{role, content}`` with a user turn (its last one is the text).
+
+    :raises ConfigError: naming ``where`` (file, row, column) and what is wrong.
+    """
+    if isinstance(value, str):
+        if not value:
+            raise ConfigError(f"{where} is empty; a prompt is a non-empty string or a list of chat messages")
+        return value, None
+    if not isinstance(value, (list, tuple)) or not value:
+        raise ConfigError(f"{where} is {str(value)[:100]!r}; a prompt is a non-empty string or a list of chat "
+                          "messages [{role, content}]")
+    messages = []
+    for j, message in enumerate(value):
+        if not isinstance(message, dict) or not isinstance(message.get("content"), str) or \
+                message.get("role") not in ROLES:
+            raise ConfigError(f"{where} message {j + 1} is {str(message)[:100]!r}; each message is {{role, content}} "
+                              f"with role one of {', '.join(ROLES)} and content a string")
+        messages.append({"role": message["role"], "content": message["content"]})
+    users = [m["content"] for m in messages if m["role"] == "user"]
+    if not users or not users[-1]:
+        raise ConfigError(f"{where} has no non-empty user message")
+    return users[-1], tuple(messages)
+
+
+def read_rows(path: Path, what: str = "task file", split: str = "train") -> list[Any]:
+    """The rows of a ``.jsonl`` / ``.json`` (one object a line) or ``.parquet`` file, or of
+    a ``datasets`` ``save_to_disk`` directory (``split`` of a ``DatasetDict``).
 
     :param what: how errors name the file (``task file``, ``preference file``).
     :raises ConfigError: missing file, a line that is not JSON, an unknown extension.
     """
+    if path.is_dir():
+        return _read_saved_dataset(path, split, what)
     if not path.is_file():
         raise ConfigError(f"{what} {str(path)!r} does not exist")
     suffix = path.suffix.lower()
@@ -312,10 +388,38 @@ def read_rows(path: Path, what: str = "task file") -> list[Any]:
                 raise ConfigError(f"{what} {str(path)!r} line {lineno} is not valid JSON: {exc}") from exc
         return rows
     if suffix == ".parquet":
-        try:
-            import pyarrow.parquet as pq
-        except ImportError as exc:
-            raise ConfigError(f"reading a .parquet {what} needs pyarrow: pip install pyarrow") from exc
-        return pq.read_table(path).to_pylist()
-    raise ConfigError(f"{what} {str(path)!r}: unsupported extension {suffix!r}; use .jsonl or .parquet")
+        return _pyarrow(path, what).parquet.read_table(path).to_pylist()
+    raise ConfigError(f"{what} {str(path)!r}: unsupported extension {suffix!r}; use .jsonl, .parquet or a "
+                      "directory written by datasets' save_to_disk")
 
+
+def _pyarrow(path: Path, what: str) -> Any:
+    try:
+        import pyarrow
+        import pyarrow.ipc
+        import pyarrow.parquet
+    except ImportError as exc:
+        raise ConfigError(f"reading {what} {str(path)!r} needs pyarrow: pip install 'rlzoo[files]'") from exc
+    return pyarrow
+
+
+def _read_saved_dataset(path: Path, split: str, what: str) -> list[Any]:
+    """The rows of a ``save_to_disk`` directory: its Arrow shards (``state.json``), or those
+    of ``split`` in a ``DatasetDict`` directory (``dataset_dict.json``)."""
+    splits_file = path / "dataset_dict.json"
+    if splits_file.is_file():
+        splits = json.loads(splits_file.read_text()).get("splits", [])
+        if split not in splits:
+            raise ConfigError(f"{what} {str(path)!r} is a DatasetDict without split {split!r}; its splits: "
+                              f"{', '.join(splits)} (set task.split)")
+        path = path / split
+    state_file = path / "state.json"
+    if not state_file.is_file():
+        raise ConfigError(f"{what} {str(path)!r} is a directory but not one written by datasets' save_to_disk "
+                          "(no state.json or dataset_dict.json)")
+    pa = _pyarrow(path, what)
+    rows: list[Any] = []
+    for shard in json.loads(state_file.read_text()).get("_data_files", []):
+        with pa.memory_map(str(path / shard["filename"])) as source:
+            rows += pa.ipc.open_stream(source).read_all().to_pylist()
+    return rows

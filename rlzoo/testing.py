@@ -352,9 +352,9 @@ def check_task(task: Any, name: str = "task", holdout: float = 0.1) -> None:
 
 
 def check_reward(fn: Callable[..., Any], name: str = "reward", task: Any = None) -> None:
-    """Invariants of a reward function ``fn(prompts=, completions=, references=, rows=)``:
-    one finite float per completion (a list or a ``(B,)`` tensor) for ordinary, empty,
-    very long and non-ASCII completions; the same scores for the same inputs; inputs not
+    """Invariants of a reward function ``fn(prompts=, completions=, references=, rows=,
+    answers=)``: one finite float per completion (a list or a ``(B,)`` tensor) for
+    ordinary, empty, very long and non-ASCII completions and a missing answer (``None``); the same scores for the same inputs; inputs not
     modified. With ``task`` (a :class:`rlzoo.tasks.Task`) the prompts, references and rows
     are that task's, and its perfect answers (``answer_text``) are among the completions;
     without, references are strings (pass the task when your reward expects others)."""
@@ -368,7 +368,10 @@ def check_reward(fn: Callable[..., Any], name: str = "reward", task: Any = None)
     prompts = [e.prompt for e in examples] * 2
     references = [e.reference for e in examples] * 2
     rows = [dict(e.row) for e in examples] * 2
-    inputs = {"prompts": prompts, "completions": completions, "references": references, "rows": rows}
+    # answers as the default answer_format (plain) gives them, plus a completion without one
+    answers: list[str | None] = [*completions[:-1], None]
+    inputs = {"prompts": prompts, "completions": completions, "references": references, "rows": rows,
+              "answers": answers}
     before = copy.deepcopy(inputs)
 
     def scores() -> torch.Tensor:

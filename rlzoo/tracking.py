@@ -128,7 +128,7 @@ def effective_hparams(cfg: DictConfig, plan: RunPlan) -> dict[str, Any]:
 
 def eval_metric_tags(n: int) -> list[str]:
     """The ``eval/...`` tags a run with ``eval.n = n`` logs, most important first."""
-    tags = ["eval/greedy_accuracy", "eval/greedy_score"]
+    tags = ["eval/greedy_accuracy", "eval/greedy_score", "eval/strict_accuracy", "eval/lenient_accuracy"]
     if n >= 1:
         tags += ["eval/pass@1"] + ([f"eval/pass@{n}"] if n > 1 else []) + ["eval/sampled_score"]
     return tags

@@ -29,6 +29,7 @@ from rlzoo.evaluation import Evaluator, eval_only
 from rlzoo.learner import Learner
 from rlzoo.models import build_run_models
 from rlzoo.plugins import PluginManager
+from rlzoo.prompts import PromptFormat
 from rlzoo.rollout_queue import RolloutQueue
 from rlzoo.rng import global_rng_state, seed_everything, set_global_rng_state
 from rlzoo.rundir import RunDirectory, in_sweep, summary_line
@@ -86,9 +87,9 @@ class Trainer:
                                  generation_context=self.models.generation_context)
         # rank 0 draws the prompts a single process draws; other ranks their own streams
         stream = cfg.seed if self.dist.rank == 0 else f"{cfg.seed}/rank{self.dist.rank}"
-        rewards = Rewards(resolved.reward_functions(device=self.device, tokenizer=self.models.tokenizer))
+        rewards = Rewards.for_run(resolved, device=self.device, tokenizer=self.models.tokenizer)
         self.sampler = Sampler(task, rewards, self.models.tokenizer, backend, cfg,
-                               self.plan, self.device, stream)
+                               self.plan, self.device, stream, PromptFormat.for_run(resolved))
         task_name = resolved.components["task"].name
         for warning in check_encodable(task, task_name, self.models.tokenizer, self.sampler.holdout):
             if self.dist.is_main:
@@ -224,6 +225,14 @@ class Trainer:
                 tracker.log_hparams(cfg, self.plan, experiment=not in_sweep(self.run_dir.path))
             if self.evaluator is not None:
                 print(self.evaluator.describe(), flush=True)
+        if self.evaluator is not None and self.evaluator.at_start and self.step == 0:
+            start_metrics = self.evaluator.run(0)
+            if tracker is not None:
+                tracker.log_scalars(0, start_metrics)
+                tracker.log_samples(0, self.evaluator.samples, tag="eval_samples")
+                print("rlzoo: evaluation before the first step: " + ", ".join(
+                    f"{tag} {value:.3f}" for tag, value in start_metrics.items() if tag.startswith("eval/")),
+                    flush=True)
         stop = StopRequest(announce=main).__enter__()
         progress = Progress(cfg, self.step) if main else None
         status, metrics, failing = "failed", {}, False

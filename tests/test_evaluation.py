@@ -28,9 +28,13 @@ GENERATED_TASKS = [name for name in builtin_names("task") if name != "file"]
 TINY = [*zoo.TINY, "task.num_digits=4", "eval.size=8", "eval.n=2"]
 
 
+REQUIRED = {"reasoning_gym": {"dataset": "basic_arithmetic"}}
+"""Parameters of the generated tasks that have required ones."""
+
+
 def _task(name: str) -> Task:
     component = REGISTRY.get("task", name)
-    return component.fn(params=component.default_params())
+    return component.fn(params=component.params(**REQUIRED.get(name, {})))
 
 
 def test_holdout_is_a_fixed_function_of_the_prompt() -> None:
@@ -135,9 +139,9 @@ def test_pass_at_k_is_the_unbiased_estimator() -> None:
     assert pass_at_k(4, 1, 1) == pytest.approx(0.25)
     assert pass_at_k(4, 1, 2) == pytest.approx(1 - 3 / 6)          # 1 - C(3,2)/C(4,2)
     assert pass_at_k(4, 3, 2) == 1.0                               # fewer than 2 wrong ones
-    assert eval_metric_tags(4) == ["eval/greedy_accuracy", "eval/greedy_score", "eval/pass@1", "eval/pass@4",
-                                   "eval/sampled_score"]
-    assert eval_metric_tags(0) == ["eval/greedy_accuracy", "eval/greedy_score"]
+    strict = ["eval/greedy_accuracy", "eval/greedy_score", "eval/strict_accuracy", "eval/lenient_accuracy"]
+    assert eval_metric_tags(4) == [*strict, "eval/pass@1", "eval/pass@4", "eval/sampled_score"]
+    assert eval_metric_tags(0) == strict
 
 
 class _ScriptedSampler:
@@ -153,9 +157,9 @@ class _ScriptedSampler:
                               temperature=1.0, top_p=1.0)
         self.plan = SimpleNamespace(rollout=rollout, update=SimpleNamespace(sequences=4))
 
-    def encode_prompts(self, prompts):
-        self.prompts = prompts
-        return [[1] for _ in prompts]
+    def encode_prompts(self, examples):
+        self.prompts = [e.prompt for e in examples]
+        return [[1] for _ in examples]
 
     def generate(self, ids, *, num_samples, max_new_tokens, temperature, top_p, greedy=False):
         texts = [self.answers[p][0] if greedy else self.answers[p][1][j]
@@ -170,6 +174,11 @@ class _ScriptedSampler:
 
     def score(self, prompts, completions, references, rows):
         return torch.tensor([float(c) for c in completions])
+
+    @property
+    def rewards(self):  # every completion holds an answer; lenient scores are the scores
+        return SimpleNamespace(answers=lambda completions: completions,
+                               lenient_scores=lambda p, c, r, rows: self.score(p, c, r, rows))
 
 
 def test_evaluator_metrics_hand_computed(monkeypatch: pytest.MonkeyPatch) -> None:

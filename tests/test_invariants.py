@@ -27,19 +27,28 @@ COMPONENTS = [c for kind in CHECKED_KINDS for c in REGISTRY.components(kind)]
 
 
 
+TASK_PARAMS = {"reasoning_gym": {"dataset": "basic_arithmetic"}}
+"""Parameters of the built-in tasks that have required ones (besides the file task's file)."""
+
+
 def _inputs(component, tmp_path) -> dict:
-    """What a component's checks need besides the defaults: a file for the file task, a
-    model directory for reward_model, the task whose default reward a reward is (its
-    references may not be strings)."""
+    """What a component's checks need besides the defaults: a file for the file task, the
+    required parameters of a task, a model directory for reward_model, the task whose
+    default reward a reward is (its references or rows may not be strings)."""
     if component.kind == "task" and component.name == "file":
         (tmp_path / "d.jsonl").write_text("".join(f'{{"prompt": "{i}=", "answer": "{i}"}}\n' for i in range(20)))
         return {"params": {"path": str(tmp_path / "d.jsonl")}}
+    if component.kind == "task" and component.name in TASK_PARAMS:
+        return {"params": TASK_PARAMS[component.name]}
     if component.kind == "reward" and component.name == "reward_model":  # scores with a model directory
         zoo.tiny_reward_model(tmp_path / "rm")
         return {"params": {"path": str(tmp_path / "rm")}}
     if component.kind == "reward":
         tasks = [t for t in REGISTRY.components("task") if t.meta.get("reward") == component.name and t.name != "file"]
-        return {"task": tasks[0].bind(None)()} if tasks else {}
+        if not tasks:
+            return {}
+        params = tasks[0].params(**TASK_PARAMS.get(tasks[0].name, {})) if tasks[0].params else None
+        return {"task": tasks[0].bind(params)()}
     return {}
 
 

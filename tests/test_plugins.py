@@ -189,7 +189,7 @@ def test_rlzoo_plugins_env_var_restricts_loading(monkeypatch: pytest.MonkeyPatch
     registry = build_registry(make_plugin_manager())
     assert registry.names("loss_agg") and registry.names("task") == []
     monkeypatch.delenv("RLZOO_PLUGINS")
-    monkeypatch.setenv("RLZOO_DISABLE_PLUGINS", "rlzoo:tasks")
+    monkeypatch.setenv("RLZOO_DISABLE_PLUGINS", "rlzoo:tasks,rlzoo:reasoning_gym")
     registry = build_registry(make_plugin_manager())
     assert registry.names("task") == [] and registry.names("loss_agg")
 

@@ -72,17 +72,19 @@ def test_compare_table_png_and_report(capsys, sweep_dir: Path, tmp_path: Path) -
     assert code == 0, err
     header = next(line for line in out.splitlines() if line.startswith("| group"))
     assert [c.strip() for c in header.split("|")[1:-1]] == [
-        "group", "seeds", "eval acc", "eval pass@1", "reward final", "reward best", "steps to 0.01", "train s",
-        "eval s", "tokens/s"]
+        "group", "seeds", "eval acc", "eval pass@1", "eval strict", "eval lenient", "reward final", "reward best",
+        "steps to 0.01", "train s", "eval s", "tokens/s"]
     lines = [line for line in out.splitlines() if line.startswith("| algo=")]
     assert [line.split("|")[1].strip() for line in lines] == ["algo=grpo", "algo=rloo"]
     for line in lines:
         cells = [c.strip() for c in line.split("|")[1:-1]]
         assert cells[1] == "2"                               # two seeds per group
-        assert all("±" in cell for cell in cells[2:6])       # eval and reward: mean ± std over the seeds
-        final, best = (float(cells[i].split(" ± ")[0]) for i in (4, 5))
+        assert all("±" in cell for cell in cells[2:8])       # eval and reward: mean ± std over the seeds
+        assert cells[4] == cells[2]                          # answer_format=plain: strict is greedy accuracy
+        assert float(cells[5].split(" ± ")[0]) >= float(cells[4].split(" ± ")[0])   # lenient >= strict
+        final, best = (float(cells[i].split(" ± ")[0]) for i in (6, 7))
         assert best >= final
-        assert cells[6].endswith("(2/2)")                    # both reached the tiny threshold
+        assert cells[8].endswith("(2/2)")                    # both reached the tiny threshold
     for header, _ in COLUMNS:
         assert f"- **{header}**:" in out                     # every column defined in the legend
     png = tmp_path / "compare.png"

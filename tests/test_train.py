@@ -214,7 +214,7 @@ def test_non_finite_loss_stops_with_the_stage_named_and_no_checkpoint(capsys, tm
 
 @pytest.mark.parametrize("content, fragment", [
     ("", "holds no examples"),
-    ('{"prompt": "1+1="}\n', "lacks 'prompt' or 'answer'"),
+    ('{"prompt": "1+1="}\n', "row 1 lacks column 'answer'"),
     ("not json\n", "line 1 is not valid JSON"),
 ])
 def test_empty_or_malformed_task_file_fails_at_start(capsys, tmp_path: Path, content: str,
