@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from rlzoo.resume import with_added_keys
 from rlzoo.config import load_config
 from rlzoo.errors import ConfigError
 from rlzoo.prompts import PromptFormat
@@ -207,7 +208,7 @@ def test_a_config_saved_before_these_keys_existed_still_loads() -> None:
     saved = OmegaConf.to_container(load_config(REGISTRY, []).cfg)
     del saved["answer_format"], saved["model"]["system_prompt"], saved["eval"]["at_start"]
     del saved["task"]["instruction"]
-    resolved = load_config(REGISTRY, [], base=saved)
-    assert "answer_format" not in resolved.components and resolved.cfg.model.system_prompt is None
+    resolved = load_config(REGISTRY, [], base=with_added_keys(saved))     # what resume= does
+    assert resolved.components["answer_format"].name == "plain" and resolved.cfg.model.system_prompt is None
     assert Rewards.for_run(resolved).answers([" 1 "]) == [" 1 "]      # no format: the completion
     assert PromptFormat.for_run(resolved).render("12=", SimpleNamespace(chat_template=None)) == "12="
