@@ -116,7 +116,10 @@ def rlzoo_register_policy_losses(register: Register) -> None:
 
     The engine calls ``fn(**inputs, params=...)`` with the inputs ``fn`` names from
     ``INPUTS["policy_loss"]``: ``logp`` (carries the gradient), ``old_logp``,
-    ``advantages``, ``response_mask``, ``rollout_logp``, ``ref_logp``; all ``(B, T)``.
+    ``advantages``, ``response_mask``, ``rollout_logp``, ``ref_logp``,
+    ``correction_weights``; all ``(B, T)``. The engine multiplies the per-token loss by the
+    rollout correction's weights, unless the loss names ``correction_weights`` and folds
+    them in itself (a per-sequence loss: ``geo_mean`` takes their geometric mean).
     It returns ``(loss, metrics)``: the per-token loss ``(B, T)`` (the engine aggregates
     it with the run's ``loss_agg``) and a dict of detached scalar tensors with at least
     ``clipfrac`` and ``approx_kl``.

@@ -108,6 +108,10 @@ KINDS: dict[str, Kind] = {kind.name: kind for kind in (
                                         "distribution the rollout backend actually sampled from "
                                         "(after temperature and top-p)"),
             "ref_logp": Input("reference", "(B, T) float: log-probs under the frozen reference model"),
+            "correction_weights": Input(None, "(B, T) float >= 0, detached: the rollout correction's per-token "
+                                              "weights (1 without one). A loss that names this input folds them "
+                                              "into its own formula (a per-sequence loss: geo_mean) and the engine "
+                                              "does not multiply its per-token loss by them"),
         }),
     Kind(
         name='rollout_correction', hook='rlzoo_register_rollout_corrections', title='Rollout corrections',

@@ -309,14 +309,15 @@ class Learner:
         mask = getattr(mb, plan.masks["policy"])
         tokens = counts[plan.masks["policy"]].tokens
         old_logp = mb.old_logp if mb.old_logp is not None else logp.detach()
-        token_loss, loss_metrics = self.policy_loss(
-            logp=logp, old_logp=old_logp, advantages=mb.advantages, response_mask=mask,
-            rollout_logp=mb.rollout_logp, ref_logp=mb.ref_logp)
-        weight = float(mask.sum())
         weights, correction_metrics = self.correction(
             old_logp=old_logp, rollout_logp=mb.rollout_logp, logp=logp.detach(), advantages=mb.advantages,
             response_mask=mask)
-        token_loss = token_loss * weights.detach()
+        token_loss, loss_metrics = self.policy_loss(
+            logp=logp, old_logp=old_logp, advantages=mb.advantages, response_mask=mask,
+            rollout_logp=mb.rollout_logp, ref_logp=mb.ref_logp, correction_weights=weights.detach())
+        weight = float(mask.sum())
+        if not plan.correction_in_loss:
+            token_loss = token_loss * weights.detach()
         for key, value in correction_metrics.items():
             means.add(f"rollout_correction/{key}", float(value), weight)
         loss = self._term("policy", mb, token_loss, counts)

@@ -111,6 +111,9 @@ class RunPlan:
     :ivar update: the update structure.
     :ivar rollout: how completions are generated (:class:`RolloutPlan`).
     :ivar correction: the rollout correction's name (``none``: weights of 1).
+    :ivar correction_in_loss: the policy loss folds the correction's weights into its own
+        formula (it names ``correction_weights``: a per-sequence loss such as ``geo_mean``);
+        otherwise the engine multiplies the per-token policy loss by them.
     :ivar record: each step's batch is written to ``rollouts/`` (``rollout.record``).
     :ivar precision: ``trainer.precision``: ``fp32``, or ``bf16`` compute over float32 weights.
     :ivar warnings: choices that cannot act under this plan, in words.
@@ -126,6 +129,7 @@ class RunPlan:
     update: UpdatePlan
     rollout: RolloutPlan
     correction: str = "none"
+    correction_in_loss: bool = False
     record: bool = False
     precision: str = "fp32"
     warnings: list[str] = field(default_factory=list)
@@ -174,7 +178,10 @@ class RunPlan:
                      f"at most {r.max_new_tokens} tokens per prompt, temperature {r.temperature:g}"
                      f"{f', top_p {r.top_p:g}' if r.top_p < 1 else ''}")
         lines += [f"  {name}: {why}" for name, why in self.passes.items()]
-        if self.correction != "none":
+        if self.correction != "none" and self.correction_in_loss:
+            lines.append(f"rollout correction: {self.correction}, folded into the policy loss (per sequence: the "
+                         "geometric mean of the kept tokens' weights; weight-0 tokens leave the sequence)")
+        elif self.correction != "none":
             lines.append(f"rollout correction: {self.correction} weights the per-token policy loss")
         if self.record:
             lines.append("each step's batch is recorded in rollouts/ (rlzoo ab replays it)")
@@ -292,7 +299,8 @@ def build_plan(resolved: ResolvedConfig) -> RunPlan:
                                        prompts_per_process=int(cfg.rollout.prompts_per_step) // world,
                                        n=int(cfg.rollout.n), max_new_tokens=int(cfg.rollout.max_new_tokens),
                                        temperature=float(cfg.rollout.temperature), top_p=float(cfg.rollout.top_p)),
-                   correction=comps["rollout_correction"].name, record=bool(cfg.rollout.record),
+                   correction=comps["rollout_correction"].name,
+                   correction_in_loss="correction_weights" in comps["policy_loss"].inputs, record=bool(cfg.rollout.record),
                    precision=str(cfg.trainer.precision))
     plan.warnings.extend(_inert_choices(resolved, plan))
     return plan
