@@ -300,7 +300,8 @@ def build_plan(resolved: ResolvedConfig) -> RunPlan:
                                        n=int(cfg.rollout.n), max_new_tokens=int(cfg.rollout.max_new_tokens),
                                        temperature=float(cfg.rollout.temperature), top_p=float(cfg.rollout.top_p)),
                    correction=comps["rollout_correction"].name,
-                   correction_in_loss="correction_weights" in comps["policy_loss"].inputs, record=bool(cfg.rollout.record),
+                   correction_in_loss="correction_weights" in comps["policy_loss"].inputs,
+                   record=bool(cfg.rollout.record),
                    precision=str(cfg.trainer.precision))
     plan.warnings.extend(_inert_choices(resolved, plan))
     return plan
