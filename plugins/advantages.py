@@ -596,6 +596,99 @@ def opd(teacher_logp: torch.Tensor, old_logp: torch.Tensor, token_rewards: torch
     return advantages, advantages
 
 
+OTB_ALIGNMENTS = ("position", "mask")
+
+
+@dataclass
+class OTBParams:
+    """Parameters of ``optimal_token_baseline``.
+
+    :ivar align: which tokens of a group share a baseline: ``position`` (the same position t
+        of every response: verl's ``optimal_token_baseline``) or ``mask`` (the same index
+        among each response's masked-in tokens, empty responses outside every group: verl's
+        multi-turn ``tir_optimal_token_baseline``). Identical for right-padded responses
+        whose mask has no holes, except that ``position`` counts an empty response as a
+        group member.
+    :ivar zero_tail: where one response of a group is longer than all the others, its
+        baseline beyond the second-longest is 0 (verl's ``handle_zero_tail``, default on).
+    :ivar epsilon: added to the denominator Σ W (verl: 1e-8); > 0.
+    """
+
+    align: str = "position"
+    zero_tail: bool = True
+    epsilon: float = 1e-8
+
+    def __post_init__(self) -> None:
+        if self.align not in OTB_ALIGNMENTS:
+            raise ValueError(f"align must be one of {', '.join(OTB_ALIGNMENTS)}, got {self.align!r}")
+        _check_positive("epsilon", self.epsilon)
+
+
+def _compact(x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Each row's masked-in entries moved to the front, in order, zeros after: ``(B, T)``."""
+    index = torch.where(valid, valid.long().cumsum(-1) - 1, torch.full_like(valid, valid.shape[1], dtype=torch.long))
+    out = torch.zeros(x.shape[0], x.shape[1] + 1, dtype=x.dtype, device=x.device)
+    return out.scatter(1, index, torch.where(valid, x, torch.zeros_like(x)))[:, :-1]
+
+
+@torch.no_grad()
+def optimal_token_baseline(token_rewards: torch.Tensor, response_mask: torch.Tensor, group_ids: torch.Tensor,
+                           old_logp: torch.Tensor, sum_pi_squared: torch.Tensor,
+                           params: Optional[OTBParams] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Optimal token baseline (OTB; arXiv:2602.07078; verl ``compute_optimal_token_baseline_
+    advantage`` and ``compute_multi_turn_optimal_token_baseline_advantage``).
+
+    Per token: the return G_t = Σ_{k≥t} r_k (over valid tokens); the logit-gradient proxy
+    w_t = 1 − 2·π_old(y_t) + Σ_v π_old(v)²; the realised energy W_t = Σ_{j≤t} w_j. Within a
+    group of N ≥ 2 responses, the baseline of step t is
+
+        B_t = Σ_i G_t^(i)·W_t^(i) / (Σ_i W_t^(i) + ε)     (over the members valid at t)
+
+    and A_t = G_t − B_t on valid tokens; a group of size 1 has B = 0 (A = G). With
+    ``zero_tail``, the unique longest response of a group gets B = 0 beyond the second-longest
+    (there the group has one member, and B_t ≈ G_t would cancel its advantage). Returns G.
+    ``align`` chooses the time axis (see :class:`OTBParams`). No gradient; ``(B, T)`` in
+    and out, float64 inside.
+    """
+    params = params or OTBParams()
+    valid = response_mask.bool()
+    lengths = valid.sum(-1)                                                        # (B,)
+    returns = returns_to_go(token_rewards.double(), response_mask)                 # (B, T), 0 on padding
+    w = 1.0 - 2.0 * old_logp.double().exp() + sum_pi_squared.double()
+    energy = torch.where(valid, w, torch.zeros_like(w)).cumsum(-1)
+    groups_of = group_ids
+    if params.align == "mask":
+        returns_c, energy_c = _compact(returns, valid), _compact(energy, valid)
+        on = torch.arange(valid.shape[1], device=valid.device)[None, :] < lengths[:, None]
+        _, inverse = torch.unique(torch.as_tensor(group_ids, device=valid.device).reshape(-1), return_inverse=True)
+        first_free = int(inverse.max()) + 1 if len(lengths) else 0
+        singletons = first_free + torch.arange(len(lengths), device=valid.device)
+        groups_of = torch.where(lengths > 0, inverse, singletons)                  # empty responses: alone
+    else:
+        returns_c, energy_c, on = returns, energy, valid
+    groups = _Groups.of(groups_of, valid.device)
+    weight = torch.where(on, energy_c, torch.zeros_like(energy_c))
+    numerator = groups.onehot.T @ (returns_c * weight)                             # (G, T)
+    denominator = groups.onehot.T @ weight + params.epsilon
+    baseline = (numerator / denominator)[groups.inverse]                           # (B, T)
+    baseline = torch.where((groups.size > 1)[:, None], baseline, torch.zeros_like(baseline))
+    if params.zero_tail:
+        length = lengths.double()
+        longest = groups.max(length)
+        unique = (groups.total((length == longest).double()) == 1) & (length == longest) & (groups.size > 1)
+        second = groups.max(torch.where(length < longest, length, torch.full_like(length, -torch.inf)))
+        steps = torch.arange(valid.shape[1], device=valid.device, dtype=torch.float64)[None, :]
+        baseline = torch.where(unique[:, None] & (steps >= second[:, None]), torch.zeros_like(baseline), baseline)
+    advantages_c = torch.where(on, returns_c - baseline, torch.zeros_like(baseline))
+    if params.align == "mask":
+        index = (valid.long().cumsum(-1) - 1).clamp(min=0)
+        advantages = torch.where(valid, advantages_c.gather(1, index), torch.zeros_like(advantages_c))
+    else:
+        advantages = advantages_c
+    dtype = token_rewards.dtype
+    return advantages.to(dtype), returns.to(dtype)
+
+
 # -------------------------------------------------------------------------- registration
 
 
@@ -630,5 +723,8 @@ def rlzoo_register_advantage_estimators(register) -> None:
     register("opd", opd, params=OPDParams, paper="arXiv:2306.13649",
              description="minus a per-token reverse-KL estimate (k1, abs, k2, k3), student vs teacher "
                          "(on-policy distillation, teacher.path)")
+    register("optimal_token_baseline", optimal_token_baseline, params=OTBParams, needs=("groups",),
+             aliases=("otb",), paper="arXiv:2602.07078",
+             description="G_t − a per-step group baseline weighted by the realised energy Σ(1−2π+Σπ²) (OTB)")
     register("gpg", gpg, needs=("groups",), paper="arXiv:2504.02546",
              description="α·(s − group mean), α = B / #non-zero scores (GPG)")

@@ -101,7 +101,8 @@ def rlzoo_register_advantage_estimators(register: Register) -> None:
     ``INPUTS["advantage"]``: ``token_rewards``, ``response_mask``, ``group_ids``,
     ``values`` (a critic), ``baseline_scores`` (a greedy rollout), ``old_logp``,
     ``ref_logp``, ``reward_scores`` / ``reward_weights`` (each reward function's scores and
-    weight, e.g. ``gdpo``), ``teacher_logp`` (a teacher model, e.g. ``opd``). It must
+    weight, e.g. ``gdpo``), ``teacher_logp`` (a teacher model, e.g. ``opd``),
+    ``sum_pi_squared`` (Σ_v π_old(v)² per token, e.g. ``optimal_token_baseline``). It must
     return ``(advantages, returns)``, both ``(B, T)`` float, zero on padding. Estimators
     are pure tensor functions: no gradient flows through them. Under torchrun they see
     this process's whole groups and run inside ``rlzoo.distributed.batch_statistics()``.

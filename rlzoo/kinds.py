@@ -92,6 +92,9 @@ KINDS: dict[str, Kind] = {kind.name: kind for kind in (
             "reward_weights": Input(None, "(K,) float: the weights of the reward functions (reward[k].weight)"),
             "teacher_logp": Input("teacher", "(B, T) float: log-probs of the sampled tokens under the teacher model "
                                              "(teacher.path; tempered like the sampler)"),
+            "sum_pi_squared": Input("sum_pi_squared", "(B, T) float: Σ_v π_old(v)² over the vocabulary at each "
+                                                      "response position (π_old tempered like the sampler), 0 on "
+                                                      "padding"),
         }),
     Kind(
         name='policy_loss', hook='rlzoo_register_policy_losses', title='Policy losses',

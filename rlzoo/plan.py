@@ -102,7 +102,8 @@ class RunPlan:
     :ivar needs: the union of what the chosen components need.
     :ivar models: model name -> why it exists (``policy`` always).
     :ivar passes: pass name -> why it runs each step: ``greedy`` (a greedy rollout),
-        ``old_logp`` (log-probs before the update), ``old_entropy`` (with them),
+        ``old_logp`` (log-probs before the update), ``old_entropy`` and
+        ``old_sum_pi_squared`` (with them),
         ``ref_logp`` (reference log-probs), ``values`` (critic values).
     :ivar kl: where KL acts, or ``None`` (``kl.coef`` is 0).
     :ivar aggregation: loss term -> aggregation mode (``policy``, ``kl``, ``entropy``,
@@ -254,10 +255,15 @@ def build_plan(resolved: ResolvedConfig) -> RunPlan:
         old_reasons.append(f"read by {_names(acting, 'old_logp')}")
     if "entropy" in needs:
         old_reasons.append(f"entropies read by {_names(acting, 'entropy')}")
+    if "sum_pi_squared" in needs:
+        old_reasons.append(f"Σπ² read by {_names(acting, 'sum_pi_squared')}")
     if old_reasons:
         passes["old_logp"] = "; ".join(old_reasons)
     if "entropy" in needs:
         passes["old_entropy"] = f"with old_logp, for {_names(acting, 'entropy')}"
+    if "sum_pi_squared" in needs:
+        passes["old_sum_pi_squared"] = (f"with old_logp, Σ_v π_old(v)² per token from the full logits, for "
+                                        f"{_names(acting, 'sum_pi_squared')}")
 
     kl = None
     if kl_on:

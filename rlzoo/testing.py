@@ -146,8 +146,8 @@ def check_policy_loss(fn: Callable[..., Any], name: str = "policy_loss") -> None
 def check_advantage_estimator(fn: Callable[..., Any], name: str = "advantage",
                               needs: frozenset[str] = frozenset()) -> None:
     """Invariants of ``fn(token_rewards=, response_mask=, group_ids=, values=,
-    baseline_scores=, old_logp=, ref_logp=, reward_scores=, reward_weights=) -> (advantages,
-    returns)`` (two reward functions, weights 1 and 0.5)."""
+    baseline_scores=, old_logp=, ref_logp=, teacher_logp=, sum_pi_squared=, reward_scores=,
+    reward_weights=) -> (advantages, returns)`` (two reward functions, weights 1 and 0.5)."""
     gen = torch.Generator().manual_seed(1)
     mask = _mask()
     lengths = mask.sum(-1).long()
@@ -163,8 +163,8 @@ def check_advantage_estimator(fn: Callable[..., Any], name: str = "advantage",
         per_reward = torch.stack([score, (1 - score).abs()], dim=1)  # two reward functions, as reward=[a, b]
         with torch.enable_grad():  # log-probs of the mask's shape, like the engine's
             adv, ret = _call(fn, token_rewards=r, response_mask=m, group_ids=g, values=v, baseline_scores=b,
-                             old_logp=-0.5 * m, ref_logp=-0.7 * m, teacher_logp=-0.9 * m, reward_scores=per_reward,
-                             reward_weights=torch.tensor([1.0, 0.5]))
+                             old_logp=-0.5 * m, ref_logp=-0.7 * m, teacher_logp=-0.9 * m, sum_pi_squared=0.3 * m,
+                             reward_scores=per_reward, reward_weights=torch.tensor([1.0, 0.5]))
         return adv, ret
 
     adv, ret = run(token_rewards, mask, group_ids, values, baseline)
