@@ -180,8 +180,8 @@ class RunPlan:
                      f"{f', top_p {r.top_p:g}' if r.top_p < 1 else ''}")
         lines += [f"  {name}: {why}" for name, why in self.passes.items()]
         if self.correction != "none" and self.correction_in_loss:
-            lines.append(f"rollout correction: {self.correction}, folded into the policy loss (per sequence: the "
-                         "geometric mean of the kept tokens' weights; weight-0 tokens leave the sequence)")
+            lines.append(f"rollout correction: {self.correction}, folded into the policy loss, which takes the "
+                         "weights itself (correction_weights: a per-sequence loss)")
         elif self.correction != "none":
             lines.append(f"rollout correction: {self.correction} weights the per-token policy loss")
         if self.record:
@@ -384,8 +384,9 @@ def _inert_choices(resolved: ResolvedConfig, plan: RunPlan) -> list[str]:
     if plan.update.on_policy and not loss.meta.get("ratio_free"):
         warnings.append(
             f"one on-policy update per rollout (update_epochs=1, num_mini_batches=1): the importance ratio is "
-            f"exactly 1, so {loss.name}'s clip ranges and caps never act (ppo_clip, cispo and vanilla_pg give "
-            "identical updates); raise trainer.num_mini_batches or trainer.update_epochs for off-policy steps")
+            f"exactly 1, so {loss.name}'s clip ranges, caps and log-ratio penalties never act (ppo_clip, cispo and "
+            "vanilla_pg give identical updates); raise trainer.num_mini_batches or trainer.update_epochs for "
+            "off-policy steps")
     if plan.kl is None:
         set_by_user = [key for key in ("kl.estimator.name", "kl.controller.name", "kl.apply")
                        if resolved.sources.get(key) == "command line"]
