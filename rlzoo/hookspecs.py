@@ -140,10 +140,16 @@ def rlzoo_register_rollout_corrections(register: Register) -> None:
     distribution the rollout backend sampled from, and the trained policy. The engine calls
     ``fn(**inputs, params=...)`` with the inputs ``fn`` names from
     ``INPUTS["rollout_correction"]`` (``old_logp``, ``rollout_logp``, ``logp`` (detached),
-    ``advantages``, ``response_mask``; all ``(B, T)``) in every update micro-batch and
-    gets ``(weights, metrics)``: ``weights`` ``(B, T)`` multiply the per-token policy loss
-    (detached; 0 drops a token, and it stays in the aggregation's denominator), and
-    ``metrics`` is a dict of detached scalars logged as ``rollout_correction/<name>``.
+    ``advantages``, ``response_mask``; all ``(B, T)``) and gets ``(weights, metrics)``:
+    ``weights`` ``(B, T)`` multiply the per-token policy loss (detached; 0 drops a token,
+    and it stays in the aggregation's denominator), and ``metrics`` is a dict of detached
+    scalars logged as ``rollout_correction/<name>/<key>``. A correction that names ``logp``
+    is called in every update micro-batch; any other once per step over the whole batch
+    before the mini-batches (its full reductions, e.g. ``rlzoo.masked.masked_mean``, are
+    over every process's batch). ``response_mask`` is the loss mask the earlier corrections
+    of ``rollout_correction=[...]`` left. A parameter dataclass with a field ``mode`` set to
+    ``"mask"`` asks the engine to remove the tokens it weights 0 from the loss mask
+    (verl's rejection), which changes the aggregation's denominators.
     """
 
 

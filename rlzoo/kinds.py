@@ -111,14 +111,15 @@ KINDS: dict[str, Kind] = {kind.name: kind for kind in (
                                         "distribution the rollout backend actually sampled from "
                                         "(after temperature and top-p)"),
             "ref_logp": Input("reference", "(B, T) float: log-probs under the frozen reference model"),
-            "correction_weights": Input(None, "(B, T) float >= 0, detached: the rollout correction's per-token "
-                                              "weights (1 without one). A loss that names this input folds them "
-                                              "into its own formula (a per-sequence loss: geo_mean) and the engine "
-                                              "does not multiply its per-token loss by them"),
+            "correction_weights": Input(None, "(B, T) float >= 0, detached: the product of the rollout "
+                                              "corrections' per-token weights, or None without a correction. A loss "
+                                              "that names this input folds them into its own formula (a "
+                                              "per-sequence loss: geo_mean) and the engine does not multiply its "
+                                              "per-token loss by them"),
         }),
     Kind(
         name='rollout_correction', hook='rlzoo_register_rollout_corrections', title='Rollout corrections',
-        config_path='rollout_correction', output='weights_metrics',
+        config_path='rollout_correction', output='weights_metrics', takes_list=True,
         docs='docs/algorithms/corrections.md', tested_in='rlzoo.testing',
         inputs={
             "old_logp": Input("old_logp", "(B, T) float: log-probs under π_old, the trained policy before this "

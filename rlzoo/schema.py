@@ -42,6 +42,7 @@ class RolloutConfig:
     dtype: Optional[str] = MISSING
     record: bool = MISSING
     backend: Any = MISSING
+    staleness: int = MISSING
 
 
 @dataclass
@@ -76,6 +77,7 @@ class TrainerConfig:
     device: str = MISSING
     threads: int = MISSING
     precision: str = MISSING
+    old_logp: str = MISSING
 
 
 @dataclass
@@ -146,6 +148,12 @@ RENAMED_KEYS: dict[str, str] = {
 }
 """Keys of rlzoo 0.1 -> their rlzoo 0.2 names (an old key is an error naming the new one)."""
 
+ADDED_KEYS: dict[str, Any] = {
+    "trainer.old_logp": "compute",
+}
+"""Keys added after a run may have been saved -> the value such a run ran with (a resumed run
+whose ``config.yaml`` lacks one gets it, and that is no change)."""
+
 CHOICES: dict[str, tuple[str, ...]] = {
     "model.arch": ("qwen2", "llama"),
     "model.dtype": ("float32", "bfloat16"),
@@ -154,6 +162,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "trainer.lr_schedule": ("constant", "linear", "cosine"),
     "trainer.device": ("cpu", "cuda", "auto"),
     "trainer.precision": ("fp32", "bf16"),
+    "trainer.old_logp": ("compute", "rollout"),
     "distributed.strategy": ("ddp", "fsdp"),
     "distributed.backend": ("auto", "gloo", "nccl"),
 }
@@ -175,7 +184,7 @@ POSITIVE: tuple[str, ...] = (
 NON_NEGATIVE: tuple[str, ...] = (
     "trainer.lr", "trainer.critic_lr", "trainer.weight_decay", "trainer.warmup_steps",
     "trainer.max_grad_norm", "trainer.entropy_coef", "trainer.threads", "trainer.logprob_keep_mb", "kl.coef",
-    "logging.sample_every", "checkpoint.every", "eval.every", "eval.size", "eval.n",
+    "logging.sample_every", "checkpoint.every", "rollout.staleness", "eval.every", "eval.size", "eval.n",
 )
 
 
