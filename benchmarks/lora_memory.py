@@ -105,7 +105,7 @@ def main() -> None:
         baseline = peak_rss_mib([])
         full = peak_rss_mib(["train", *common, f"run_dir={Path(tmp) / 'full'}"])
         lora = peak_rss_mib(["train", *common, f"model.lora.rank={args.rank}", f"run_dir={Path(tmp) / 'lora'}"])
-    print(f"| run | peak RSS (MiB) | above import (MiB) |\n|---|---|---|")
+    print("| run | peak RSS (MiB) | above import (MiB) |\n|---|---|---|")
     print(f"| import rlzoo, torch, transformers | {baseline:.0f} | 0 |")
     print(f"| full fine-tuning + reference copy | {full:.0f} | {full - baseline:.0f} |")
     print(f"| LoRA rank {args.rank}, reference = adapters off | {lora:.0f} | {lora - baseline:.0f} |")

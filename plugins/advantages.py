@@ -40,6 +40,7 @@ from rlzoo import hookimpl
 from rlzoo.distributed import batch_sum
 from rlzoo.errors import TrainingError
 from rlzoo.masked import masked_mean, masked_sum, masked_var, masked_whiten
+from rlzoo_plugins.kl import kl_abs, kl_k1, kl_k2, kl_k3
 
 RLZOO_API_VERSION = "2"
 
@@ -537,6 +538,11 @@ def gdpo(reward_scores: Optional[torch.Tensor], reward_weights: torch.Tensor, re
     return advantages, advantages
 
 
+OPD_ESTIMATORS = {"k1": kl_k1, "abs": kl_abs, "k2": kl_k2, "k3": kl_k3}
+"""``opd``'s estimators of the per-token reverse KL(π‖π_T) from the sampled token's two
+log-probs (rlzoo_plugins.kl's functions, verl's ``kl_penalty`` names)."""
+
+
 @dataclass
 class OPDParams:
     """Parameters of ``opd``.
@@ -544,15 +550,21 @@ class OPDParams:
     :ivar coef: weight of the per-token teacher term (> 0).
     :ivar task_reward_weight: weight of the task reward (the sequence score on every token;
         >= 0); 0 distils only.
+    :ivar estimator: the per-token estimate D of KL(π‖π_T) whose negative is the advantage:
+        ``k1`` (log π_old − log π_T, unbiased), ``abs`` (its absolute value), ``k2`` (½ of its
+        square), ``k3`` (e^{−x} + x − 1, clamped as verl's ``low_var_kl``).
     """
 
     coef: float = 1.0
     task_reward_weight: float = 0.0
+    estimator: str = "k1"
 
     def __post_init__(self) -> None:
         _check_positive("coef", self.coef)
         if not self.task_reward_weight >= 0:
             raise ValueError(f"task_reward_weight must be >= 0, got {self.task_reward_weight}")
+        if self.estimator not in OPD_ESTIMATORS:
+            raise ValueError(f"estimator must be one of {', '.join(OPD_ESTIMATORS)}, got {self.estimator!r}")
 
 
 @torch.no_grad()
@@ -562,20 +574,119 @@ def opd(teacher_logp: torch.Tensor, old_logp: torch.Tensor, token_rewards: torch
     "On-Policy Distillation", 2025): the student samples, a teacher scores every sampled
     token, and the per-token advantage is the negative reverse-KL estimate
 
-        A_t = coef · (log π_T(y_t) − log π_old(y_t)) + task_reward_weight · s_i
+        A_t = −coef · D(log π_old(y_t), log π_T(y_t)) + task_reward_weight · s_i
 
-    (no gradient through it; s_i the sequence's score, broadcast over its valid tokens);
-    returns = advantages. With a policy-gradient loss this minimises the per-token reverse
-    KL(π‖π_T) on the student's own samples. π_old is the student before this step's
-    update (Tinker's cookbook uses the sampler's log-probs, equal up to the rollout
-    mismatch). Shapes: ``(B, T)`` in and out.
+    with D the ``estimator`` (k1: D = log π_old − log π_T, so A_t = coef·(log π_T − log π_old);
+    abs, k2, k3 as verl's distillation losses of those names, used as a negative reward
+    with ``use_policy_gradient``); no gradient through it; s_i the sequence's score,
+    broadcast over its valid tokens; returns = advantages. With a policy-gradient loss this
+    minimises the per-token reverse KL(π‖π_T) on the student's own samples. π_old is the
+    student before this step's update (Tinker's cookbook uses the sampler's log-probs, equal
+    up to the rollout mismatch). Shapes: ``(B, T)`` in and out.
     """
     params = params or OPDParams()
-    per_token = params.coef * (teacher_logp.double() - old_logp.double())
+    student, teacher = old_logp.double(), teacher_logp.double()
+    if params.estimator == "k1":
+        per_token = params.coef * (teacher - student)
+    else:
+        per_token = -params.coef * OPD_ESTIMATORS[params.estimator](student, teacher)
     if params.task_reward_weight:
         per_token = per_token + params.task_reward_weight * _scores64(token_rewards, response_mask)[:, None]
     advantages = torch.where(response_mask.bool(), per_token, torch.zeros_like(per_token)).to(token_rewards.dtype)
     return advantages, advantages
+
+
+OTB_ALIGNMENTS = ("position", "mask")
+
+
+@dataclass
+class OTBParams:
+    """Parameters of ``optimal_token_baseline``.
+
+    :ivar align: which tokens of a group share a baseline: ``position`` (the same position t
+        of every response: verl's ``optimal_token_baseline``) or ``mask`` (the same index
+        among each response's masked-in tokens, empty responses outside every group: verl's
+        multi-turn ``tir_optimal_token_baseline``). Identical for right-padded responses
+        whose mask has no holes, except that ``position`` counts an empty response as a
+        group member.
+    :ivar zero_tail: where one response of a group is longer than all the others, its
+        baseline beyond the second-longest is 0 (verl's ``handle_zero_tail``, default on).
+    :ivar epsilon: added to the denominator Σ W (verl: 1e-8); > 0.
+    """
+
+    align: str = "position"
+    zero_tail: bool = True
+    epsilon: float = 1e-8
+
+    def __post_init__(self) -> None:
+        if self.align not in OTB_ALIGNMENTS:
+            raise ValueError(f"align must be one of {', '.join(OTB_ALIGNMENTS)}, got {self.align!r}")
+        _check_positive("epsilon", self.epsilon)
+
+
+def _compact(x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Each row's masked-in entries moved to the front, in order, zeros after: ``(B, T)``."""
+    index = torch.where(valid, valid.long().cumsum(-1) - 1, torch.full_like(valid, valid.shape[1], dtype=torch.long))
+    out = torch.zeros(x.shape[0], x.shape[1] + 1, dtype=x.dtype, device=x.device)
+    return out.scatter(1, index, torch.where(valid, x, torch.zeros_like(x)))[:, :-1]
+
+
+@torch.no_grad()
+def optimal_token_baseline(token_rewards: torch.Tensor, response_mask: torch.Tensor, group_ids: torch.Tensor,
+                           old_logp: torch.Tensor, sum_pi_squared: torch.Tensor,
+                           params: Optional[OTBParams] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Optimal token baseline (OTB; arXiv:2602.07078; verl ``compute_optimal_token_baseline_
+    advantage`` and ``compute_multi_turn_optimal_token_baseline_advantage``).
+
+    Per token: the return G_t = Σ_{k≥t} r_k (over valid tokens); the logit-gradient proxy
+    w_t = 1 − 2·π_old(y_t) + Σ_v π_old(v)²; the realised energy W_t = Σ_{j≤t} w_j. Within a
+    group of N ≥ 2 responses, the baseline of step t is
+
+        B_t = Σ_i G_t^(i)·W_t^(i) / (Σ_i W_t^(i) + ε)     (over the members valid at t)
+
+    and A_t = G_t − B_t on valid tokens; a group of size 1 has B = 0 (A = G). With
+    ``zero_tail``, the unique longest response of a group gets B = 0 beyond the second-longest
+    (there the group has one member, and B_t ≈ G_t would cancel its advantage). Returns G.
+    ``align`` chooses the time axis (see :class:`OTBParams`). No gradient; ``(B, T)`` in
+    and out, float64 inside.
+    """
+    params = params or OTBParams()
+    valid = response_mask.bool()
+    lengths = valid.sum(-1)                                                        # (B,)
+    returns = returns_to_go(token_rewards.double(), response_mask)                 # (B, T), 0 on padding
+    w = 1.0 - 2.0 * old_logp.double().exp() + sum_pi_squared.double()
+    energy = torch.where(valid, w, torch.zeros_like(w)).cumsum(-1)
+    groups_of = group_ids
+    if params.align == "mask":
+        returns_c, energy_c = _compact(returns, valid), _compact(energy, valid)
+        on = torch.arange(valid.shape[1], device=valid.device)[None, :] < lengths[:, None]
+        _, inverse = torch.unique(torch.as_tensor(group_ids, device=valid.device).reshape(-1), return_inverse=True)
+        first_free = int(inverse.max()) + 1 if len(lengths) else 0
+        singletons = first_free + torch.arange(len(lengths), device=valid.device)
+        groups_of = torch.where(lengths > 0, inverse, singletons)                  # empty responses: alone
+    else:
+        returns_c, energy_c, on = returns, energy, valid
+    groups = _Groups.of(groups_of, valid.device)
+    weight = torch.where(on, energy_c, torch.zeros_like(energy_c))
+    numerator = groups.onehot.T @ (returns_c * weight)                             # (G, T)
+    denominator = groups.onehot.T @ weight + params.epsilon
+    baseline = (numerator / denominator)[groups.inverse]                           # (B, T)
+    baseline = torch.where((groups.size > 1)[:, None], baseline, torch.zeros_like(baseline))
+    if params.zero_tail:
+        length = lengths.double()
+        longest = groups.max(length)
+        unique = (groups.total((length == longest).double()) == 1) & (length == longest) & (groups.size > 1)
+        second = groups.max(torch.where(length < longest, length, torch.full_like(length, -torch.inf)))
+        steps = torch.arange(valid.shape[1], device=valid.device, dtype=torch.float64)[None, :]
+        baseline = torch.where(unique[:, None] & (steps >= second[:, None]), torch.zeros_like(baseline), baseline)
+    advantages_c = torch.where(on, returns_c - baseline, torch.zeros_like(baseline))
+    if params.align == "mask":
+        index = (valid.long().cumsum(-1) - 1).clamp(min=0)
+        advantages = torch.where(valid, advantages_c.gather(1, index), torch.zeros_like(advantages_c))
+    else:
+        advantages = advantages_c
+    dtype = token_rewards.dtype
+    return advantages.to(dtype), returns.to(dtype)
 
 
 # -------------------------------------------------------------------------- registration
@@ -610,6 +721,10 @@ def rlzoo_register_advantage_estimators(register) -> None:
     register("gdpo", gdpo, params=GDPOParams, needs=("groups",), paper="arXiv:2601.05242",
              description="each reward function normalised in its group, weighted sum whitened over the batch (GDPO)")
     register("opd", opd, params=OPDParams, paper="arXiv:2306.13649",
-             description="per-token teacher log-prob minus the student's (on-policy distillation, teacher.path)")
+             description="minus a per-token reverse-KL estimate (k1, abs, k2, k3), student vs teacher "
+                         "(on-policy distillation, teacher.path)")
+    register("optimal_token_baseline", optimal_token_baseline, params=OTBParams, needs=("groups",),
+             aliases=("otb",), paper="arXiv:2602.07078",
+             description="G_t − a per-step group baseline weighted by the realised energy Σ(1−2π+Σπ²) (OTB)")
     register("gpg", gpg, needs=("groups",), paper="arXiv:2504.02546",
              description="α·(s − group mean), α = B / #non-zero scores (GPG)")

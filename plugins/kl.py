@@ -164,6 +164,82 @@ def kl_full(
     return torch.cat(rows).reshape(batch, width).to(dtype)
 
 
+@dataclass
+class ForwardTopKParams:
+    """Parameters of ``forward_topk``.
+
+    :ivar topk: K, how many of the reference's most likely tokens the sum runs over (verl's
+        ``distillation_loss.topk``: 32); >= 1 (capped at the vocabulary size).
+    :ivar chunk_size: rows (tokens) of the flattened ``(B·T, V)`` logits processed at a time.
+    """
+
+    topk: int = 32
+    chunk_size: int = 1024
+
+    def __post_init__(self) -> None:
+        if self.topk < 1:
+            raise ValueError(f"topk must be >= 1, got {self.topk}")
+        if self.chunk_size <= 0:
+            raise ValueError(f"chunk_size must be > 0, got {self.chunk_size}")
+
+
+def _forward_topk_rows(logits: torch.Tensor, ref_logits: torch.Tensor, topk: int) -> torch.Tensor:
+    """max(0, Σ_{v ∈ top-K of π_ref} π_ref(v)·(log π_ref(v) − log π(v))) per row of ``(N, V)``.
+
+    Both log-softmaxes over the whole vocabulary, in at least float32; a top-K token with
+    π_ref(v) = 0 (K above the reference's support) counts 0.
+    """
+    dtype = torch.promote_types(logits.dtype, torch.float32)
+    log_pi = F.log_softmax(logits.to(dtype), dim=-1)
+    log_ref = F.log_softmax(ref_logits.to(dtype), dim=-1)
+    top_ref, ids = log_ref.topk(min(topk, log_ref.shape[-1]), dim=-1)
+    p_ref = top_ref.exp()
+    diff = torch.where(p_ref > 0, top_ref - log_pi.gather(-1, ids), torch.zeros_like(top_ref))
+    return (p_ref * diff).sum(-1).clamp_min(0.0)
+
+
+def kl_forward_topk(
+    logits: torch.Tensor,
+    ref_logits: torch.Tensor,
+    params: Optional[ForwardTopKParams] = None,
+) -> torch.Tensor:
+    """Forward KL(π_ref‖π) over the reference's top-K tokens, per position.
+
+    Σ_{v ∈ top-K(π_ref)} π_ref(v)·(log π_ref(v) − log π(v)), clamped at 0 (the top-K mass
+    is below 1, so the truncated sum can be negative), as verl's distillation loss
+    ``forward_kl_topk`` (``compute_forward_kl_topk``; ``distillation_losses.clamp_min(0)``).
+    Note the direction: the *reference's* distribution weights the terms (mass-covering),
+    where ``full`` and the sampled-token estimators estimate KL(π‖π_ref). The gradient flows
+    into ``logits`` through log π of the K tokens (a top-K token the policy gives zero
+    probability makes it infinite, as it makes the true KL). Ties in the reference's top-K
+    are broken by ``torch.topk``.
+
+    :param logits: ``(B, T, V)`` policy logits (carry the gradient).
+    :param ref_logits: ``(B, T, V)`` reference logits (detached).
+    :return: ``(B, T)``, float32 (float64 for float64 logits).
+
+    Chunked and checkpointed like :func:`kl_full`. Sources: GKD (Agarwal et al. 2024,
+    arXiv:2306.13649) with the forward KL; verl ``trainer/distillation`` (verl 0.9.1).
+    """
+    params = params or ForwardTopKParams()
+    batch, width, vocab = logits.shape
+    flat = logits.reshape(batch * width, vocab)
+    flat_ref = ref_logits.detach().reshape(batch * width, vocab)
+    use_checkpoint = torch.is_grad_enabled() and flat.requires_grad
+    rows = []
+    for start in range(0, flat.shape[0], params.chunk_size):
+        chunk = flat[start:start + params.chunk_size]
+        chunk_ref = flat_ref[start:start + params.chunk_size]
+        if use_checkpoint:
+            rows.append(checkpoint(_forward_topk_rows, chunk, chunk_ref, params.topk, use_reentrant=False))
+        else:
+            rows.append(_forward_topk_rows(chunk, chunk_ref, params.topk))
+    dtype = torch.promote_types(logits.dtype, torch.float32)
+    if not rows:
+        return torch.zeros(batch, width, dtype=dtype, device=logits.device)
+    return torch.cat(rows).reshape(batch, width).to(dtype)
+
+
 # ------------------------------------------------------------------ controllers
 
 
@@ -256,6 +332,8 @@ def rlzoo_register_kl_estimators(register) -> None:
              description="value of k3, gradient of k2 (straight-through)")
     register("full", kl_full, params=FullKLParams,
              description="exact KL over the vocabulary from both models' logits (chunked)")
+    register("forward_topk", kl_forward_topk, params=ForwardTopKParams, paper="arXiv:2306.13649",
+             description="forward KL(π_ref‖π) over the reference's top-k tokens, clamped at 0 (verl's)")
 
 
 @hookimpl

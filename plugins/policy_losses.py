@@ -2,7 +2,7 @@
 
 Formulas: ../docs/algorithms/policy_losses.md (from ALGORITHMS.md "Policy losses", following
 verl ``verl/trainer/ppo/core_algos.py``: ``compute_policy_loss_vanilla``, ``_gspo``,
-``_gpg``, ``_clip_cov``, ``_kl_cov``, ``_geo_mean``, ``_sapo``, ``_cispo``).
+``_gpg``, ``_clip_cov``, ``_kl_cov``, ``_geo_mean``, ``_sapo``, ``_cispo``, ``_dro``).
 
 Every loss is called as ``fn(logp, old_logp, advantages, response_mask, params=...)``, all
 ``(B, T)``, and returns ``(loss, metrics)``:
@@ -332,6 +332,53 @@ def vanilla_pg(
     }
 
 
+# ---------------------------------------------------------------------------- dro
+
+
+@dataclass
+class DROParams:
+    """Parameters of ``dro``."""
+
+    beta: float = 0.05
+    """β: weight of the quadratic penalty ½β·(logp − old_logp)²; > 0. verl has no default (it
+    refuses to run without one); 0.05 is the value of Tinker's documented example."""
+
+    def __post_init__(self) -> None:
+        if not self.beta > 0:
+            raise ValueError(f"beta must be > 0, got {self.beta}")
+
+
+def dro(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    params: Optional[DROParams] = None,
+) -> tuple[torch.Tensor, Metrics]:
+    """DRO: L = −(A·logp − ½β·(logp − old_logp)²): REINFORCE with a quadratic penalty on
+    the log-ratio in place of a clip (gradient −A·∇logp + β·(logp − old_logp)·∇logp).
+
+    Direct Reward Optimisation, Richemond et al. 2024 (arXiv:2405.19107) and Kimi k1.5
+    (arXiv:2501.12599), in the per-token form of Tinker's ``dro`` loss and verl
+    ``compute_policy_loss_dro`` (same formula, unclamped log-ratio: the penalty is a
+    polynomial, finite for any finite input). The papers pair it with a soft
+    (τ·log-sum-exp) advantage; any advantage estimator can feed it here. Tensors ``(B, T)``.
+
+    :return: loss ``(B, T)``; metrics ``clipfrac`` (always 0: nothing is clipped),
+        ``penalty`` (masked mean of ½(logp − old_logp)², before β) and ``approx_kl``.
+    """
+    params = params or DROParams()
+    logp, old_logp, advantages, valid, mask = _prepare(logp, old_logp, advantages, response_mask)
+    log_ratio = logp - old_logp
+    half_square = 0.5 * log_ratio.square()
+    loss = -(advantages * logp - params.beta * half_square)
+    return _on_valid(loss, valid), {
+        "clipfrac": torch.zeros((), dtype=mask.dtype, device=mask.device),
+        "penalty": masked_mean(half_square, mask).detach(),
+        "approx_kl": _approx_kl(logp, old_logp, mask),
+    }
+
+
 # ---------------------------------------------------------------------------- geo_mean
 
 
@@ -356,6 +403,7 @@ def geo_mean(
     old_logp: torch.Tensor,
     advantages: torch.Tensor,
     response_mask: torch.Tensor,
+    correction_weights: Optional[torch.Tensor] = None,
     params: Optional[GeoMeanParams] = None,
 ) -> tuple[torch.Tensor, Metrics]:
     """GMPO: maximise the geometric mean of the token ratios, clipped in log space.
@@ -367,19 +415,35 @@ def geo_mean(
     Zhao et al. 2025 (arXiv:2507.20673); verl ``compute_policy_loss_geo_mean``.
     Registered with ``loss_agg="seq-mean-token-mean"``. Tensors ``(B, T)``.
 
+    With ``correction_weights`` w (the rollout correction's detached per-token weights;
+    the engine passes them to this loss instead of multiplying its per-token loss, which
+    would give the sequence the arithmetic mean of its weights): tokens with w = 0 leave
+    the sequence (its means over t run over the tokens with w > 0, so a dropped token gets
+    no gradient), and L_i is multiplied by the geometric mean of the kept tokens' weights,
+    exp(mean_t log w_t) — verl's ``seq_is_weights`` when every weight is > 0. A sequence
+    with no kept token has L_i = 0.
+
     :return: loss ``(B, T)``; metrics ``clipfrac`` (share of valid tokens whose log-ratio
         was replaced by its bound: A > 0 and r > ε_high, or A < 0 and r < −ε_low) and
         ``approx_kl``.
     """
     params = params or GeoMeanParams()
     logp, old_logp, advantages, valid, mask = _prepare(logp, old_logp, advantages, response_mask)
+    kept, kept_mask = valid, mask
+    if correction_weights is not None:
+        weights = correction_weights.detach().to(logp.dtype)
+        kept = valid & (weights > 0)
+        kept_mask = kept.to(logp.dtype)
     log_ratio = logp - old_logp
     sign = torch.sign(advantages)
     bounded = log_ratio.clamp(-params.clip_low, params.clip_high)
     pessimistic = sign * torch.minimum(sign * log_ratio, sign * bounded)
-    seq_ratio = _ratio(masked_mean(pessimistic, mask, dim=-1))                   # (B,)
-    seq_advantage = masked_mean(advantages, mask, dim=-1)                         # (B,)
+    seq_ratio = _ratio(masked_mean(pessimistic, kept_mask, dim=-1))              # (B,)
+    seq_advantage = masked_mean(advantages, kept_mask, dim=-1)                    # (B,)
     per_sequence = -seq_advantage * seq_ratio
+    if correction_weights is not None:
+        log_weights = torch.where(kept, weights, torch.ones_like(weights)).log()
+        per_sequence = per_sequence * torch.exp(masked_mean(log_weights, kept_mask, dim=-1))
     loss = per_sequence.unsqueeze(-1).expand_as(log_ratio)
     clipped = ((advantages > 0) & (log_ratio > params.clip_high)) | (
         (advantages < 0) & (log_ratio < -params.clip_low))
@@ -522,8 +586,10 @@ class KLCovParams:
 
     kl_cov_ratio: float = 2e-4
     """Share of valid tokens (⌊share·N⌋, at least 1), those with the largest covariance, penalised; in (0, 1]."""
-    ppo_kl_coef: float = 1.0
-    """Weight of the |logp − old_logp| penalty on those tokens; ≥ 0."""
+    ppo_kl_coef: float = 0.1
+    """Weight of the |logp − old_logp| penalty on those tokens; ≥ 0. verl's config default
+    (``policy_loss.ppo_kl_coef: 0.1``; the 1.0 inside ``compute_policy_loss_kl_cov`` is only its
+    fallback for a missing key)."""
 
     def __post_init__(self) -> None:
         if not 0 < self.kl_cov_ratio <= 1:
@@ -762,6 +828,9 @@ def rlzoo_register_policy_losses(register) -> None:
              paper="arXiv:2506.13585")
     register("vanilla_pg", vanilla_pg, aliases=("gpg",), ratio_free=True,
              description="on-policy REINFORCE: -A*logp", paper="arXiv:2504.02546")
+    register("dro", dro, params=DROParams,
+             description="REINFORCE with a quadratic log-ratio penalty ½β(logp − old_logp)² instead of a clip",
+             paper="arXiv:2405.19107")
     register("geo_mean", geo_mean, params=GeoMeanParams, aliases=("gmpo",),
              loss_agg="seq-mean-token-mean",
              description="GMPO: geometric mean of token ratios, sign-aware log-space clip",

@@ -57,7 +57,8 @@ def exact_match(prompts: list[str], completions: list[str], references: list[obj
     reference (as text), else 0.0."""
     params = params or ExactMatchParams()
     norm = (lambda s: s.strip()) if params.strip else (lambda s: s)
-    return [float(a is not None and norm(a) == norm(str(r))) for a, r in zip(_answers(completions, answers), references)]
+    pairs = zip(_answers(completions, answers), references)
+    return [float(a is not None and norm(a) == norm(str(r))) for a, r in pairs]
 
 
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")

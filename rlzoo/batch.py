@@ -77,6 +77,7 @@ class RolloutBatch:
     baseline_scores: torch.Tensor | None = None
     old_logp: torch.Tensor | None = None
     old_entropy: torch.Tensor | None = None
+    old_sum_pi_squared: torch.Tensor | None = None
     ref_logp: torch.Tensor | None = None
     old_values: torch.Tensor | None = None
     kl: torch.Tensor | None = None

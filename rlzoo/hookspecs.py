@@ -101,7 +101,8 @@ def rlzoo_register_advantage_estimators(register: Register) -> None:
     ``INPUTS["advantage"]``: ``token_rewards``, ``response_mask``, ``group_ids``,
     ``values`` (a critic), ``baseline_scores`` (a greedy rollout), ``old_logp``,
     ``ref_logp``, ``reward_scores`` / ``reward_weights`` (each reward function's scores and
-    weight, e.g. ``gdpo``), ``teacher_logp`` (a teacher model, e.g. ``opd``). It must
+    weight, e.g. ``gdpo``), ``teacher_logp`` (a teacher model, e.g. ``opd``),
+    ``sum_pi_squared`` (Σ_v π_old(v)² per token, e.g. ``optimal_token_baseline``). It must
     return ``(advantages, returns)``, both ``(B, T)`` float, zero on padding. Estimators
     are pure tensor functions: no gradient flows through them. Under torchrun they see
     this process's whole groups and run inside ``rlzoo.distributed.batch_statistics()``.
@@ -116,7 +117,10 @@ def rlzoo_register_policy_losses(register: Register) -> None:
 
     The engine calls ``fn(**inputs, params=...)`` with the inputs ``fn`` names from
     ``INPUTS["policy_loss"]``: ``logp`` (carries the gradient), ``old_logp``,
-    ``advantages``, ``response_mask``, ``rollout_logp``, ``ref_logp``; all ``(B, T)``.
+    ``advantages``, ``response_mask``, ``rollout_logp``, ``ref_logp``,
+    ``correction_weights``; all ``(B, T)``. The engine multiplies the per-token loss by the
+    rollout correction's weights, unless the loss names ``correction_weights`` and folds
+    them in itself (a per-sequence loss: ``geo_mean`` takes their geometric mean).
     It returns ``(loss, metrics)``: the per-token loss ``(B, T)`` (the engine aggregates
     it with the run's ``loss_agg``) and a dict of detached scalar tensors with at least
     ``clipfrac`` and ``approx_kl``.

@@ -97,6 +97,9 @@ KINDS: dict[str, Kind] = {kind.name: kind for kind in (
             "reward_weights": Input(None, "(K,) float: the weights of the reward functions (reward[k].weight)"),
             "teacher_logp": Input("teacher", "(B, T) float: log-probs of the sampled tokens under the teacher model "
                                              "(teacher.path; tempered like the sampler)"),
+            "sum_pi_squared": Input("sum_pi_squared", "(B, T) float: Σ_v π_old(v)² over the vocabulary at each "
+                                                      "response position (π_old tempered like the sampler), 0 on "
+                                                      "padding"),
         }),
     Kind(
         name='policy_loss', hook='rlzoo_register_policy_losses', title='Policy losses',
@@ -113,6 +116,11 @@ KINDS: dict[str, Kind] = {kind.name: kind for kind in (
                                         "distribution the rollout backend actually sampled from "
                                         "(after temperature and top-p)"),
             "ref_logp": Input("reference", "(B, T) float: log-probs under the frozen reference model"),
+            "correction_weights": Input(None, "(B, T) float >= 0, detached: the product of the rollout "
+                                              "corrections' per-token weights, or None without a correction. A loss "
+                                              "that names this input folds them into its own formula (a "
+                                              "per-sequence loss: geo_mean) and the engine does not multiply its "
+                                              "per-token loss by them"),
         }),
     Kind(
         name='rollout_correction', hook='rlzoo_register_rollout_corrections', title='Rollout corrections',

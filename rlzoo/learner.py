@@ -23,7 +23,7 @@ from rlzoo.batch import BatchCounts, RolloutBatch
 from rlzoo.correcting import Corrections, offpolicy_metrics
 from rlzoo.resolved import ResolvedConfig
 from rlzoo.errors import TrainingError
-from rlzoo.logprobs import full_sequence
+from rlzoo.logprobs import full_sequence, sum_of_squared_probs
 from rlzoo.masked import masked_mean
 from rlzoo.models import RunModels
 
@@ -163,14 +163,22 @@ class Learner:
                           temperature=self.plan.logprob_temperature, **kwargs)
 
     @torch.no_grad()
-    def _logp_pass(self, module: torch.nn.Module, batch: RolloutBatch,
-                   with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-        logps, entropies = [], []
+    def _logp_pass(self, module: torch.nn.Module, batch: RolloutBatch, with_entropy: bool,
+                   with_sum_pi_squared: bool = False
+                   ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """Log-probs of the sampled tokens under ``module``, and optionally per-token entropies
+        and Σ_v π(v)² (from the full logits), each ``(B, T)``, 0 on padding."""
+        logps, entropies, squares = [], [], []
         for rows in self._micro_rows(len(batch)):
-            logp, entropy, _ = self._forward(module, batch.select(rows), with_entropy=with_entropy)
+            mb = batch.select(rows)
+            logp, entropy, logits = self._forward(module, mb, with_entropy=with_entropy,
+                                                  with_logits=with_sum_pi_squared)
             logps.append(logp)
             entropies.append(entropy)
-        return torch.cat(logps), (torch.cat(entropies) if with_entropy else None)
+            if with_sum_pi_squared:
+                squares.append(sum_of_squared_probs(logits) * mb.response_mask)
+        return (torch.cat(logps), torch.cat(entropies) if with_entropy else None,
+                torch.cat(squares) if with_sum_pi_squared else None)
 
     def _values(self, mb: RolloutBatch, critic: torch.nn.Module) -> torch.Tensor:
         input_ids, attention, positions = full_sequence(mb.prompt_ids, mb.prompt_mask,
@@ -186,14 +194,14 @@ class Learner:
         metrics: dict[str, float] = {}
         if plan.runs("old_logp"):
             models.policy.eval()
-            batch.old_logp, batch.old_entropy = self._logp_pass(models.policy_forward, batch,
-                                                                plan.runs("old_entropy"))
+            batch.old_logp, batch.old_entropy, batch.old_sum_pi_squared = self._logp_pass(
+                models.policy_forward, batch, plan.runs("old_entropy"), plan.runs("old_sum_pi_squared"))
         elif plan.bypass:
             batch.old_logp = batch.rollout_logp
         if plan.runs("ref_logp"):
-            batch.ref_logp, _ = self._logp_pass(models.reference_forward, batch, False)
+            batch.ref_logp, _, _ = self._logp_pass(models.reference_forward, batch, False)
         if plan.runs("teacher_logp"):
-            batch.teacher_logp, _ = self._logp_pass(models.teacher_forward, batch, False)
+            batch.teacher_logp, _, _ = self._logp_pass(models.teacher_forward, batch, False)
         if plan.runs("values"):
             models.critic.eval()
             with torch.no_grad():
@@ -235,7 +243,7 @@ class Learner:
             token_rewards=token_rewards, response_mask=mask, group_ids=batch.group_ids,
             values=batch.old_values, baseline_scores=batch.baseline_scores, old_logp=batch.old_logp,
             ref_logp=batch.ref_logp, reward_scores=batch.reward_scores, teacher_logp=batch.teacher_logp,
-            reward_weights=self.reward_weights.to(mask.device))
+            sum_pi_squared=batch.old_sum_pi_squared, reward_weights=self.reward_weights.to(mask.device))
         check_finite(advantages, "advantage estimation", self.names["advantage"])
         batch.advantages, batch.returns = advantages, returns
         metrics["advantages/mean"] = float(masked_mean(advantages, mask))
@@ -316,13 +324,13 @@ class Learner:
         mask = getattr(mb, plan.masks["policy"])
         tokens = counts[plan.masks["policy"]].tokens
         old_logp = mb.old_logp if mb.old_logp is not None else logp.detach()
-        token_loss, loss_metrics = self.policy_loss(
-            logp=logp, old_logp=old_logp, advantages=mb.advantages, response_mask=mask,
-            rollout_logp=mb.rollout_logp, ref_logp=mb.ref_logp)
         weight = float(mask.sum())
         weights = self.corrections.weights(mb, old_logp, logp, mask,
                                            lambda key, value: means.add(key, value, weight))
-        if weights is not None:
+        token_loss, loss_metrics = self.policy_loss(
+            logp=logp, old_logp=old_logp, advantages=mb.advantages, response_mask=mask,
+            rollout_logp=mb.rollout_logp, ref_logp=mb.ref_logp, correction_weights=weights)
+        if weights is not None and not plan.correction_in_loss:
             token_loss = token_loss * weights
         loss = self._term("policy", mb, token_loss, counts)
         means.add("policy/loss", float(loss.detach()) * tokens / max(weight, 1.0), weight)

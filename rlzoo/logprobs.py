@@ -185,6 +185,16 @@ def token_logprobs(hidden: torch.Tensor, head: torch.nn.Linear, targets: torch.T
     return logp, (entropy.view(batch, length) if with_entropy else None)
 
 
+def sum_of_squared_probs(logits: torch.Tensor) -> torch.Tensor:
+    """Σ_v π(v)² of the softmax of ``logits`` over the last axis: ``(..., V)`` -> ``(...)``.
+
+    exp(logsumexp(2z) − 2·logsumexp(z)) in float32 (the optimal token baseline's Σπ², as
+    verl computes it): 1/V for a uniform distribution, 1 for a one-hot one.
+    """
+    z = logits.float()
+    return torch.exp(torch.logsumexp(2 * z, dim=-1) - 2 * torch.logsumexp(z, dim=-1))
+
+
 def full_sequence(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
                   response_ids: torch.Tensor, response_mask: torch.Tensor
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

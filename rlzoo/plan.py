@@ -166,7 +166,8 @@ class RunPlan:
     :ivar needs: the union of what the chosen components need.
     :ivar models: model name -> why it exists (``policy`` always).
     :ivar passes: pass name -> why it runs each step: ``greedy`` (a greedy rollout),
-        ``old_logp`` (log-probs before the update), ``old_entropy`` (with them),
+        ``old_logp`` (log-probs before the update), ``old_entropy`` and
+        ``old_sum_pi_squared`` (with them),
         ``ref_logp`` (reference log-probs), ``values`` (critic values).
     :ivar kl: where KL acts, or ``None`` (``kl.coef`` is 0).
     :ivar aggregation: loss term -> aggregation mode (``policy``, ``kl``, ``entropy``,
@@ -178,6 +179,8 @@ class RunPlan:
         intersected); empty for ``none``.
     :ivar bypass: ``trainer.old_logp=rollout``: the rollout's log-probs are π_old (the
         ratio's denominator is μ), and no old-log-prob pass runs.
+    :ivar correction_in_loss: the policy loss names ``correction_weights`` and folds the weights
+        in itself (a per-sequence loss: ``geo_mean``); else the engine multiplies them in.
     :ivar record: each step's batch is written to ``rollouts/`` (``rollout.record``).
     :ivar precision: ``trainer.precision``: ``fp32``, or ``bf16`` compute over float32 weights.
     :ivar lora: the policy's LoRA adapters (``model.lora.rank`` > 0), or ``None``: every
@@ -196,6 +199,7 @@ class RunPlan:
     rollout: RolloutPlan
     corrections: tuple[CorrectionStep, ...] = ()
     bypass: bool = False
+    correction_in_loss: bool = False
     record: bool = False
     precision: str = "fp32"
     lora: LoraPlan | None = None
@@ -222,6 +226,9 @@ class RunPlan:
             terms = ", ".join(t for t, m in self.masks.items() if m == "loss_mask")
             lines.append(f"  mode=mask changes the aggregation denominators: {terms} count only the tokens and "
                          "non-empty sequences the corrections keep")
+        if self.correction_in_loss:
+            lines.append("  the policy loss takes the weights itself (correction_weights, a per-sequence loss: "
+                         "geo_mean drops weight-0 tokens from the sequence and scales it by the rest's geometric mean)")
         return lines
 
     def runs(self, name: str) -> bool:
@@ -349,11 +356,15 @@ def build_plan(resolved: ResolvedConfig) -> RunPlan:
         old_reasons.append(f"read by {_names(acting, 'old_logp')}")
     if "entropy" in needs:
         old_reasons.append(f"entropies read by {_names(acting, 'entropy')}")
+    if "sum_pi_squared" in needs:
+        old_reasons.append(f"Σπ² read by {_names(acting, 'sum_pi_squared')}")
     bypass = cfg.trainer.old_logp == "rollout"
     if old_reasons and not bypass:
         passes["old_logp"] = "; ".join(old_reasons)
     if "entropy" in needs:
         passes["old_entropy"] = f"with old_logp, for {_names(acting, 'entropy')}"
+    if "sum_pi_squared" in needs:
+        passes["old_sum_pi_squared"] = f"with old_logp, from the full logits, for {_names(acting, 'sum_pi_squared')}"
 
     kl = None
     if kl_on:
@@ -402,6 +413,7 @@ def build_plan(resolved: ResolvedConfig) -> RunPlan:
                                        temperature=float(cfg.rollout.temperature), top_p=float(cfg.rollout.top_p),
                                        staleness=int(cfg.rollout.staleness)),
                    corrections=_correction_steps(resolved), bypass=bypass, record=bool(cfg.rollout.record),
+                   correction_in_loss="correction_weights" in comps["policy_loss"].inputs,
                    precision=str(cfg.trainer.precision), lora=lora)
     plan.warnings.extend(_inert_choices(resolved, plan))
     return plan
@@ -453,10 +465,11 @@ def _check_bypass(resolved: ResolvedConfig, needs: set[str]) -> None:
                           f"{', '.join(reads_old)} (which compares pi_old with the rollout's mu) would weight every "
                           "token 1: remove it, or set trainer.old_logp=compute (opmask compares mu with the current "
                           "policy and works in both)")
-    if "entropy" in needs:
-        acting = [*resolved.components.values(), *(c for c, _ in resolved.extensions)]
-        raise ConfigError(f"trainer.old_logp=rollout skips the old-log-prob pass, which computes the entropies "
-                          f"{_names(acting, 'entropy')} read(s): set trainer.old_logp=compute")
+    for need, what in (("entropy", "the entropies"), ("sum_pi_squared", "the Σπ²")):
+        if need in needs:
+            acting = [*resolved.components.values(), *(c for c, _ in resolved.extensions)]
+            raise ConfigError(f"trainer.old_logp=rollout skips the old-log-prob pass, which computes {what} "
+                              f"{_names(acting, need)} read(s): set trainer.old_logp=compute")
 
 
 def _check_consistency(resolved: ResolvedConfig, needs: set[str], kl_on: bool, world: int) -> None:

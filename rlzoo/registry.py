@@ -15,7 +15,8 @@ from rlzoo.contract import BoundComponent, check_declared_needs, derived_needs, 
 from rlzoo.errors import DuplicateComponentError, PluginError, UnknownComponentError, did_you_mean
 from rlzoo.kinds import KINDS
 
-NEEDS = frozenset({"critic", "reference", "groups", "logits", "greedy", "entropy", "old_logp", "teacher"})
+NEEDS = frozenset({"critic", "reference", "groups", "logits", "greedy", "entropy", "old_logp", "teacher",
+                   "sum_pi_squared"})
 """What a component needs, so the engine builds and runs only that. Most needs follow from
 the inputs a component's function names (:data:`rlzoo.kinds.KINDS`); ``groups``, and
 whatever an extension reads from the batch, are declared with ``needs=``:
@@ -27,7 +28,9 @@ whatever an extension reads from the batch, are declared with ``needs=``:
 - ``greedy``: the score of a greedy completion of every prompt;
 - ``entropy``: per-token entropy of the policy before the update (``batch.old_entropy``);
 - ``old_logp``: log-probs of the policy before the update, before the advantages
-  (``batch.old_logp``).
+  (``batch.old_logp``);
+- ``sum_pi_squared``: Σ_v π_old(v)² at each response position, from the full logits of the
+  old-log-prob pass (``batch.old_sum_pi_squared``).
 """
 
 

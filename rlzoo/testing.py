@@ -146,8 +146,8 @@ def check_policy_loss(fn: Callable[..., Any], name: str = "policy_loss") -> None
 def check_advantage_estimator(fn: Callable[..., Any], name: str = "advantage",
                               needs: frozenset[str] = frozenset()) -> None:
     """Invariants of ``fn(token_rewards=, response_mask=, group_ids=, values=,
-    baseline_scores=, old_logp=, ref_logp=, reward_scores=, reward_weights=) -> (advantages,
-    returns)`` (two reward functions, weights 1 and 0.5)."""
+    baseline_scores=, old_logp=, ref_logp=, teacher_logp=, sum_pi_squared=, reward_scores=,
+    reward_weights=) -> (advantages, returns)`` (two reward functions, weights 1 and 0.5)."""
     gen = torch.Generator().manual_seed(1)
     mask = _mask()
     lengths = mask.sum(-1).long()
@@ -163,8 +163,8 @@ def check_advantage_estimator(fn: Callable[..., Any], name: str = "advantage",
         per_reward = torch.stack([score, (1 - score).abs()], dim=1)  # two reward functions, as reward=[a, b]
         with torch.enable_grad():  # log-probs of the mask's shape, like the engine's
             adv, ret = _call(fn, token_rewards=r, response_mask=m, group_ids=g, values=v, baseline_scores=b,
-                             old_logp=-0.5 * m, ref_logp=-0.7 * m, teacher_logp=-0.9 * m, reward_scores=per_reward,
-                             reward_weights=torch.tensor([1.0, 0.5]))
+                             old_logp=-0.5 * m, ref_logp=-0.7 * m, teacher_logp=-0.9 * m, sum_pi_squared=0.3 * m,
+                             reward_scores=per_reward, reward_weights=torch.tensor([1.0, 0.5]))
         return adv, ret
 
     adv, ret = run(token_rewards, mask, group_ids, values, baseline)
@@ -354,10 +354,10 @@ def check_task(task: Any, name: str = "task", holdout: float = 0.1) -> None:
 def check_reward(fn: Callable[..., Any], name: str = "reward", task: Any = None) -> None:
     """Invariants of a reward function ``fn(prompts=, completions=, references=, rows=,
     answers=)``: one finite float per completion (a list or a ``(B,)`` tensor) for
-    ordinary, empty, very long and non-ASCII completions and a missing answer (``None``); the same scores for the same inputs; inputs not
-    modified. With ``task`` (a :class:`rlzoo.tasks.Task`) the prompts, references and rows
-    are that task's, and its perfect answers (``answer_text``) are among the completions;
-    without, references are strings (pass the task when your reward expects others)."""
+    ordinary, empty, very long and non-ASCII completions and a missing answer (``None``); the
+    same scores for the same inputs; inputs not modified. With ``task`` (a
+    :class:`rlzoo.tasks.Task`) the prompts, references and rows are that task's, and its
+    perfect answers (``answer_text``) are among the completions; without, references are strings (pass the task when your reward expects others)."""
     if task is not None:
         examples = task.sample(4, random.Random(0))
     else:

@@ -26,7 +26,7 @@ DOC = Path(__file__).parents[1] / "docs" / "algorithms" / "advantages.md"
 NAMES = builtin_names("advantage")
 GROUP_BASED = tuple(name for name in NAMES if "groups" in REGISTRY.get("advantage", name).needs)
 ALIASES = {"reinforce_plus_plus": "reinforce_pp",
-           "reinforce_plus_plus_baseline": "reinforce_pp_baseline"}
+           "reinforce_plus_plus_baseline": "reinforce_pp_baseline", "otb": "optimal_token_baseline"}
 EPS = 1e-6
 SETTINGS = settings(max_examples=30, deadline=None)
 
@@ -57,7 +57,7 @@ def _run(reg, name, rewards, mask, groups, values=None, baseline=None, **params)
     scores = torch.where(mask.bool(), rewards, torch.zeros_like(rewards)).sum(-1, keepdim=True)
     return component(token_rewards=rewards, response_mask=mask, group_ids=groups, values=values,
                      baseline_scores=baseline, reward_scores=scores, reward_weights=torch.ones(1),
-                     old_logp=-0.5 * mask, teacher_logp=-0.9 * mask, **params)
+                     old_logp=-0.5 * mask, teacher_logp=-0.9 * mask, sum_pi_squared=0.3 * mask, **params)
 
 
 def _per_seq(adv, mask):
@@ -473,12 +473,17 @@ def test_zero_on_padding_and_output_dtype(reg, name) -> None:
 
 @pytest.mark.parametrize("name", GROUP_BASED)
 def test_all_equal_rewards_give_zero_advantages(reg, name) -> None:
+    """optimal_token_baseline: ε in the denominator leaves A = G·ε/(ΣW + ε) (as verl), and its
+    zero tail gives the unique longest response of a group its raw return beyond the
+    second-longest (row 3 here, positions 3..), so it runs without the tail and a relative bound."""
+    params = {"zero_tail": False} if name == "optimal_token_baseline" else {}
     for value in (0.7, 0.0, -3.1, 1e4):
         rewards, mask = _outcome_batch([5, 3, 1, 4, 2, 5], [value] * 6, 5)
         ids = torch.tensor([1, 0, 1, 0, 0, 1])
-        adv, ret = _run(reg, name, rewards, mask, ids)
+        adv, ret = _run(reg, name, rewards, mask, ids, **params)
         assert torch.isfinite(adv).all() and torch.isfinite(ret).all()
-        torch.testing.assert_close(adv, torch.zeros_like(adv), atol=1e-6, rtol=0)
+        atol = 1e-6 * max(1.0, abs(value)) if params else 1e-6
+        torch.testing.assert_close(adv, torch.zeros_like(adv), atol=atol, rtol=0)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -628,7 +633,8 @@ def test_registry_names_aliases_and_needs(reg) -> None:
     assert needs["remax"] == {"greedy"}
     assert needs["reinforce_pp"] == frozenset()
     for name in GROUP_BASED:
-        assert needs[name] == {"groups"}, name
+        extra = {"old_logp", "sum_pi_squared"} if name == "optimal_token_baseline" else set()
+        assert needs[name] == {"groups", *extra}, name
     for name in NAMES:
         component = reg.get("advantage", name)
         assert component.paper and component.paper.startswith("arXiv:")
@@ -686,3 +692,168 @@ def test_hand_computed_maxrl_and_its_edge_cases(reg) -> None:
     negative, mask2 = _outcome_batch([1, 1], [-1.0, 0.5], 1)
     with pytest.raises(TrainingError, match=r"maxrl.*non-negative.*group 3 has mean score -0.25"):
         maxrl(token_rewards=negative, response_mask=mask2, group_ids=torch.tensor([3, 3]))
+
+
+# ------------------------------------------------------------------ optimal token baseline
+
+
+def _otb_verl(rewards, mask, ids, old_logp, sum_pi_sq, align="position", zero_tail=True, eps=1e-8):
+    """verl compute_optimal_token_baseline_advantage (align="position") and
+    compute_multi_turn_optimal_token_baseline_advantage (align="mask"), transcribed in loops."""
+    b, width = mask.shape
+    m = mask.tolist()
+    r = (rewards * mask).tolist()
+    w = (1 - 2 * old_logp.exp() + sum_pi_sq).tolist()
+    g = [[sum(r[i][k] for k in range(t, width)) for t in range(width)] for i in range(b)]
+    cum = [[sum(w[i][k] * m[i][k] for k in range(t + 1)) for t in range(width)] for i in range(b)]
+    lengths = [int(sum(row)) for row in m]
+    if align == "mask":      # each row's masked-in tokens, in order
+        pos = [[t for t in range(width) if m[i][t]] for i in range(b)]
+        g_ax = [[g[i][t] for t in pos[i]] + [0.0] * (width - len(pos[i])) for i in range(b)]
+        w_ax = [[cum[i][t] for t in pos[i]] + [0.0] * (width - len(pos[i])) for i in range(b)]
+        on = [[1.0 if k < lengths[i] else 0.0 for k in range(width)] for i in range(b)]
+        members = [i for i in range(b) if lengths[i] > 0]
+    else:
+        g_ax, w_ax, on, members = g, cum, m, list(range(b))
+    base = [[0.0] * width for _ in range(b)]
+    for gid in sorted({ids[i].item() for i in members}):
+        idx = [i for i in members if ids[i].item() == gid]
+        if len(idx) == 1:
+            continue
+        for k in range(width):
+            num = sum(g_ax[i][k] * w_ax[i][k] * on[i][k] for i in idx)
+            den = sum(w_ax[i][k] * on[i][k] for i in idx) + eps
+            for i in idx:
+                base[i][k] = num / den
+        if zero_tail:
+            lens = sorted(lengths[i] for i in idx)
+            longest = [i for i in idx if lengths[i] == lens[-1]]
+            if len(longest) == 1 and lens[-1] > lens[-2]:
+                for k in range(lens[-2], width):
+                    base[longest[0]][k] = 0.0
+    adv = [[0.0] * width for _ in range(b)]
+    for i in range(b):
+        if align == "mask":
+            for k, t in enumerate(pos[i]):
+                adv[i][t] = g_ax[i][k] - base[i][k]
+        else:
+            for t in range(width):
+                adv[i][t] = (g[i][t] - base[i][t]) * m[i][t]
+    return torch.tensor(adv, dtype=torch.float64), torch.tensor(g, dtype=torch.float64) * mask
+
+
+def _otb(reg, rewards, mask, ids, old_logp, sum_pi_sq, **params):
+    return reg.get("advantage", "optimal_token_baseline")(
+        token_rewards=rewards, response_mask=mask, group_ids=ids, old_logp=old_logp, sum_pi_squared=sum_pi_sq,
+        **params)
+
+
+def test_optimal_token_baseline_hand_computed(reg) -> None:
+    # one group, two responses of lengths 2 and 3, scores 1 and 0 (outcome on the last token);
+    # π_old(y) = 0.5 everywhere, Σπ² = 0.5 -> w = 1 - 1 + 0.5 = 0.5, W = [0.5, 1.0, 1.5]
+    #   G: row 0 = [1, 1, 0], row 1 = [0, 0, 0]
+    #   t0: B = (1·0.5 + 0·0.5)/(0.5 + 0.5) = 0.5;  t1: B = (1·1 + 0·1)/(1 + 1) = 0.5
+    #   t2: only row 1 -> B = 0·1.5/1.5 = 0, and the zero tail (row 1 is the unique longest,
+    #       second-longest 2) sets it to 0 anyway
+    #   A: row 0 = [0.5, 0.5, 0], row 1 = [-0.5, -0.5, 0]
+    rewards, mask = _outcome_batch([2, 3], [1.0, 0.0], 3)
+    rewards = rewards.double()
+    mask = mask.double()
+    old = torch.full((2, 3), math.log(0.5), dtype=torch.float64)
+    sq = torch.full((2, 3), 0.5, dtype=torch.float64) * mask
+    adv, ret = _otb(reg, rewards, mask, torch.tensor([0, 0]), old, sq)
+    torch.testing.assert_close(adv, torch.tensor([[0.5, 0.5, 0.0], [-0.5, -0.5, 0.0]], dtype=torch.float64),
+                               atol=1e-7, rtol=0)
+    torch.testing.assert_close(ret, torch.tensor([[1.0, 1.0, 0.0], [0.0, 0.0, 0.0]], dtype=torch.float64))
+    # weights differ per row: row 0's π(y) = 0.9, Σπ² = 0.82 -> w = 0.02; row 1 keeps 0.5
+    #   t0: B = (1·0.02)/(0.02 + 0.5) = 0.0384615;  t1: B = (1·0.04)/(0.04 + 1.0) = 0.0384615
+    old2 = old.clone()
+    old2[0] = math.log(0.9)
+    sq2 = sq.clone()
+    sq2[0, :2] = 0.82
+    adv, _ = _otb(reg, rewards, mask, torch.tensor([0, 0]), old2, sq2)
+    b = 0.02 / 0.52
+    torch.testing.assert_close(adv, torch.tensor([[1 - b, 1 - b, 0.0], [-b, -b, 0.0]], dtype=torch.float64),
+                               atol=1e-7, rtol=0)
+
+
+def test_optimal_token_baseline_zero_tail(reg) -> None:
+    # group of 2: lengths 1 and 3, scores 0 and 1; w = 0.5: W_row1 = [0.5, 1, 1.5]
+    #   t0: B = (0·0.5 + 1·0.5)/1 = 0.5 -> row 0: -0.5, row 1: 0.5
+    #   t1, t2: row 1 alone. Zero tail (second-longest 1): B = 0 -> A = G = 1;
+    #   without it B = 1·W/(W + ε) ≈ 1 -> A ≈ 0
+    rewards, mask = _outcome_batch([1, 3], [0.0, 1.0], 3)
+    old = torch.full((2, 3), math.log(0.5))
+    sq = torch.full((2, 3), 0.5) * mask
+    adv, _ = _otb(reg, rewards, mask, torch.tensor([7, 7]), old, sq)
+    torch.testing.assert_close(adv, torch.tensor([[-0.5, 0.0, 0.0], [0.5, 1.0, 1.0]]), atol=1e-6, rtol=0)
+    adv, _ = _otb(reg, rewards, mask, torch.tensor([7, 7]), old, sq, zero_tail=False)
+    torch.testing.assert_close(adv, torch.tensor([[-0.5, 0.0, 0.0], [0.5, 0.0, 0.0]]), atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("align", ["position", "mask"])
+@pytest.mark.parametrize("zero_tail", [True, False])
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_optimal_token_baseline_matches_verl_loops(reg, align, zero_tail, seed) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    b, width = 9, 7
+    lengths = torch.randint(0, width + 1, (b,), generator=gen)
+    lengths[0] = width                                        # a unique longest in some groups
+    mask = (torch.arange(width)[None, :] < lengths[:, None]).double()
+    mask[1, 1] = 0.0                                          # holes: tool output inside responses
+    mask[3, 0] = 0.0
+    rewards = torch.randn(b, width, generator=gen, dtype=torch.float64) * mask
+    old = -torch.rand(b, width, generator=gen, dtype=torch.float64) * 3
+    sq = torch.rand(b, width, generator=gen, dtype=torch.float64) * 0.5 * mask
+    ids = torch.tensor([4, 4, 4, 1, 1, 9, 4, 1, 2])           # a group of size 1 (9, 2)
+    adv, ret = _otb(reg, rewards, mask, ids, old, sq, align=align, zero_tail=zero_tail)
+    want_adv, want_ret = _otb_verl(rewards, mask, ids, old, sq, align, zero_tail)
+    torch.testing.assert_close(adv, want_adv, atol=1e-9, rtol=1e-9)
+    torch.testing.assert_close(ret, want_ret)
+
+
+def test_optimal_token_baseline_alignments_agree_without_holes_or_empty_rows(reg) -> None:
+    rewards, mask, ids, _, _ = _random_batch(4)
+    mask[mask.sum(-1) == 0, 0] = 1.0                          # no empty row
+    gen = torch.Generator().manual_seed(4)
+    old = -torch.rand(mask.shape, generator=gen)
+    sq = torch.rand(mask.shape, generator=gen) * 0.3 * mask
+    by_position, _ = _otb(reg, rewards, mask, ids, old, sq)
+    by_mask, _ = _otb(reg, rewards, mask, ids, old, sq, align="mask")
+    torch.testing.assert_close(by_position, by_mask)
+
+
+def test_optimal_token_baseline_params_and_plan(reg, tmp_path) -> None:
+    from rlzoo.config import load_config
+
+    component = reg.get("advantage", "optimal_token_baseline")
+    assert reg.get("advantage", "otb") is component
+    assert component.needs == {"groups", "old_logp", "sum_pi_squared"}
+    assert component.default_params() == component.params(align="position", zero_tail=True, epsilon=1e-8)
+    with pytest.raises(ConfigError, match="align must be one of position, mask, got 'turn'"):
+        build_params(component, {"align": "turn"})
+    plan = load_config(reg, ["advantage=optimal_token_baseline"]).plan
+    assert plan.runs("old_logp") and plan.runs("old_sum_pi_squared")
+    assert "Σπ² read by advantage optimal_token_baseline" in plan.passes["old_logp"]
+    assert not load_config(reg, []).plan.runs("old_sum_pi_squared")
+
+
+def test_sum_of_squared_probs_hand_computed() -> None:
+    from rlzoo.logprobs import sum_of_squared_probs
+
+    logits = torch.tensor([[0.0, 0.0, 0.0, 0.0], [0.0, math.log(3.0), -math.inf, -math.inf], [50.0, 0.0, 0.0, 0.0]])
+    # uniform over 4: 1/4; probs [1/4, 3/4]: 1/16 + 9/16 = 10/16; near one-hot: ≈ 1
+    torch.testing.assert_close(sum_of_squared_probs(logits), torch.tensor([0.25, 0.625, 1.0]))
+    z = torch.randn(3, 5, 11, generator=torch.Generator().manual_seed(0)) * 4
+    torch.testing.assert_close(sum_of_squared_probs(z), z.softmax(-1).square().sum(-1))
+
+
+@pytest.mark.slow
+def test_optimal_token_baseline_trains_with_the_sum_pi_squared_pass(tmp_path) -> None:
+    from rlzoo.cli import main
+
+    run_dir = tmp_path / "otb"
+    assert main(["train", *zoo.TINY, "advantage=otb", "kl.coef=0", "eval.size=0", "trainer.total_steps=2",
+                 f"run_dir={run_dir}"]) == 0
+    plan = (run_dir / "plan.txt").read_text()
+    assert "old_sum_pi_squared: with old_logp" in plan

@@ -137,3 +137,61 @@ def test_the_docs_example_correction_registers_passes_the_checks_and_clips_both_
                                       response_mask=torch.tensor([[1.0, 1.0, 1.0, 0.0]]))
     torch.testing.assert_close(weights, torch.tensor([[1.0, 2.0, 0.5, 0.0]]))
 
+
+
+def test_geo_mean_takes_the_weights_itself_and_the_plan_says_so() -> None:
+    """A per-sequence loss (it names ``correction_weights``) folds the weights in itself."""
+    plan = load_config(REGISTRY, ["rollout_correction=icepop", "policy_loss=geo_mean",
+                                  "loss_agg=seq-mean-token-mean", "rollout.dtype=bfloat16"]).plan
+    assert plan.correction_in_loss
+    assert "the policy loss takes the weights itself" in plan.render()
+    plan = load_config(REGISTRY, ["rollout_correction=icepop", "rollout.dtype=bfloat16"]).plan
+    assert not plan.correction_in_loss and "the policy loss takes the weights itself" not in plan.render()
+
+
+def _zero_weights(response_mask):
+    return torch.zeros_like(response_mask, dtype=torch.float32), {}
+
+
+def _reinforce_ignoring_weights(logp, old_logp, advantages, response_mask, correction_weights):
+    valid = response_mask.bool()
+    loss = torch.where(valid, -advantages.detach() * logp, torch.zeros_like(logp))
+    zero = torch.zeros((), dtype=logp.dtype)
+    return loss, {"clipfrac": zero, "approx_kl": zero}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("loss, moves", [("vanilla_pg", False), ("probe_in_loss", True)])
+def test_the_engine_multiplies_the_weights_only_into_losses_that_do_not_take_them(
+        tmp_path: Path, loss: str, moves: bool) -> None:
+    """Weights of 0 everywhere: multiplied into vanilla_pg's per-token loss they stop every
+    gradient (the policy does not move); handed to a loss that names correction_weights
+    (which here ignores them) they are not multiplied in, so the policy moves."""
+    from rlzoo.trainer import Trainer
+    from zoo import TINY
+
+    def register_loss(register):
+        register("probe_in_loss", _reinforce_ignoring_weights, paper="arXiv:0000.00000", description="probe")
+
+    def register_correction(register):
+        register("zero_weights", _zero_weights, description="probe: weight 0 on every token")
+
+    plugin = module_plugin(rlzoo_register_policy_losses=register_loss,
+                           rlzoo_register_rollout_corrections=register_correction)
+    pm = make_plugin_manager()
+    pm.register(plugin, name="probe")
+    try:
+        resolved = load_config(build_registry(pm), [*TINY, f"policy_loss={loss}", "rollout_correction=zero_weights",
+                                                    "kl.coef=0", "eval.size=0", f"run_dir={tmp_path / loss}"])
+        assert resolved.plan.correction_in_loss is moves
+        trainer = Trainer(resolved, pm)
+        try:
+            before = [p.detach().clone() for p in trainer.models.policy.parameters()]
+            trainer.train_step()
+            after = list(trainer.models.policy.parameters())
+        finally:
+            trainer.close()
+    finally:
+        pm.unregister(plugin)
+    changed = any(not torch.equal(b, a.detach()) for b, a in zip(before, after))
+    assert changed is moves

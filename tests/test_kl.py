@@ -438,3 +438,84 @@ def test_doc_names_every_component(reg) -> None:
             assert f"`{component.name}`" in text, component.name
     for key in ("kl.apply", "kl.coef", "kl.estimator", "kl.controller"):
         assert key in text
+
+
+# ----------------------------------------------------------------------- forward_topk
+
+
+def _forward_topk_loops(logits: torch.Tensor, ref_logits: torch.Tensor, k: int) -> torch.Tensor:
+    """verl compute_forward_kl_topk (+ clamp_min(0)), one token at a time, in float64."""
+    out = torch.zeros(logits.shape[:2], dtype=torch.float64)
+    for i in range(logits.shape[0]):
+        for t in range(logits.shape[1]):
+            z, r = logits[i, t].double(), ref_logits[i, t].double()
+            log_pi = [x - math.log(sum(math.exp(y) for y in z.tolist())) for x in z.tolist()]
+            log_ref = [x - math.log(sum(math.exp(y) for y in r.tolist())) for x in r.tolist()]
+            top = sorted(range(len(log_ref)), key=lambda v: -log_ref[v])[:k]
+            out[i, t] = max(0.0, sum(math.exp(log_ref[v]) * (log_ref[v] - log_pi[v]) for v in top))
+    return out
+
+
+def test_forward_topk_hand_computed(reg) -> None:
+    # reference probs [0.5, 0.3, 0.2], policy probs [0.25, 0.25, 0.5]; K = 2 (tokens 0, 1):
+    #   0.5·ln(0.5/0.25) + 0.3·ln(0.3/0.25) = 0.346574 + 0.054696 = 0.401270
+    # K = 3 adds 0.2·ln(0.2/0.5) = -0.183258 -> the full forward KL 0.218012
+    # policy = reference -> 0; a policy far above the reference on the top-K -> clamped at 0
+    fwd = reg.get("kl_estimator", "forward_topk")
+    ref = torch.tensor([0.5, 0.3, 0.2]).log().view(1, 1, 3)
+    logits = torch.tensor([0.25, 0.25, 0.5], requires_grad=True)
+    value = fwd(logits=logits.log().view(1, 1, 3), ref_logits=ref, topk=2)
+    want = 0.5 * math.log(2) + 0.3 * math.log(1.2)
+    assert value.item() == pytest.approx(want, rel=1e-6)
+    assert fwd(logits=logits.log().view(1, 1, 3), ref_logits=ref, topk=3).item() == pytest.approx(
+        want + 0.2 * math.log(0.4), rel=1e-6)
+    assert fwd(logits=ref.clone(), ref_logits=ref, topk=2).item() == 0.0
+    # policy [0.6, 0.39, 0.01]: 0.5·ln(0.5/0.6) + 0.3·ln(0.3/0.39) < 0 -> 0, no gradient
+    z = torch.tensor([0.6, 0.39, 0.01]).log().view(1, 1, 3).requires_grad_(True)
+    clamped = fwd(logits=z, ref_logits=ref, topk=2)
+    clamped.sum().backward()
+    assert clamped.item() == 0.0 and (z.grad == 0).all()
+    # gradient wrt the policy logits z: d/dz_j [-Σ_{v∈K} p_ref(v)·log softmax(z)_v]
+    #   = -p_ref(j)·[j∈K] + (Σ_{v∈K} p_ref(v))·π(j) = [-0.5 + 0.8·0.25, -0.3 + 0.8·0.25, 0.8·0.5]
+    z = torch.tensor([0.25, 0.25, 0.5]).log().view(1, 1, 3).requires_grad_(True)
+    fwd(logits=z, ref_logits=ref, topk=2).sum().backward()
+    assert z.grad.view(-1).tolist() == pytest.approx([-0.3, -0.1, 0.4], rel=1e-5)
+
+
+@pytest.mark.parametrize("k", [1, 3, 7, 50])
+def test_forward_topk_matches_verls_formula_in_loops(k: int, reg) -> None:
+    gen = torch.Generator().manual_seed(k)
+    logits = torch.randn(2, 3, 7, generator=gen, dtype=torch.float64) * 2
+    ref_logits = torch.randn(2, 3, 7, generator=gen, dtype=torch.float64) * 2
+    value = reg.get("kl_estimator", "forward_topk")(logits=logits, ref_logits=ref_logits, topk=k, chunk_size=4)
+    torch.testing.assert_close(value, _forward_topk_loops(logits, ref_logits, k))
+    if k >= 7:                                     # the whole vocabulary: the exact forward KL, never < 0
+        full_forward = reg.get("kl_estimator", "full")(logits=ref_logits, ref_logits=logits)
+        torch.testing.assert_close(value, full_forward)
+
+
+def test_forward_topk_invariants_edge_cases_and_params(reg) -> None:
+    component = reg.get("kl_estimator", "forward_topk")
+    assert component.needs == frozenset({"logits"})
+    check_component(component)
+    check_component(component, build_params(component, {"topk": 2, "chunk_size": 3}))
+    fwd = component
+    # a reference with -inf logits outside its support, K above the support: finite
+    ref = torch.tensor([[[0.0, -math.inf, -math.inf, 1.0]]])
+    value = fwd(logits=torch.zeros(1, 1, 4), ref_logits=ref, topk=4)
+    assert torch.isfinite(value).all()
+    p = torch.tensor([1.0, math.e]) / (1 + math.e)
+    assert value.item() == pytest.approx(float((p * (p.log() - math.log(0.25))).sum()), rel=1e-6)
+    assert fwd(logits=torch.zeros(0, 3, 4), ref_logits=torch.zeros(0, 3, 4)).shape == (0, 3)
+    assert build_params(component, {}).topk == 32
+    with pytest.raises(ConfigError, match="topk must be >= 1, got 0"):
+        build_params(component, {"topk": 0})
+
+
+def test_forward_topk_plans_like_full(reg) -> None:
+    from rlzoo.config import load_config
+
+    plan = load_config(reg, ["kl.coef=0.1", "kl.estimator={name: forward_topk, topk: 4}"]).plan
+    assert plan.kl.uses_logits and plan.kl.placement == "loss" and "ref_logits" in plan.passes
+    with pytest.raises(ConfigError):
+        load_config(reg, ["kl.coef=0.1", "kl.estimator=forward_topk", "kl.apply=reward"])

@@ -259,9 +259,9 @@ def test_gradient_checkpointing_gives_the_adapters_the_same_gradients(tmp_path: 
             batch = trainer.sampler.sample(trainer.ctx.prompts)
             trainer.learner.prepare(batch)
         trainer.models.policy.train()
-        trainer.learner._accumulate(trainer.models.policy_forward, batch,
-                                    lambda mb: trainer.models.policy_forward(
-                                        mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask)[0].sum())
+        forward = trainer.models.policy_forward
+        trainer.learner._accumulate(forward, batch, lambda mb, forward=forward: forward(
+            mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask)[0].sum())
         grads.append({k: p.grad.clone() for k, p in adapter_parameters(trainer.models.policy).items()})
         trainer.close()
     assert grads[0].keys() == grads[1].keys()

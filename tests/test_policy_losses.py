@@ -42,6 +42,7 @@ VARIANTS = {
     "luspo": {"clip_low": 0.05, "clip_high": 0.1},
     "vespo": {"k_pos": 1.0, "lam_pos": 2.0, "k_neg": 2.0, "lam_neg": 1.0},
     "dppo": {"divergence": "kl", "anchor": "old", "cap": 3.0},
+    "dro": {"beta": 0.3},
 }
 
 
@@ -164,7 +165,7 @@ def clip_cov_ref(logp, old, adv, mask, seed, lo=0.2, hi=0.2, ratio=2e-4, lb=1.0,
     return loss, chosen, candidates
 
 
-def kl_cov_ref(logp, old, adv, mask, ratio=2e-4, coef=1.0):
+def kl_cov_ref(logp, old, adv, mask, ratio=2e-4, coef=0.1):
     pos = valid_positions(mask)
     cov = covariances(logp, adv, mask)
     k = max(int(ratio * len(pos)), 1)
@@ -215,6 +216,7 @@ def token_refs(name: str, params: dict):
         "sapo": lambda lp, o, a: sapo_ref(lp, o, a, params.get("tau_pos", 1.0), params.get("tau_neg", 1.05)),
         "dppo": lambda lp, o, a: dppo_ref(lp, o, a, params.get("divergence", "tv"), params.get("delta_low"),
                                           params.get("delta_high"), params.get("cap", 10.0)),
+        "dro": lambda lp, o, a: -(a * lp - 0.5 * params.get("beta", 0.05) * (lp - o) ** 2),
     }[name]
 
 
@@ -443,6 +445,87 @@ def test_geo_mean_gradient_flows_through_unclipped_tokens_only() -> None:
     assert logp.grad[0].tolist() == pytest.approx([-math.exp(0.3) / 2, 0.0], rel=1e-6)
 
 
+def test_geo_mean_folds_correction_weights_in_as_a_geometric_mean() -> None:
+    # A = 1, old = 0, r = [0.2, 0.1, -0.3] (no clip), weights w = [0.5, 2.0, 1.0]:
+    # ratio = e^{(0.2 + 0.1 - 0.3)/3} = 1; geometric mean of w = (0.5·2·1)^(1/3) = 1 -> L = -1
+    # (the arithmetic mean, 7/6, is what multiplying each token's copy by its weight gave)
+    logp = torch.tensor([[0.2, 0.1, -0.3]], dtype=torch.float64)
+    weights = torch.tensor([[0.5, 2.0, 1.0]], dtype=torch.float64)
+    loss, _ = call("geo_mean", logp, torch.zeros_like(logp), torch.ones_like(logp), correction_weights=weights)
+    assert loss[0].tolist() == pytest.approx([-1.0] * 3, rel=1e-12)
+    # w = [0.5, 0.5, 4]: geometric mean 1 as well; w = [2, 2, 2]: 2 -> L = -2
+    loss, _ = call("geo_mean", logp, torch.zeros_like(logp), torch.ones_like(logp),
+                   correction_weights=torch.full_like(logp, 2.0))
+    assert loss[0].tolist() == pytest.approx([-2.0] * 3, rel=1e-12)
+
+
+def test_geo_mean_weight_zero_token_gets_no_gradient() -> None:
+    """The issue-23 bug: a token icepop drops (weight 0) must get no gradient through the
+    sequence ratio, and the kept tokens carry the geometric mean of their own weights."""
+    # A = 1, old = 0, r = [0.2, 0.1, -0.3], w = [0.5, 0, 2]: kept tokens 0 and 2;
+    # ratio = e^{(0.2 - 0.3)/2} = e^-0.05; weight = sqrt(0.5·2) = 1 -> L = -e^-0.05;
+    # dL/dr_0 = dL/dr_2 = -e^-0.05 / 2, dL/dr_1 = 0
+    logp = torch.tensor([[0.2, 0.1, -0.3]], dtype=torch.float64, requires_grad=True)
+    weights = torch.tensor([[0.5, 0.0, 2.0]], dtype=torch.float64)
+    loss, _ = call("geo_mean", logp, torch.zeros(1, 3, dtype=torch.float64), torch.ones(1, 3, dtype=torch.float64),
+                   correction_weights=weights)
+    assert loss[0].tolist() == pytest.approx([-math.exp(-0.05)] * 3, rel=1e-12)
+    agg = REG.get("loss_agg", "seq-mean-token-mean")
+    agg(loss, torch.ones(1, 3)).backward()
+    assert logp.grad[0, 1].item() == 0.0
+    assert logp.grad[0].tolist() == pytest.approx([-math.exp(-0.05) / 2, 0.0, -math.exp(-0.05) / 2], rel=1e-12)
+    # every token dropped: the sequence's loss and gradient are 0; it still counts in B'
+    logp.grad = None
+    loss, _ = call("geo_mean", logp, torch.zeros(1, 3, dtype=torch.float64), torch.ones(1, 3, dtype=torch.float64),
+                   correction_weights=torch.zeros(1, 3, dtype=torch.float64))
+    assert (loss == 0).all()
+    agg(loss, torch.ones(1, 3)).backward()
+    assert (logp.grad == 0).all()
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_geo_mean_with_weights_matches_per_sequence_formula(seed: int) -> None:
+    logp, old, adv, mask = random_inputs(seed)
+    adv = adv[:, :1].expand_as(adv).contiguous()
+    gen = torch.Generator().manual_seed(50 + seed)
+    weights = torch.rand(logp.shape, generator=gen, dtype=logp.dtype) * 2
+    weights[weights < 0.4] = 0.0                                   # some tokens dropped
+    loss, _ = call("geo_mean", logp, old, adv, mask, correction_weights=weights)
+    kept = mask * (weights > 0)
+    want = geo_ref(logp, old, adv, kept)
+    expected = {}
+    for i in range(logp.shape[0]):
+        ts = [t for t in range(logp.shape[1]) if kept[i, t]]
+        g = math.exp(sum(math.log(weights[i, t].item()) for t in ts) / len(ts)) if ts else 0.0
+        for t in range(logp.shape[1]):
+            if mask[i, t]:
+                expected[i, t] = want[i, ts[0]] * g if ts else 0.0
+    assert_loss_matches(loss, expected, mask)
+    # weights of 1 change nothing, bit for bit
+    plain, _ = call("geo_mean", logp, old, adv, mask)
+    ones, _ = call("geo_mean", logp, old, adv, mask, correction_weights=mask.clone())
+    assert torch.equal(plain, ones)
+
+
+def test_dro_hand_computed_value_and_gradient() -> None:
+    # β = 0.5, old = [-1, -1], logp = [-0.5, -2], A = [1, -2]:
+    #   t0: -(1·-0.5 - 0.25·0.25) = 0.5625;  t1: -(-2·-2 - 0.25·1) = -3.75
+    #   dL/dlogp = -A + β·(logp - old) = [-1 + 0.25, 2 - 0.5] = [-0.75, 1.5]
+    logp = torch.tensor([[-0.5, -2.0, 3.0]], requires_grad=True)
+    old = torch.tensor([[-1.0, -1.0, 9.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    loss, metrics = call("dro", logp, old, torch.tensor([[1.0, -2.0, 7.0]]), mask, beta=0.5)
+    assert loss[0].tolist() == pytest.approx([0.5625, -3.75, 0.0], rel=1e-6)
+    assert metrics["penalty"].item() == pytest.approx((0.125 + 0.5) / 2, rel=1e-6)
+    assert metrics["clipfrac"].item() == 0
+    loss.sum().backward()
+    assert logp.grad[0].tolist() == pytest.approx([-0.75, 1.5, 0.0], rel=1e-6)
+    # on-policy (logp = old) it is REINFORCE: value -A·logp, gradient -A
+    lp = torch.tensor([[-0.5, -2.0]], requires_grad=True)
+    on, _ = call("dro", lp, lp.detach().clone(), torch.tensor([[1.0, -2.0]]))
+    assert torch.equal(on.detach(), torch.tensor([[0.5, -4.0]]))
+
+
 def test_sapo_hand_computed_gate_and_gradient() -> None:
     # ratios [1, 1, 2, 0.5]; A = [1, -1, 1, -1]; τ = [1, 1.05, 1, 1.05]
     #   t0: -1·4·σ(0) = -2                 t1: (4/1.05)·σ(0) = 1.904762
@@ -504,17 +587,17 @@ def test_clip_cov_never_cuts_ppo_clipped_tokens_and_is_seed_deterministic() -> N
 
 def test_kl_cov_hand_computed() -> None:
     # mean A = 0.5, mean logp = -0.75; cov = (A - 0.5)·(logp + 0.75) = [0.325, -0.825, 1.125, 1.575]
-    # k = max(int(0.25·4), 1) = 1 -> token 3 penalised: -2·e^0.3 + 1.0·|0.3|
+    # k = max(int(0.25·4), 1) = 1 -> token 3 penalised: -2·e^0.3 + 0.1·|0.3| (ppo_kl_coef 0.1, verl's)
     # with k = 2 (ratio 0.5) tokens 3 and 2: token 2 gets + |−3| = 3
     logp = torch.tensor([[-0.1, -0.2, -3.0, 0.3]], requires_grad=True)
     adv = torch.tensor([[1.0, -1.0, 0.0, 2.0]])
     base = [-a * math.exp(lp) for a, lp in zip([1.0, -1.0, 0.0, 2.0], [-0.1, -0.2, -3.0, 0.3])]
     loss, metrics = call("kl_cov", logp, torch.zeros(1, 4), adv, kl_cov_ratio=0.25)
-    assert loss[0].tolist() == pytest.approx(base[:3] + [base[3] + 0.3], rel=1e-6)
+    assert loss[0].tolist() == pytest.approx(base[:3] + [base[3] + 0.03], rel=1e-6)
     assert metrics["clipfrac"].item() == pytest.approx(0.25)
     loss.sum().backward()
-    # d/dlogp_3 of (-A·e^r + |r|) = -2·e^0.3 + 1
-    assert logp.grad[0, 3].item() == pytest.approx(-2 * math.exp(0.3) + 1, rel=1e-6)
+    # d/dlogp_3 of (-A·e^r + 0.1·|r|) = -2·e^0.3 + 0.1
+    assert logp.grad[0, 3].item() == pytest.approx(-2 * math.exp(0.3) + 0.1, rel=1e-6)
     loss2, _ = call("kl_cov", logp, torch.zeros(1, 4), adv, kl_cov_ratio=0.5, ppo_kl_coef=2.0)
     assert loss2[0].tolist() == pytest.approx(base[:2] + [base[2] + 6.0, base[3] + 0.6], rel=1e-6)
 
@@ -523,7 +606,7 @@ def test_kl_cov_hand_computed() -> None:
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-@pytest.mark.parametrize("name", ["ppo_clip", "dual_clip", "cispo", "vanilla_pg", "sapo", "dppo"])
+@pytest.mark.parametrize("name", ["ppo_clip", "dual_clip", "cispo", "vanilla_pg", "sapo", "dppo", "dro"])
 @pytest.mark.parametrize("variant", ["default", "variant"])
 def test_token_losses_match_per_element_formula(seed: int, name: str, variant: str) -> None:
     logp, old, adv, mask = random_inputs(seed)
@@ -770,7 +853,8 @@ def test_documented_defaults() -> None:
     assert defaults["geo_mean"] == module.GeoMeanParams(0.4, 0.4)
     assert defaults["sapo"] == module.SAPOParams(1.0, 1.05)
     assert defaults["clip_cov"] == module.ClipCovParams(0.2, 0.2, 2e-4, 1.0, 5.0)
-    assert defaults["kl_cov"] == module.KLCovParams(2e-4, 1.0)
+    assert defaults["kl_cov"] == module.KLCovParams(2e-4, 0.1)          # verl's policy_loss.ppo_kl_coef
+    assert defaults["dro"] == module.DROParams(0.05)
     assert defaults["vanilla_pg"] is None
     assert defaults["luspo"] == module.LUSPOParams(2e-3, 2.5e-3)
     assert defaults["vespo"] == module.VESPOParams(2.0, 3.0, 3.0, 2.0)
@@ -796,6 +880,8 @@ def test_documented_defaults() -> None:
     ("clip_cov", {"clip_high": 0.0}, "clip_high must be > 0, got 0.0"),
     ("kl_cov", {"kl_cov_ratio": 1.5}, "kl_cov_ratio must be in (0, 1], got 1.5"),
     ("kl_cov", {"ppo_kl_coef": -1.0}, "ppo_kl_coef must be >= 0, got -1.0"),
+    ("dro", {"beta": 0.0}, "beta must be > 0, got 0.0"),
+    ("dro", {"beta": -0.1}, "beta must be > 0, got -0.1"),
     ("vespo", {"lam_pos": 0.0}, "lam_pos must be > 0, got 0.0"),
     ("vespo", {"k_neg": -1.0}, "k_neg must be >= 0, got -1.0"),
     ("dppo", {"divergence": "js"}, "divergence must be one of tv, kl, got 'js'"),
