@@ -34,7 +34,7 @@ from rlzoo.plan import build_plan
 from rlzoo.presets import load_preset
 from rlzoo.registry import Component, Registry
 from rlzoo.resolved import ResolvedConfig
-from rlzoo.schema import RENAMED_KEYS, RunConfig, check_values, schema_keys, type_message
+from rlzoo.schema import FLOAT32_MAX, RENAMED_KEYS, RunConfig, check_values, schema_keys, type_message
 
 __all__ = ["PRESET_REFUSED_KEYS", "ResolvedConfig", "build_params", "default_config_path", "load_config",
            "parse_overrides", "plugin_modules", "read_layers"]
@@ -52,16 +52,81 @@ def default_config_path() -> Path:
     return Path(str(resources.files("rlzoo_configs").joinpath("default.yaml")))
 
 
+YAML_MAX_NODES = 100_000
+"""The most YAML nodes a config file may expand to, aliases counted at every use (``default.yaml``
+has a few hundred; nested anchors of 400 bytes expand to billions, which would hang the merge)."""
+
+
+class _YamlRefused(Exception):
+    """A YAML file that parses but that a config may not be (a key set twice, too many nodes)."""
+
+
+class _ConfigLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a key set twice in one mapping and an alias expansion
+    beyond :data:`YAML_MAX_NODES` nodes."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if isinstance(key_node, yaml.ScalarNode) and key_node.tag != "tag:yaml.org,2002:merge":
+                key = self.construct_object(key_node)
+                line = key_node.start_mark.line + 1
+                if key in seen:
+                    raise _YamlRefused(f"sets key {key!r} twice (lines {seen[key]} and {line}); "
+                                       "the second would silently win: keep one")
+                seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+    def get_single_node(self) -> Any:
+        node = super().get_single_node()
+        if node is not None:
+            _expanded_size(node, {}, set())
+        return node
+
+
+def _expanded_size(node: yaml.Node, sizes: dict[int, int], open_nodes: set[int]) -> int:
+    """Nodes under ``node`` with every alias expanded (memoised per node, so the walk is linear).
+
+    :raises _YamlRefused: beyond :data:`YAML_MAX_NODES`, or an alias that contains itself.
+    """
+    if id(node) in sizes:
+        return sizes[id(node)]
+    if id(node) in open_nodes:
+        raise _YamlRefused("holds an anchor that contains its own alias (a recursive structure)")
+    open_nodes.add(id(node))
+    children: list[yaml.Node] = []
+    if isinstance(node, yaml.SequenceNode):
+        children = list(node.value)
+    elif isinstance(node, yaml.MappingNode):
+        children = [n for pair in node.value for n in pair]
+    size = 1 + sum(_expanded_size(child, sizes, open_nodes) for child in children)
+    open_nodes.discard(id(node))
+    if size > YAML_MAX_NODES:
+        raise _YamlRefused(f"expands to more than {YAML_MAX_NODES:,} nodes through its anchors and aliases "
+                           f"(line {node.start_mark.line + 1}); a config file is a few hundred")
+    sizes[id(node)] = size
+    return size
+
+
 def read_yaml(path: str | Path, what: str) -> dict[str, Any]:
     """A YAML file of config keys as a dict (``{}`` for an empty file).
 
-    :raises ConfigError: a missing file, invalid YAML, or something other than a mapping (``what`` names it).
+    :raises ConfigError: a missing or non-UTF-8 file, invalid YAML, a key set twice in one mapping,
+        aliases that expand beyond :data:`YAML_MAX_NODES` nodes, or something other than a mapping
+        (``what`` names it).
     """
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{what} {str(path)!r} does not exist or is not a file")
     try:
-        data = yaml.safe_load(path.read_text())
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{what} {str(path)!r} is not a UTF-8 text file (byte {exc.start} is "
+                          f"0x{exc.object[exc.start]:02x}): pass a YAML file of config keys") from exc
+    try:
+        data = yaml.load(text, Loader=_ConfigLoader)  # noqa: S506 (a SafeLoader)
+    except _YamlRefused as exc:
+        raise ConfigError(f"{what} {str(path)!r} {exc}") from exc
     except yaml.YAMLError as exc:
         raise ConfigError(f"{what} {str(path)!r} is not valid YAML: {exc}") from exc
     if data is None:
@@ -78,7 +143,8 @@ def parse_overrides(overrides: list[str]) -> dict[str, Any]:
     bad = [item for item in overrides if "=" not in item or item.startswith("=")]
     if bad:
         raise ConfigError(
-            f"override {bad[0]!r} is not of the form key=value (e.g. trainer.lr=1e-3)"
+            f"override {bad[0]!r} is not of the form key=value (e.g. trainer.lr=1e-3); the shell splits a "
+            "value at spaces, so quote one with braces or spaces: 'policy_loss={name: dual_clip, clip_ratio_c: 3.0}'"
         )
     result: dict[str, Any] = {}
     for item in overrides:
@@ -389,10 +455,15 @@ def _resolve_rewards(registry: Registry, items: list[Any]) -> list[tuple[Compone
         if spec is None:
             raise ConfigError(f"reward[{i}] is null; every item names a reward function")
         weight = spec.pop("weight", 1.0)
-        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
-            raise ConfigError(f"reward[{i}].weight must be a finite number, got {weight!r}")
+        if (isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight)
+                or abs(weight) > FLOAT32_MAX):
+            raise ConfigError(f"reward[{i}].weight must be a finite number within float32's range "
+                              f"(|x| <= 3.4e38), got {weight!r}")
         component, instance, _ = resolve_component(registry, "reward", f"reward[{i}]", spec)
         out.append((component, instance, float(weight)))
+    if all(w == 0 for _, _, w in out):
+        raise ConfigError(f"every reward weight is 0 (reward={[c.name for c, _, _ in out]}): the run would train on "
+                          "a constant reward of 0; give at least one function a non-zero weight")
     names = [c.name for c, _, _ in out]
     taken = sorted(set(names) & {"mean", "std", "max", "shaped_mean"})
     if taken:
