@@ -287,3 +287,24 @@ def test_max_grad_norm_null_turns_clipping_off(capsys) -> None:
     code, out, err = run_cli(capsys, "config", "trainer.max_grad_norm=null")
     assert code == 0, err
     assert yaml.safe_load(out)["trainer"]["max_grad_norm"] is None
+
+
+def test_a_refused_resume_imports_none_of_the_runs_plugins(capsys, tmp_path: Path, plugin_module) -> None:
+    marker = tmp_path / "imported"
+    name = plugin_module(f"from pathlib import Path\nPath({str(marker)!r}).write_text('ran')\n")
+    code, out, err = run_cli(capsys, "config")
+    saved = {**yaml.safe_load(out), "plugins": [name]}
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(saved))
+    (run_dir / "plan.txt").write_text("plan\n")
+    for change, fragment in [("trainer.lr=0.5", "trainer.lr (0.0005 -> 0.5)"),
+                             ("policy_loss=vanilla_pg", "policy_loss ("),
+                             ("plugins=[]", "plugins (")]:
+        code, out, err = run_cli(capsys, "config", f"resume={run_dir}", change)
+        assert_usage_error(code, out, err, "cannot change", fragment, "nothing was imported")
+        assert not marker.exists()
+    code, out, err = run_cli(capsys, "config", f"resume={run_dir}", "trainer.lr=5e-4", "trainer.total_steps=7",
+                             f"policy_loss={saved['policy_loss']['name']}")
+    assert code == 0, err
+    assert marker.read_text() == "ran"   # accepted: the run's plugins load, as documented
