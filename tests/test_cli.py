@@ -211,6 +211,10 @@ def test_plugin_that_fails_to_import_is_named_and_the_rest_still_listed(
     assert "broken-rlzoo-plugin:broken" in err and "broken_rlzoo_mod" in err and "boom at import" in err
     assert "Traceback" not in err
     assert "token-mean" in out and "grpo" in out
+    # a kind the broken plugin does not spoil is listed with exit 0, the plugin reported as a warning
+    code, out, err = run_cli(capsys, "list", "--kind", "loss_agg")
+    assert code == 0 and "token-mean" in out
+    assert "rlzoo: warning:" in err and "broken-rlzoo-plugin:broken" in err and "rlzoo: error" not in err
     # other commands still work, warning about the broken plugin
     code, out, err = run_cli(capsys, "config", "algo=grpo")
     assert code == 0 and "warning" in err and "broken-rlzoo-plugin:broken" in err

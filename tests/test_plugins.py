@@ -184,6 +184,19 @@ def test_a_plugin_failing_during_registration_is_named_and_the_rest_kept() -> No
     assert "sort_digits" in registry.names("task")
 
 
+@pytest.mark.parametrize("hook, fn, bad, valid", [
+    ("rlzoo_register_tasks", lambda regster: None, "'regster'", "its arguments are register"),
+    ("rlzoo_step_end", lambda step, metric, ctx: None, "'metric'", "its arguments are step, metrics, ctx"),
+])
+def test_a_wrong_hook_argument_name_names_the_plugin_and_the_valid_names(hook, fn, bad, valid) -> None:
+    pm = make_plugin_manager(load_entry_points=False)
+    with pytest.raises(PluginError) as info:
+        pm.register_plugin(module_plugin(**{hook: fn}), name="typo", package="typo-pkg")
+    message = str(info.value)
+    assert "\n" not in message and "plugin 'typo' (typo-pkg)" in message and f"{hook}() takes {bad}" in message
+    assert valid in message
+
+
 def test_rlzoo_plugins_env_var_restricts_loading(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RLZOO_PLUGINS", "aggregation")
     registry = build_registry(make_plugin_manager())
