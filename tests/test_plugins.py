@@ -56,6 +56,18 @@ def test_plugins_md_lists_every_kinds_inputs_as_hookspecs_does() -> None:
         assert _backticked(text) == list(hookspecs.INPUTS[kind]), kind
 
 
+def test_plugins_md_lists_the_required_metrics_of_every_kind_that_returns_metrics() -> None:
+    import re
+
+    from rlzoo.kinds import KINDS
+
+    lines = dict(re.findall(r"^Required metrics \(kind `(\w+)`\): (none|[^(]*?) \(", DOCS.read_text(), flags=re.M))
+    with_metrics = {k.name for k in KINDS.values() if k.output in ("loss_metrics", "weights_metrics")}
+    assert set(lines) == with_metrics
+    for kind, text in lines.items():
+        assert (_backticked(text) if text != "none" else []) == list(KINDS[kind].required_metrics), kind
+
+
 def test_plugins_md_lists_the_batch_and_context_fields() -> None:
     import dataclasses
     import re
