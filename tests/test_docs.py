@@ -171,3 +171,19 @@ def test_documented_command_parses_and_its_config_resolves(page: Path, index: in
         assert code == 0, f"{where}: `{command}` fails: {err}"
     else:
         assert code == 2 and error in err, f"{where}: `{command}` should print `{error}`; got {err}"
+
+
+REMEASURE = ("`rlzoo ", "python benchmarks/", "tests/test_", "commands above", "these two commands", "steps 1–",
+             "benchmarks/RESULTS.md")
+"""What a paragraph reporting a measurement names so it can be re-measured: a command, a
+benchmark script or test, the commands of the walk-through it follows, or the results page
+that names its script."""
+
+
+@pytest.mark.parametrize("page", _markdown_files(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_measurement_in_the_docs_names_the_command_that_remeasures_it(page: Path) -> None:
+    text = re.sub(r"^```.*?^```", "", page.read_text(), flags=re.S | re.M)
+    for paragraph in (" ".join(p.split()) for p in re.split(r"\n\s*\n", text)):
+        if re.search(r"\b[Mm]easured (on|with|\(|in|by|at)|\(Measured", paragraph) and not paragraph.startswith("#"):
+            assert any(mark in paragraph for mark in REMEASURE), (
+                f"{page.relative_to(ROOT)}: a measurement without the command that re-measures it:\n{paragraph}")
