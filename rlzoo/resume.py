@@ -91,9 +91,12 @@ def _same(old: Any, new: Any) -> bool:
     """``new`` (an override as YAML parsed it) could resolve to ``old`` (the saved value)."""
     if old == new or str(old) == str(new) or (isinstance(new, str) and "${" in new):
         return True
-    numbers = (int, float)
-    return (isinstance(old, numbers) and isinstance(new, numbers) and not isinstance(old, bool)
-            and not isinstance(new, bool) and float(old) == float(new))
+    if isinstance(old, bool) or isinstance(new, bool) or not isinstance(old, (int, float)):
+        return False
+    try:  # a number, or YAML 1.1's string for one (`lr: 2e-3`), which the schema converts
+        return float(new) == float(old)
+    except (TypeError, ValueError):
+        return False
 
 
 def check_before_plugins(resume: str, saved: dict[str, Any], overrides: list[str] | None,

@@ -312,3 +312,16 @@ def test_a_refused_resume_imports_none_of_the_runs_plugins(capsys, tmp_path: Pat
                              f"policy_loss={saved['policy_loss']['name']}")
     assert code == 0, err
     assert marker.read_text() == "ran"   # accepted: the run's plugins load, as documented
+
+
+def test_a_resume_repeating_the_runs_own_values_is_not_refused_before_plugins(tmp_path: Path) -> None:
+    from rlzoo.resume import check_before_plugins
+
+    saved = {"trainer": {"lr": 0.002, "total_steps": 5}, "policy_loss": {"name": "ppo_clip", "clip_high": 0.2},
+             "run_name": "123", "reward": [{"name": "a", "weight": 1.0}]}
+    config = tmp_path / "run.yaml"
+    config.write_text("trainer:\n  lr: 2e-3\n")          # YAML 1.1 reads 2e-3 as a string; the schema converts it
+    check_before_plugins("r", saved, ["policy_loss=ppo_clip", "policy_loss.clip_high=0.2", "run_name=123",
+                                      "reward=[a]", "trainer.total_steps=9"], config)
+    with pytest.raises(Exception, match=r"trainer.lr \(0.002 -> 0.003\)"):
+        check_before_plugins("r", saved, ["trainer.lr=0.003"], None)
