@@ -38,7 +38,7 @@ def build_params(component: Component, given: dict[str, Any], where: str | None 
                 f"unknown parameter {key!r} for {label}; parameters: "
                 f"{', '.join(names) or '(none)'}.{hint}"
             )
-    check_numbers(given, f"parameter for {label}:")
+    check_numbers(given, f"parameter for {label}:", sep="=")
     try:
         node = OmegaConf.merge(OmegaConf.structured(component.params), given)
         return OmegaConf.to_object(node)

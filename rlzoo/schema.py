@@ -213,19 +213,20 @@ def huge_ints(data: Any, prefix: str = "") -> list[tuple[str, int]]:
     return []
 
 
-def check_numbers(data: Any, label: str) -> None:
+def check_numbers(data: Any, label: str, sep: str = ": ") -> None:
     """Refuse a NaN, an infinity, a float beyond float32 or an integer beyond int64 in ``data``.
 
     :param label: how the message introduces the key (``"value for"``, ``"parameter for policy_loss 'x':"``).
+    :param sep: between the key and its value (``"="`` for a component parameter).
     :raises ConfigError: one line naming the key and the value.
     """
     bad = non_finite(data)
     if bad:
-        raise ConfigError(f"invalid {label} {bad[0][0]}: {bad[0][1]}; config values must be finite numbers within "
+        raise ConfigError(f"invalid {label} {bad[0][0]}{sep}{bad[0][1]}; config values must be finite numbers within "
                           "float32's range (|x| <= 3.4e38)")
     big = huge_ints(data)
     if big:
-        raise ConfigError(f"invalid {label} {big[0][0]}: {big[0][1]}; config integers must fit in int64 "
+        raise ConfigError(f"invalid {label} {big[0][0]}{sep}{big[0][1]}; config integers must fit in int64 "
                           f"(|n| <= {INT64_MAX})")
 
 
