@@ -120,7 +120,7 @@ def check_before_plugins(resume: str, saved: dict[str, Any], overrides: list[str
                 node = node.get(part) if isinstance(node, dict) else None
             old = node
             if isinstance(old, dict) and "name" in old and isinstance(new, str):
-                old = old["name"]  # a component chosen by name: compare the names
+                key, old = f"{key}.name", old["name"]  # a component chosen by name: compare the names
             component = key.split(".")[0] in {path.split(".")[0] for path in COMPONENT_FIELDS} or key == "extensions"
             if component and (isinstance(new, (list, dict)) or isinstance(old, (list, dict))):
                 continue

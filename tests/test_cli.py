@@ -303,7 +303,7 @@ def test_a_refused_resume_imports_none_of_the_runs_plugins(capsys, tmp_path: Pat
     (run_dir / "config.yaml").write_text(yaml.safe_dump(saved))
     (run_dir / "plan.txt").write_text("plan\n")
     for change, fragment in [("trainer.lr=0.5", "trainer.lr (0.0005 -> 0.5)"),
-                             ("policy_loss=vanilla_pg", "policy_loss ("),
+                             ("policy_loss=vanilla_pg", "policy_loss.name ('ppo_clip' -> 'vanilla_pg')"),
                              ("plugins=[]", "plugins (")]:
         code, out, err = run_cli(capsys, "config", f"resume={run_dir}", change)
         assert_usage_error(code, out, err, "cannot change", fragment, "nothing was imported")
