@@ -28,6 +28,7 @@ from omegaconf.errors import (
 )
 
 from rlzoo.errors import ConfigError, did_you_mean
+from rlzoo.yamlfile import read_yaml
 from rlzoo.kinds import COMPONENT_FIELDS, LIST_FIELDS
 from rlzoo.params import build_params, expand, resolve_component
 from rlzoo.plan import build_plan
@@ -50,92 +51,6 @@ presets (``plugins``), or name and place a run rather than describe an algorithm
 def default_config_path() -> Path:
     """Path of the shipped ``default.yaml``."""
     return Path(str(resources.files("rlzoo_configs").joinpath("default.yaml")))
-
-
-YAML_MAX_NODES = 100_000
-"""The most YAML nodes a config file may expand to, aliases counted at every use (``default.yaml``
-has a few hundred; nested anchors of 400 bytes expand to billions, which would hang the merge)."""
-
-
-class _YamlRefused(Exception):
-    """A YAML file that parses but that a config may not be (a key set twice, too many nodes)."""
-
-
-class _ConfigLoader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` that refuses a key set twice in one mapping and an alias expansion
-    beyond :data:`YAML_MAX_NODES` nodes."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: dict[Any, int] = {}
-        for key_node, _ in node.value:
-            if isinstance(key_node, yaml.ScalarNode) and key_node.tag != "tag:yaml.org,2002:merge":
-                key = self.construct_object(key_node)
-                line = key_node.start_mark.line + 1
-                if key in seen:
-                    raise _YamlRefused(f"sets key {key!r} twice (lines {seen[key]} and {line}); "
-                                       "the second would silently win: keep one")
-                seen[key] = line
-        return super().construct_mapping(node, deep=deep)
-
-    def get_single_node(self) -> Any:
-        node = super().get_single_node()
-        if node is not None:
-            _expanded_size(node, {}, set())
-        return node
-
-
-def _expanded_size(node: yaml.Node, sizes: dict[int, int], open_nodes: set[int]) -> int:
-    """Nodes under ``node`` with every alias expanded (memoised per node, so the walk is linear).
-
-    :raises _YamlRefused: beyond :data:`YAML_MAX_NODES`, or an alias that contains itself.
-    """
-    if id(node) in sizes:
-        return sizes[id(node)]
-    if id(node) in open_nodes:
-        raise _YamlRefused("holds an anchor that contains its own alias (a recursive structure)")
-    open_nodes.add(id(node))
-    children: list[yaml.Node] = []
-    if isinstance(node, yaml.SequenceNode):
-        children = list(node.value)
-    elif isinstance(node, yaml.MappingNode):
-        children = [n for pair in node.value for n in pair]
-    size = 1 + sum(_expanded_size(child, sizes, open_nodes) for child in children)
-    open_nodes.discard(id(node))
-    if size > YAML_MAX_NODES:
-        raise _YamlRefused(f"expands to more than {YAML_MAX_NODES:,} nodes through its anchors and aliases "
-                           f"(line {node.start_mark.line + 1}); a config file is a few hundred")
-    sizes[id(node)] = size
-    return size
-
-
-def read_yaml(path: str | Path, what: str) -> dict[str, Any]:
-    """A YAML file of config keys as a dict (``{}`` for an empty file).
-
-    :raises ConfigError: a missing or non-UTF-8 file, invalid YAML, a key set twice in one mapping,
-        aliases that expand beyond :data:`YAML_MAX_NODES` nodes, or something other than a mapping
-        (``what`` names it).
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"{what} {str(path)!r} does not exist or is not a file")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{what} {str(path)!r} is not a UTF-8 text file (byte {exc.start} is "
-                          f"0x{exc.object[exc.start]:02x}): pass a YAML file of config keys") from exc
-    try:
-        data = yaml.load(text, Loader=_ConfigLoader)  # noqa: S506 (a SafeLoader)
-    except _YamlRefused as exc:
-        raise ConfigError(f"{what} {str(path)!r} {exc}") from exc
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{what} {str(path)!r} is not valid YAML: {exc}") from exc
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError(
-            f"{what} {str(path)!r} must hold a mapping of config keys, got {type(data).__name__}"
-        )
-    return data
 
 
 def parse_overrides(overrides: list[str]) -> dict[str, Any]:
@@ -398,8 +313,15 @@ def load_config(
             raise ConfigError(f"'{required}' must name a component; got null")
     if not rewards and "reward" in components:
         rewards = [(components["reward"], params["reward"], 1.0)]
+    if "rollout_correction" in lists:
+        corrections = _resolve_corrections(registry, lists["rollout_correction"], sources)
+        OmegaConf.update(cfg, "rollout_correction", [expand(c, p) for c, p in corrections], force_add=True)
+    elif "rollout_correction" in components and components["rollout_correction"].name != "none":
+        corrections = [(components["rollout_correction"], params["rollout_correction"])]
+    else:
+        corrections = []
     resolved = ResolvedConfig(cfg=cfg, components=components, params=params, extensions=extensions,
-                              sources=sources, rewards=rewards, registry=registry)
+                              sources=sources, rewards=rewards, registry=registry, corrections=corrections)
     resolved.plan = build_plan(resolved)
     return resolved
 
@@ -439,6 +361,37 @@ def _resolve_interpolations(cfg: DictConfig) -> None:
         raise ConfigError(f"cannot resolve {exc.full_key or 'an interpolation'}: {message} (OmegaConf's "
                           "resolvers: oc.env, oc.select, oc.decode, oc.create, oc.dict.keys, oc.dict.values; "
                           "${a.b} refers to another key)") from exc
+
+
+def _resolve_corrections(registry: Registry, items: list[Any], sources: dict[str, str]) -> list[tuple[Component, Any]]:
+    """``rollout_correction=[a, {name: b, **params}, ...]`` as ``(component, params)`` in
+    order (``[]``: no correction); records each parameter's source as
+    ``rollout_correction[i].<key>`` (the list's layer, or the component's default).
+
+    :raises ConfigError: a bad item, ``none`` beside other corrections, or a correction
+        named twice (its metrics are logged under its name).
+    """
+    label = sources.get("rollout_correction", "?")
+    out: list[tuple[Component, Any]] = []
+    for i, raw in enumerate(items):
+        spec = _as_spec(raw, f"rollout_correction[{i}]")
+        if spec is None:
+            raise ConfigError(f"rollout_correction[{i}] is null; every item names a correction")
+        component, instance, expanded = resolve_component(registry, "rollout_correction",
+                                                          f"rollout_correction[{i}]", spec)
+        for key in expanded:
+            sources[f"rollout_correction[{i}].{key}"] = (label if key in spec
+                                                         else f"default of rollout_correction {component.name}")
+        out.append((component, instance))
+    names = [c.name for c, _ in out]
+    if "none" in names and len(names) > 1:
+        raise ConfigError(f"rollout_correction={names}: none is no correction; list only the corrections to apply "
+                          "(or write rollout_correction=none)")
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ConfigError(f"rollout_correction names {', '.join(twice)} more than once; each correction's metrics "
+                          f"are logged as rollout_correction/<name>/..., so list each once")
+    return [(c, p) for c, p in out if c.name != "none"]
 
 
 def _resolve_rewards(registry: Registry, items: list[Any]) -> list[tuple[Component, Any, float]]:

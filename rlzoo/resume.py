@@ -25,10 +25,11 @@ from rlzoo.kinds import COMPONENT_FIELDS
 from rlzoo.registry import Registry
 from rlzoo.resolved import ResolvedConfig
 from rlzoo.rundir import CONFIG_FILE, PLAN_FILE
+from rlzoo.schema import ADDED_KEYS
 
 RESUMABLE_KEYS = ("trainer.total_steps", "logging.", "checkpoint.every", "checkpoint.keep", "trainer.threads",
                   "trainer.micro_batch_size", "trainer.logprob_chunk_size", "trainer.logprob_keep_mb",
-                  "distributed.timeout_s")
+                  "distributed.timeout_s", "rm.steps", "rm.eval_every")
 """Config keys (a trailing dot: every key below it) that ``resume=`` may change: run
 length, logging, checkpointing, and knobs of speed and memory that leave the math as it
 is (micro-batching and chunking may change float rounding). Every other key keeps the
@@ -133,6 +134,20 @@ def check_before_plugins(resume: str, saved: dict[str, Any], overrides: list[str
                           "the run's plugins load only once a resume is accepted)")
 
 
+def with_added_keys(saved: dict[str, Any]) -> dict[str, Any]:
+    """``saved`` with every :data:`rlzoo.schema.ADDED_KEYS` key it lacks set to the value
+    the run ran with (a run saved before the key existed)."""
+    out = copy.deepcopy(saved)
+    for key, value in ADDED_KEYS.items():
+        node = out
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {}) if isinstance(node, dict) else node
+        if isinstance(node, dict) and leaf not in node:
+            node[leaf] = value
+    return out
+
+
 def plugin_modules(overrides: list[str] | None, config_file: str | Path | None) -> list[str]:
     """The plugin modules to import before the registry is built: those of the file and CLI
     layers, over the run's saved ``plugins`` with ``resume=``, which must first pass every
@@ -144,7 +159,7 @@ def plugin_modules(overrides: list[str] | None, config_file: str | Path | None) 
     base = None
     if resume:
         base = saved_config(resume)
-        check_before_plugins(resume, base, overrides, config_file)
+        check_before_plugins(resume, with_added_keys(base), overrides, config_file)
     return config.plugin_modules(overrides, config_file, base=base)
 
 
@@ -159,7 +174,7 @@ def load_run_config(registry: Registry, overrides: list[str] | None = None,
     resume = requested(overrides, config_file)
     if not resume:
         return config.load_config(registry, overrides, config_file)
-    saved = saved_config(resume)
+    saved = with_added_keys(saved_config(resume))
     base = {**copy.deepcopy(saved), "resume": resume}
     resolved = config.load_config(registry, overrides, config_file, base=base,
                                   base_label=f"run {Path(resume) / CONFIG_FILE}")
