@@ -21,17 +21,17 @@ from __future__ import annotations
 
 import copy
 import math
+import shutil
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 
 from rlzoo import recording
 from rlzoo.batch import RolloutBatch
-from rlzoo.config import load_config, parse_overrides, plugin_modules
+from rlzoo.config import load_config, parse_overrides, plugin_modules, read_yaml
 from rlzoo.errors import ConfigError, RlzooError
 from rlzoo.logprobs import response_forward
 from rlzoo.masked import masked_mean
@@ -113,19 +113,26 @@ def run_ab(run_dir: str | Path, a: list[str], b: list[str], out_dir: str | Path 
                 raise ConfigError(f"{item!r}: {key} shapes the batches, which rlzoo ab replays as recorded, so it "
                                   f"cannot act here ({', '.join(FROZEN)} are frozen); A and B may change the "
                                   "learner: advantage, policy_loss, loss_agg, kl, trainer, ...")
-    base = yaml.safe_load((run_dir / "config.yaml").read_text())
+    recording.check(run_dir, recorded)
+    base = read_yaml(run_dir / "config.yaml", f"{run_dir}: run config")
     out = Path(out_dir) if out_dir else run_dir.with_name(f"{run_dir.name}-ab-{datetime.now():%Y%m%d-%H%M%S}")
     if out.resolve() == run_dir.resolve() or run_dir.resolve() in out.resolve().parents:
         raise ConfigError(f"--out {out} is inside the recorded run {run_dir}; rlzoo ab only reads that run")
-    learners = {"a": _side(run_dir, base, a, out / "a")}
+    created = not out.exists()
     try:
-        learners["b"] = _side(run_dir, base, b, out / "b")
-        series = _replay(run_dir, recorded, learners, int(base.get("seed", 0)))
-    finally:
-        for learner in learners.values():
-            learner.close()
-    _write(out, recorded, series, labels={"a": " ".join(a) or "the recorded config",
-                                          "b": " ".join(b) or "the recorded config"})
+        learners = {"a": _side(run_dir, base, a, out / "a")}
+        try:
+            learners["b"] = _side(run_dir, base, b, out / "b")
+            series = _replay(run_dir, recorded, learners, int(base.get("seed", 0)))
+        finally:
+            for learner in learners.values():
+                learner.close()
+        _write(out, recorded, series, labels={"a": " ".join(a) or "the recorded config",
+                                              "b": " ".join(b) or "the recorded config"})
+    except BaseException:
+        if created:
+            shutil.rmtree(out, ignore_errors=True)  # a failed replay leaves no half-written --out
+        raise
     return ABResult(steps=recorded, series=series, out_dir=out)
 
 

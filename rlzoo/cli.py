@@ -13,7 +13,7 @@ import sys
 import textwrap
 from collections.abc import Sequence
 
-from rlzoo.errors import ConfigError, RlzooError
+from rlzoo.errors import ConfigError, DuplicateComponentError, RlzooError
 from rlzoo.hookspecs import KIND_TITLES, REGISTRATION_HOOKS
 
 EXIT_USAGE = 2
@@ -354,6 +354,10 @@ def _cmd_list(args: argparse.Namespace) -> int:
         for kind in kinds
         for c in registry.components(kind)
     ]
+    # a plugin that failed to load is an error of the whole listing; with --kind only a name
+    # collision in that kind is (the kind is listed, the broken plugin reported as a warning)
+    fatal = [e for e in registry.load_errors
+             if not args.kind or (isinstance(e, DuplicateComponentError) and e.kind == args.kind)]
     errors = [str(e) for e in registry.load_errors]
     if args.json:
         print(json.dumps({"components": entries, "errors": errors}, indent=2))
@@ -378,9 +382,12 @@ def _cmd_list(args: argparse.Namespace) -> int:
                 if row["listing"]:
                     print(textwrap.fill(row["listing"], 110, initial_indent=" " * 4, subsequent_indent=" " * 6))
             print()
-    for error in errors:
-        print(f"rlzoo: error: {error}", file=sys.stderr)
-    return EXIT_USAGE if errors else 0
+    for error in registry.load_errors:
+        if error in fatal:
+            print(f"rlzoo: error: {error}", file=sys.stderr)
+        else:
+            print(f"rlzoo: warning: {error} (any {args.kind} it holds is missing above)", file=sys.stderr)
+    return EXIT_USAGE if fatal else 0
 
 
 _COMMANDS = {"train": _cmd_train, "sft": _cmd_sft, "rm": _cmd_rm, "sweep": _cmd_sweep, "compare": _cmd_compare,

@@ -28,14 +28,15 @@ from omegaconf.errors import (
 )
 
 from rlzoo.errors import ConfigError, did_you_mean
+from rlzoo.yamlfile import read_yaml
 from rlzoo.kinds import COMPONENT_FIELDS, LIST_FIELDS
 from rlzoo.params import build_params, expand, resolve_component
 from rlzoo.plan import build_plan
 from rlzoo.presets import load_preset
 from rlzoo.registry import Component, Registry
 from rlzoo.resolved import ResolvedConfig
-from rlzoo.schema import (RENAMED_KEYS, TASK_KEYS, RunConfig, check_instruction, check_values, schema_keys,
-                          type_message)
+from rlzoo.schema import (FLOAT32_MAX, RENAMED_KEYS, TASK_KEYS, RunConfig, check_instruction, check_values,
+                          schema_keys, type_message)
 
 __all__ = ["PRESET_REFUSED_KEYS", "ResolvedConfig", "build_params", "default_config_path", "load_config",
            "parse_overrides", "plugin_modules", "read_layers"]
@@ -53,33 +54,13 @@ def default_config_path() -> Path:
     return Path(str(resources.files("rlzoo_configs").joinpath("default.yaml")))
 
 
-def read_yaml(path: str | Path, what: str) -> dict[str, Any]:
-    """A YAML file of config keys as a dict (``{}`` for an empty file).
-
-    :raises ConfigError: a missing file, invalid YAML, or something other than a mapping (``what`` names it).
-    """
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"{what} {str(path)!r} does not exist or is not a file")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{what} {str(path)!r} is not valid YAML: {exc}") from exc
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ConfigError(
-            f"{what} {str(path)!r} must hold a mapping of config keys, got {type(data).__name__}"
-        )
-    return data
-
-
 def parse_overrides(overrides: list[str]) -> dict[str, Any]:
     """Turn CLI ``key=value`` items into a nested dict (values parsed as YAML)."""
     bad = [item for item in overrides if "=" not in item or item.startswith("=")]
     if bad:
         raise ConfigError(
-            f"override {bad[0]!r} is not of the form key=value (e.g. trainer.lr=1e-3)"
+            f"override {bad[0]!r} is not of the form key=value (e.g. trainer.lr=1e-3); the shell splits a "
+            "value at spaces, so quote one with braces or spaces: 'policy_loss={name: dual_clip, clip_ratio_c: 3.0}'"
         )
     result: dict[str, Any] = {}
     for item in overrides:
@@ -434,10 +415,15 @@ def _resolve_rewards(registry: Registry, items: list[Any]) -> list[tuple[Compone
         if spec is None:
             raise ConfigError(f"reward[{i}] is null; every item names a reward function")
         weight = spec.pop("weight", 1.0)
-        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
-            raise ConfigError(f"reward[{i}].weight must be a finite number, got {weight!r}")
+        if (isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight)
+                or abs(weight) > FLOAT32_MAX):
+            raise ConfigError(f"reward[{i}].weight must be a finite number within float32's range "
+                              f"(|x| <= 3.4e38), got {weight!r}")
         component, instance, _ = resolve_component(registry, "reward", f"reward[{i}]", spec)
         out.append((component, instance, float(weight)))
+    if all(w == 0 for _, _, w in out):
+        raise ConfigError(f"every reward weight is 0 (reward={[c.name for c, _, _ in out]}): the run would train on "
+                          "a constant reward of 0; give at least one function a non-zero weight")
     names = [c.name for c, _, _ in out]
     taken = sorted(set(names) & {"mean", "std", "max", "shaped_mean"})
     if taken:

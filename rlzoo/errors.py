@@ -23,7 +23,14 @@ class PluginError(RlzooError):
 
 
 class DuplicateComponentError(PluginError):
-    """Two plugins registered the same name (or alias) for one kind."""
+    """Two plugins registered the same name (or alias) for one kind.
+
+    :ivar kind: that kind (``None`` when unknown).
+    """
+
+    def __init__(self, message: str, kind: str | None = None) -> None:
+        super().__init__(message)
+        self.kind = kind
 
 
 class TrainingError(RlzooError):

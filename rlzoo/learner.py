@@ -307,10 +307,11 @@ class Learner:
 
     def _clip_and_step(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, stage: str,
                        component: str) -> float:
-        """Clip the gradient norm to ``trainer.max_grad_norm``, refuse a non-finite one, step;
+        """Clip the gradient norm to ``trainer.max_grad_norm`` (``None``: no clipping), refuse a non-finite one, step;
         returns the norm before clipping."""
-        norm = distributed.local_value(torch.nn.utils.clip_grad_norm_(model.parameters(),
-                                                                      self.trainer_cfg.max_grad_norm))
+        max_norm = self.trainer_cfg.max_grad_norm
+        norm = distributed.local_value(torch.nn.utils.clip_grad_norm_(
+            model.parameters(), math.inf if max_norm is None else max_norm))  # null: measure, never clip
         check_finite(norm, stage, component)
         optimizer.step()
         return float(norm)

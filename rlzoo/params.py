@@ -15,7 +15,7 @@ from omegaconf.errors import OmegaConfBaseException, ValidationError
 
 from rlzoo.errors import ConfigError, did_you_mean
 from rlzoo.registry import Component, Registry
-from rlzoo.schema import non_finite, type_message
+from rlzoo.schema import check_numbers, type_message
 
 def build_params(component: Component, given: dict[str, Any], where: str | None = None) -> Any:
     """Validate ``given`` against the component's parameter dataclass and instantiate it.
@@ -38,10 +38,7 @@ def build_params(component: Component, given: dict[str, Any], where: str | None 
                 f"unknown parameter {key!r} for {label}; parameters: "
                 f"{', '.join(names) or '(none)'}.{hint}"
             )
-    bad = non_finite(given)
-    if bad:
-        raise ConfigError(f"invalid parameter for {label}: {bad[0][0]}={bad[0][1]}; parameters must be "
-                          "finite numbers within float32's range (|x| <= 3.4e38)")
+    check_numbers(given, f"parameter for {label}:", sep="=")
     try:
         node = OmegaConf.merge(OmegaConf.structured(component.params), given)
         return OmegaConf.to_object(node)

@@ -19,6 +19,7 @@ from typing import Any
 
 from rlzoo import distributed
 from rlzoo.errors import ConfigError
+from rlzoo.kinds import KINDS
 from rlzoo.resolved import ResolvedConfig
 
 
@@ -313,7 +314,14 @@ def _world(cfg: Any) -> int:
 
 
 def _names(components: list[Any], need: str) -> str:
-    return ", ".join(f"{c.kind} {c.name}" for c in components if need in c.needs)
+    """The components that need ``need``, each with the inputs its function names that imply it
+    (``advantage gae via its input values``): a plugin learns which argument built what."""
+    named = []
+    for c in components:
+        if need in c.needs:
+            carriers = [i for i in c.inputs if (spec := KINDS[c.kind].inputs.get(i)) is not None and spec.need == need]
+            named.append(f"{c.kind} {c.name}" + (f" via its input {', '.join(carriers)}" if carriers else ""))
+    return ", ".join(named)
 
 
 def build_plan(resolved: ResolvedConfig) -> RunPlan:

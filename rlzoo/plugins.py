@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 import importlib.metadata as md
 import importlib.util
+import inspect
 import os
 import re
 import sys
@@ -97,6 +98,13 @@ class PluginManager(pluggy.PluginManager):
             if self.parse_hookimpl_opts(plugin, attr) is None:
                 raise PluginError(f"plugin {name!r} ({package}) defines {attr!r} without @hookimpl, so "
                                   "pluggy would never call it: decorate it with `from rlzoo import hookimpl`")
+            spec = getattr(self.hook, attr).spec
+            wanted = _required_args(getattr(plugin, attr))
+            unknown = [arg for arg in wanted if spec is not None and arg not in spec.argnames]
+            if unknown:
+                raise PluginError(f"plugin {name!r} ({package}): {attr}() takes {', '.join(map(repr, unknown))}, which "
+                                  f"{attr} does not pass; its arguments are {', '.join(spec.argnames)} (a hook "
+                                  "implementation may take any of them, by these names)")
 
     def register_run_extensions(self, plugins: list[tuple[str, Any]]) -> None:
         """Register a run's extension objects so they run in list order (pluggy calls the
@@ -150,6 +158,16 @@ class PluginManager(pluggy.PluginManager):
                 continue
             module = _import_file(item) if _is_path(item) else _import_module(item)
             self.register_plugin(module, name=name, package=item)
+
+
+def _required_args(fn: Any) -> list[str]:
+    """The arguments without a default of a hook implementation (those pluggy passes by name)."""
+    try:
+        parameters = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return [p.name for p in parameters if p.kind in kinds and p.default is inspect.Parameter.empty]
 
 
 def _is_path(item: str) -> bool:

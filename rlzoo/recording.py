@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from rlzoo.batch import RolloutBatch
@@ -64,6 +65,25 @@ def recorded_steps(run_dir: Path) -> list[int]:
     return sorted(int(m.group(1)) for p in folder.iterdir() if (m := _STEP_FILE.match(p.name)))
 
 
+def check(run_dir: Path, steps: list[int]) -> None:
+    """Check that each step's recording is readable (its safetensors header covers the whole file,
+    its JSON parses) without loading the tensors: a truncated file or a pickle is refused before
+    anything is built.
+
+    :raises ConfigError: the first unreadable file, named, and what to do.
+    """
+    for step in steps:
+        stem = Path(run_dir) / ROLLOUT_DIR / f"step_{step:06d}"
+        try:
+            with safe_open(str(stem.with_suffix(".safetensors")), "pt"):
+                pass
+            json.loads(stem.with_suffix(".json").read_text())
+        except (OSError, ValueError, RuntimeError, SafetensorError) as exc:
+            raise ConfigError(f"cannot read the recorded rollout {stem}.safetensors / .json ({exc}): the recording "
+                              f"is truncated or not rlzoo's; replay fewer steps (--steps {step - 1}) or record "
+                              "the run again") from exc
+
+
 def load(run_dir: Path, step: int) -> RolloutBatch:
     """The batch recorded at ``step``.
 
@@ -73,7 +93,7 @@ def load(run_dir: Path, step: int) -> RolloutBatch:
     try:
         tensors = load_file(str(stem.with_suffix(".safetensors")))
         text = json.loads(stem.with_suffix(".json").read_text())
-    except (OSError, ValueError, RuntimeError) as exc:
+    except (OSError, ValueError, RuntimeError, SafetensorError) as exc:
         raise ConfigError(f"cannot read the recorded rollout {stem}.safetensors / .json: {exc}") from exc
     tensors["truncated"] = tensors["truncated"].bool()
     known = {f.name for f in fields(RolloutBatch)}

@@ -161,7 +161,7 @@ class Registry:
                         if installed else "")
                 raise DuplicateComponentError(
                     f"{kind} name {label!r} is registered twice: by plugin {owner.plugin!r} "
-                    f"({owner.package}) and by plugin {who!r} ({package or '?'}){hint}"
+                    f"({owner.package}) and by plugin {who!r} ({package or '?'}){hint}", kind=kind
                 )
         component = Component(
             kind=kind,

@@ -5,7 +5,9 @@ base layer (no ``default.yaml``, no preset): the run keeps the config it started
 and later layers may change only :data:`RESUMABLE_KEYS` (every other difference is refused,
 all of them listed). The plugins the run was started with are loaded again from its
 saved ``plugins`` list: **resuming someone else's run imports the plugin modules its
-config names**, as starting it did.
+config names, and so runs their code**, as starting it did. :func:`plugin_modules` first
+checks what it can without them (a run directory with a checkpoint, no change to a key a
+resume may not change, component choices apart), so a refused resume imports nothing.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from omegaconf import OmegaConf
 from rlzoo import config
 from rlzoo.checkpoint import latest_checkpoint
 from rlzoo.errors import ConfigError
+from rlzoo.kinds import COMPONENT_FIELDS
 from rlzoo.registry import Registry
 from rlzoo.resolved import ResolvedConfig
 from rlzoo.rundir import CONFIG_FILE, PLAN_FILE
@@ -85,6 +88,52 @@ def saved_config(resume: str) -> dict[str, Any]:
     return config.read_yaml(run_dir / CONFIG_FILE, f"resume={resume}: run config")
 
 
+def _same(old: Any, new: Any) -> bool:
+    """``new`` (an override as YAML parsed it) could resolve to ``old`` (the saved value)."""
+    if old == new or str(old) == str(new) or (isinstance(new, str) and "${" in new):
+        return True
+    if isinstance(old, bool) or isinstance(new, bool) or not isinstance(old, (int, float)):
+        return False
+    try:  # a number, or YAML 1.1's string for one (`lr: 2e-3`), which the schema converts
+        return float(new) == float(old)
+    except (TypeError, ValueError):
+        return False
+
+
+def check_before_plugins(resume: str, saved: dict[str, Any], overrides: list[str] | None,
+                         config_file: str | Path | None) -> None:
+    """Refuse, before any plugin module is imported, a resume that changes a key it may not.
+
+    Compares each key the file and CLI layers set with the saved value, as written (a
+    number as a number; a component choice given as a bare name against the saved
+    choice's name). Component choices given as lists or mappings, and interpolations, are
+    left to :func:`resume_changes`, which needs the registry (and so the plugins).
+
+    :raises ConfigError: every key that differs, as :func:`resume_changes` words it.
+    """
+    refused = []
+    for layer in config.read_layers(overrides, config_file):
+        for key, new in _flat(layer).items():
+            if key == "resume" or resumable(key):
+                continue
+            node: Any = saved
+            for part in key.split("."):
+                node = node.get(part) if isinstance(node, dict) else None
+            old = node
+            if isinstance(old, dict) and "name" in old and isinstance(new, str):
+                key, old = f"{key}.name", old["name"]  # a component chosen by name: compare the names
+            component = key.split(".")[0] in {path.split(".")[0] for path in COMPONENT_FIELDS} or key == "extensions"
+            if component and (isinstance(new, (list, dict)) or isinstance(old, (list, dict))):
+                continue
+            if not _same(old, new):
+                refused.append(f"{key} ({old!r} -> {new!r})")
+    if refused:
+        allowed = ", ".join(k + "*" if k.endswith(".") else k for k in RESUMABLE_KEYS)
+        raise ConfigError(f"resume={resume} cannot change {', '.join(refused)}: a resumed run keeps its config except "
+                          f"{allowed}; start a new run (another run_dir) to change the rest (nothing was imported: "
+                          "the run's plugins load only once a resume is accepted)")
+
+
 def with_added_keys(saved: dict[str, Any]) -> dict[str, Any]:
     """``saved`` with every :data:`rlzoo.schema.ADDED_KEYS` key it lacks set to the value
     the run ran with (a run saved before the key existed)."""
@@ -101,11 +150,16 @@ def with_added_keys(saved: dict[str, Any]) -> dict[str, Any]:
 
 def plugin_modules(overrides: list[str] | None, config_file: str | Path | None) -> list[str]:
     """The plugin modules to import before the registry is built: those of the file and CLI
-    layers, over the run's saved ``plugins`` with ``resume=``."""
+    layers, over the run's saved ``plugins`` with ``resume=``, which must first pass every
+    check that needs no plugin (:func:`saved_config`, :func:`check_before_plugins`).
+
+    :raises ConfigError: a resume refused before any plugin is imported.
+    """
     resume = requested(overrides, config_file)
     base = None
-    if resume and (Path(resume) / CONFIG_FILE).is_file():
-        base = config.read_yaml(Path(resume) / CONFIG_FILE, f"resume={resume}: run config")
+    if resume:
+        base = saved_config(resume)
+        check_before_plugins(resume, with_added_keys(base), overrides, config_file)
     return config.plugin_modules(overrides, config_file, base=base)
 
 

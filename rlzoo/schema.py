@@ -81,7 +81,7 @@ class TrainerConfig:
     update_epochs: int = MISSING
     num_mini_batches: int = MISSING
     micro_batch_size: int = MISSING
-    max_grad_norm: float = MISSING
+    max_grad_norm: Optional[float] = MISSING
     entropy_coef: float = MISSING
     logprob_chunk_size: int = MISSING
     logprob_keep_mb: float = MISSING
@@ -246,7 +246,7 @@ POSITIVE: tuple[str, ...] = (
 )
 NON_NEGATIVE: tuple[str, ...] = (
     "trainer.lr", "trainer.critic_lr", "trainer.weight_decay", "trainer.warmup_steps",
-    "trainer.max_grad_norm", "trainer.entropy_coef", "trainer.threads", "trainer.logprob_keep_mb", "kl.coef",
+    "trainer.entropy_coef", "trainer.threads", "trainer.logprob_keep_mb", "kl.coef",
     "logging.sample_every", "checkpoint.every", "rollout.staleness", "eval.every", "eval.size", "eval.n",
     "rm.eval_fraction", "rm.eval_every",
     "model.lora.rank",
@@ -255,6 +255,15 @@ NON_NEGATIVE: tuple[str, ...] = (
 
 FLOAT32_MAX = 3.4028234663852886e38
 """Config numbers meet float32 tensors (a learning rate beyond it fails inside the optimizer)."""
+
+INT64_MAX = 2**63 - 1
+"""Config integers meet int64 tensors and counters (Python's own ints have no bound)."""
+
+SEED_MAX = 2**32 - 1
+"""The largest seed: NumPy's ``np.random.seed`` takes ``0 <= seed < 2**32`` (torch takes more)."""
+
+RUN_NAME_REFUSED = ("/", "\\")
+"""Characters a ``run_name`` may not hold: it names one directory under ``runs/``."""
 
 
 def non_finite(data: Any, prefix: str = "") -> list[tuple[str, float]]:
@@ -267,16 +276,40 @@ def non_finite(data: Any, prefix: str = "") -> list[tuple[str, float]]:
         return [(prefix[:-1], data)]
     return []
 
+def huge_ints(data: Any, prefix: str = "") -> list[tuple[str, int]]:
+    """``(dotted key, value)`` of every integer beyond int64 in a nested container."""
+    if isinstance(data, dict):
+        return [hit for key, value in data.items() for hit in huge_ints(value, f"{prefix}{key}.")]
+    if isinstance(data, (list, tuple)):
+        return [hit for i, value in enumerate(data) for hit in huge_ints(value, f"{prefix[:-1]}[{i}].")]
+    if isinstance(data, int) and not isinstance(data, bool) and abs(data) > INT64_MAX:
+        return [(prefix[:-1], data)]
+    return []
+
+
+def check_numbers(data: Any, label: str, sep: str = ": ") -> None:
+    """Refuse a NaN, an infinity, a float beyond float32 or an integer beyond int64 in ``data``.
+
+    :param label: how the message introduces the key (``"value for"``, ``"parameter for policy_loss 'x':"``).
+    :param sep: between the key and its value (``"="`` for a component parameter).
+    :raises ConfigError: one line naming the key and the value.
+    """
+    bad = non_finite(data)
+    if bad:
+        raise ConfigError(f"invalid {label} {bad[0][0]}{sep}{bad[0][1]}; config values must be finite numbers within "
+                          "float32's range (|x| <= 3.4e38)")
+    big = huge_ints(data)
+    if big:
+        raise ConfigError(f"invalid {label} {big[0][0]}{sep}{big[0][1]}; config integers must fit in int64 "
+                          f"(|n| <= {INT64_MAX})")
+
+
 def check_values(cfg: DictConfig) -> None:
     """Check what the schema's types cannot: choices, ranges, finiteness, combinations.
 
     :raises ConfigError: one line naming the key, its value and what is allowed.
     """
-    bad = non_finite(OmegaConf.to_container(cfg))
-    if bad:
-        key, value = bad[0]
-        raise ConfigError(f"invalid value for {key}: {value}; config values must be finite numbers within "
-                          "float32's range (|x| <= 3.4e38)")
+    check_numbers(OmegaConf.to_container(cfg), "value for")
     if cfg.model.dtype == "float16":
         raise ConfigError(FLOAT16_TRAINING)
     if cfg.trainer.precision == "bf16" and cfg.model.dtype != "float32":
@@ -304,8 +337,20 @@ def check_values(cfg: DictConfig) -> None:
         raise ConfigError(f"invalid value for eval.holdout: {cfg.eval.holdout!r}; must be in [0, 1) (the share of "
                           "each task's prompts held out of training for evaluation)")
     _check_lora(cfg.model.lora)
-    if len(cfg.trainer.betas) != 2:
-        raise ConfigError(f"invalid value for trainer.betas: {list(cfg.trainer.betas)}; need 2 numbers")
+    if len(cfg.trainer.betas) != 2 or not all(0 <= b < 1 for b in cfg.trainer.betas):
+        raise ConfigError(f"invalid value for trainer.betas: {list(cfg.trainer.betas)}; need 2 numbers in [0, 1) "
+                          "(AdamW's decay rates of its moment estimates, e.g. trainer.betas=[0.9,0.999])")
+    if not 0 <= cfg.seed <= SEED_MAX:
+        raise ConfigError(f"invalid value for seed: {cfg.seed}; must be in [0, 2**32 - 1] = [0, {SEED_MAX}] "
+                          "(NumPy's seed range)")
+    if cfg.trainer.max_grad_norm is not None and cfg.trainer.max_grad_norm <= 0:
+        raise ConfigError(f"invalid value for trainer.max_grad_norm: {cfg.trainer.max_grad_norm!r}; must be > 0 "
+                          "(clipping to a norm of 0 zeroes every gradient: the run would learn nothing); "
+                          "trainer.max_grad_norm=null turns clipping off")
+    name = cfg.run_name
+    if name is not None and (any(c in name for c in RUN_NAME_REFUSED) or name in (".", "..")):
+        raise ConfigError(f"invalid value for run_name: {name!r}; a run name is one directory name under runs/ "
+                          "(no '/', '\\', '.' or '..'): to place a run elsewhere set run_dir=PATH")
 
 def _check_lora(lora: DictConfig) -> None:
     """The values of ``model.lora`` (checked whatever its rank: a config stays valid when the

@@ -74,7 +74,8 @@ def run_sft(resolved: ResolvedConfig, steps: int = 100,
         loss = -masked_mean(out.logp, response_mask)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.trainer.max_grad_norm)
+        if cfg.trainer.max_grad_norm is not None:  # null: no clipping
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.trainer.max_grad_norm)
         optimizer.step()
         if step == 1 or step % max(1, steps // 10) == 0 or step == steps:
             print(f"sft step {step}/{steps}: loss {float(loss.detach()):.4f}", flush=True)

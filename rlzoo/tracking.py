@@ -24,6 +24,8 @@ first, then policy, KL, lengths and time, one chart per tag with every run overl
 
 from __future__ import annotations
 
+import sys
+
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -251,14 +253,16 @@ def _cell(value: Any) -> str:
 
 
 class Progress:
-    """How a run shows its progress on rank 0: a tqdm bar (``logging.progress=true``), or
-    else a plain line every tenth of the run (what ``rlzoo sweep`` relays per run)."""
+    """How a run shows its progress on rank 0: a tqdm bar on stderr (``logging.progress=true``
+    and stderr a terminal), or else a plain line every tenth of the run (what ``rlzoo sweep``
+    relays per run, and what a log file gets: a bar redrawn with carriage returns would make
+    it one huge line)."""
 
     def __init__(self, cfg: DictConfig, start_step: int) -> None:
         self.total = int(cfg.trainer.total_steps)
         self.every = max(1, self.total // 10)
         self.bar = None
-        if cfg.logging.progress:
+        if cfg.logging.progress and sys.stderr.isatty():
             from tqdm import tqdm
 
             self.bar = tqdm(total=self.total, initial=start_step, desc="rlzoo train", dynamic_ncols=True)

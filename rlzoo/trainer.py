@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -22,7 +23,7 @@ import torch
 from rlzoo import distributed
 from rlzoo.batch import RolloutBatch
 from rlzoo.resolved import ResolvedConfig
-from rlzoo.checkpoint import STATE_FILE, check_optimizer_fits, first_non_finite
+from rlzoo.checkpoint import CHECKPOINT_DIR, STATE_FILE, check_optimizer_fits, checkpoint_name, first_non_finite
 from rlzoo.context import RunContext
 from rlzoo.errors import ConfigError, TrainingError
 from rlzoo.evaluation import Evaluator, eval_only
@@ -220,6 +221,8 @@ class Trainer:
             self.run_dir.record_resume(self.step, self.resolved.resume_changes, self.plan.render())
         tracker = None
         if main:
+            verb = f"resuming from step {self.step} in" if self.run_dir.resume_from is not None else "run directory"
+            print(f"rlzoo: {verb} {self.run_dir.path} (tensorboard --logdir {self.run_dir.path})", flush=True)
             tracker = Tracker(str(self.run_dir.path), purge_step=self.step + 1 if self.run_dir.resume_from else None)
             if self.run_dir.resume_from is None:
                 tracker.log_hparams(cfg, self.plan, experiment=not in_sweep(self.run_dir.path))
@@ -282,6 +285,7 @@ class Trainer:
                   f"`rlzoo train resume={self.run_dir.path}`", flush=True)
         elif main and status == "completed":
             print(summary_line(self.run_dir.path), flush=True)
+            print(next_steps(self.run_dir.path, self.step), flush=True)
         return metrics
 
     def close(self) -> None:
@@ -290,6 +294,13 @@ class Trainer:
             if self.pm.is_registered(plugin):
                 self.pm.unregister(plugin)
         self.run_dir.close()
+
+
+def next_steps(run_dir: Path, step: int) -> str:
+    """What a finished run prints last: where its checkpoints are and what to run next."""
+    return (f"rlzoo: checkpoints in {run_dir / CHECKPOINT_DIR} (the newest, {checkpoint_name(step)}/policy, is a model "
+            f"directory: model.path=); next: `rlzoo compare {run_dir}` (table and curves), or train on with "
+            f"`rlzoo train resume={run_dir} trainer.total_steps={2 * step}`")
 
 
 def train(resolved: ResolvedConfig, pm: PluginManager, overwrite: bool = False) -> dict[str, float]:

@@ -87,3 +87,20 @@ def _tiny_batch() -> RolloutBatch:
 def test_recording_is_a_single_process_feature(capsys) -> None:
     assert main(["config", "rollout.record=true", "launcher.nproc=2"]) == 2
     assert "rollout.record=true records one process's batches" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("damage", ["truncated", "pickle"])
+def test_ab_refuses_an_unreadable_recording_and_leaves_no_output(capsys, tmp_path: Path, damage: str) -> None:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "config.yaml").write_text("seed: 0\n")
+    path = recording.record(run_dir, 1, _tiny_batch())
+    if damage == "truncated":
+        path.write_bytes(path.read_bytes()[:-8])
+    else:
+        torch.save({"response_ids": torch.zeros(1)}, path)
+    out = tmp_path / "out"
+    assert main(["ab", str(run_dir), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "step_000001.safetensors" in err and "record the run again" in err
+    assert not out.exists()

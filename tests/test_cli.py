@@ -104,6 +104,18 @@ def test_preset_then_cli_component_replacement(capsys) -> None:
         ("policy_loss.clip_hihg=0.3", ["unknown parameter 'clip_hihg'", "ppo_clip",
                                        "Did you mean 'clip_high'?"]),
         ("notakey", ["notakey", "key=value"]),
+        ("dual_clip,", ["'dual_clip,'", "key=value", "quote", "'policy_loss={name: dual_clip"]),
+        ("trainer.betas=[1.5,0.99]", ["trainer.betas", "[1.5, 0.99]", "[0, 1)"]),
+        ("seed=-1", ["seed", "-1", "[0, 2**32 - 1]"]),
+        ("seed=99999999999999999999", ["seed", "99999999999999999999", "int64"]),
+        ("trainer.total_steps=99999999999999999999", ["trainer.total_steps", "int64"]),
+        ("policy_loss.clip_low=99999999999999999999", ["clip_low", "int64"]),
+        ("trainer.max_grad_norm=0", ["trainer.max_grad_norm", "> 0", "trainer.max_grad_norm=null"]),
+        ("run_name=../../x", ["run_name", "'../../x'", "run_dir=PATH"]),
+        ("run_name=..", ["run_name", "'..'"]),
+        ("reward=[{name: exact_match, weight: 1e39}]", ["reward[0].weight", "1e+39", "float32"]),
+        ("reward=[{name: exact_match, weight: 0}, {name: length_match, weight: 0.0}]",
+         ["every reward weight is 0", "exact_match", "non-zero"]),
         ("policy_loss={name:dual_clip}", ["unknown parameter 'name:dual_clip'", "space after the colon"]),
     ],
 )
@@ -129,11 +141,24 @@ def test_missing_config_file(capsys, tmp_path: Path) -> None:
     assert_usage_error(code, out, err, "nope.yaml", "does not exist")
 
 
-@pytest.mark.parametrize("text, fragment", [("trainer: [unclosed", "not valid YAML"),
-                                            ("- a\n- b\n", "must hold a mapping")])
-def test_malformed_config_file(capsys, tmp_path: Path, text: str, fragment: str) -> None:
+def _billion_laughs() -> str:
+    text = "a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n"
+    for prev, name in zip("abcdefgh", "bcdefghi"):
+        text += f"{name}: &{name} [{', '.join(['*' + prev] * 9)}]\n"
+    return text
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("trainer: [unclosed", "not valid YAML"),
+    ("- a\n- b\n", "must hold a mapping"),
+    (b"\xa6\x00\xff binary", "is not a UTF-8 text file"),
+    ("trainer:\n  lr: 0.001\n  total_steps: 5\n  lr: 0.002\n", "sets key 'lr' twice (lines 2 and 4)"),
+    (_billion_laughs(), "expands to more than 100,000 nodes"),
+    ("a: &a [*a]\n", "contains its own alias"),
+])
+def test_malformed_config_file(capsys, tmp_path: Path, text: str | bytes, fragment: str) -> None:
     path = tmp_path / "bad.yaml"
-    path.write_text(text)
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
     code, out, err = run_cli(capsys, "config", "--config", str(path))
     assert_usage_error(code, out, err, "bad.yaml", fragment)
 
@@ -186,6 +211,10 @@ def test_plugin_that_fails_to_import_is_named_and_the_rest_still_listed(
     assert "broken-rlzoo-plugin:broken" in err and "broken_rlzoo_mod" in err and "boom at import" in err
     assert "Traceback" not in err
     assert "token-mean" in out and "grpo" in out
+    # a kind the broken plugin does not spoil is listed with exit 0, the plugin reported as a warning
+    code, out, err = run_cli(capsys, "list", "--kind", "loss_agg")
+    assert code == 0 and "token-mean" in out
+    assert "rlzoo: warning:" in err and "broken-rlzoo-plugin:broken" in err and "rlzoo: error" not in err
     # other commands still work, warning about the broken plugin
     code, out, err = run_cli(capsys, "config", "algo=grpo")
     assert code == 0 and "warning" in err and "broken-rlzoo-plugin:broken" in err
@@ -256,3 +285,43 @@ def test_config_plan_prints_what_runs(capsys) -> None:
     assert "4 epoch(s) x 4 mini-batch(es) of 32 sequences = 16 optimizer step(s)" in out
     code, out, err = run_cli(capsys, "config", "--plan", "trainer.num_mini_batches=1", "kl.coef=0")
     assert "warning: one on-policy update per rollout" in out and "reference" not in out
+
+
+def test_max_grad_norm_null_turns_clipping_off(capsys) -> None:
+    code, out, err = run_cli(capsys, "config", "trainer.max_grad_norm=null")
+    assert code == 0, err
+    assert yaml.safe_load(out)["trainer"]["max_grad_norm"] is None
+
+
+def test_a_refused_resume_imports_none_of_the_runs_plugins(capsys, tmp_path: Path, plugin_module) -> None:
+    marker = tmp_path / "imported"
+    name = plugin_module(f"from pathlib import Path\nPath({str(marker)!r}).write_text('ran')\n")
+    code, out, err = run_cli(capsys, "config")
+    saved = {**yaml.safe_load(out), "plugins": [name]}
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(saved))
+    (run_dir / "plan.txt").write_text("plan\n")
+    for change, fragment in [("trainer.lr=0.5", "trainer.lr (0.0005 -> 0.5)"),
+                             ("policy_loss=vanilla_pg", "policy_loss.name ('ppo_clip' -> 'vanilla_pg')"),
+                             ("plugins=[]", "plugins (")]:
+        code, out, err = run_cli(capsys, "config", f"resume={run_dir}", change)
+        assert_usage_error(code, out, err, "cannot change", fragment, "nothing was imported")
+        assert not marker.exists()
+    code, out, err = run_cli(capsys, "config", f"resume={run_dir}", "trainer.lr=5e-4", "trainer.total_steps=7",
+                             f"policy_loss={saved['policy_loss']['name']}")
+    assert code == 0, err
+    assert marker.read_text() == "ran"   # accepted: the run's plugins load, as documented
+
+
+def test_a_resume_repeating_the_runs_own_values_is_not_refused_before_plugins(tmp_path: Path) -> None:
+    from rlzoo.resume import check_before_plugins
+
+    saved = {"trainer": {"lr": 0.002, "total_steps": 5}, "policy_loss": {"name": "ppo_clip", "clip_high": 0.2},
+             "run_name": "123", "reward": [{"name": "a", "weight": 1.0}]}
+    config = tmp_path / "run.yaml"
+    config.write_text("trainer:\n  lr: 2e-3\n")          # YAML 1.1 reads 2e-3 as a string; the schema converts it
+    check_before_plugins("r", saved, ["policy_loss=ppo_clip", "policy_loss.clip_high=0.2", "run_name=123",
+                                      "reward=[a]", "trainer.total_steps=9"], config)
+    with pytest.raises(Exception, match=r"trainer.lr \(0.002 -> 0.003\)"):
+        check_before_plugins("r", saved, ["trainer.lr=0.003"], None)

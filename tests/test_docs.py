@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -49,3 +50,143 @@ def test_relative_links_resolve(page: Path) -> None:
         assert resolved.exists(), f"{page.relative_to(ROOT)}: broken link {target}"
         if anchor and resolved.suffix == ".md":
             assert anchor in _anchors(resolved), f"{page.relative_to(ROOT)}: no heading for #{anchor} in {file}"
+
+
+# ------------------------------------------------------------- documented commands
+
+FENCE = re.compile(r"^```([^\n]*)\n(.*?)^```[ \t]*$", re.M | re.S)
+SHELL_ONLY = ("pip ", "tensorboard", "torchrun", "pytest", "git ", "curl", "wget", "cd ", "benchmarks/")
+"""A block holding one of these is not run as set-up (it installs, serves, benchmarks or leaves the directory)."""
+
+NOT_CHECKED: dict[str, str] = {
+    "rlzoo train advantage=opd teacher.path=runs/teacher/checkpoints/step_000300/policy kl.coef=0":
+        "needs the checkpoint the training above it writes (teacher.path is checked at load)",
+    "rlzoo train resume=runs/r trainer.lr=0.01 algo=ppo": "an error example; needs a run in runs/r",
+    "rlzoo compare runs/algos --threshold 0.5": "needs the sweep above it to have run",
+    "rlzoo ab runs/rec --a policy_loss=ppo_clip --b policy_loss=cispo --out runs/rec-ab":
+        "needs the recorded run above it",
+}
+"""Documented commands that need a run, a checkpoint or a package the test does not make, and why."""
+
+
+def _documented_commands(page: Path) -> list[tuple[str, str, str, str | None]]:
+    """``(set-up script, command, its line, the error it is documented to print)`` of
+    every ``rlzoo`` command in a fenced block of ``page``, in order. The set-up is the page's
+    shell blocks up to the command's, each with its ``rlzoo`` commands replaced by ``true``;
+    a block counts for nothing when it is not marked ``bash`` / ``sh``, is a transcript
+    (``$ command`` and its output) or installs, serves or leaves the directory. The error is
+    ``None`` when the command should succeed, ``"installs"`` when it needs what its block
+    installs."""
+    out = []
+    setups: list[str] = []
+    text = page.read_text()
+    for match in FENCE.finditer(text):
+        lang, body = match.group(1).split(" ")[0], match.group(2)
+        if lang not in ("", "bash", "sh", "console"):
+            continue
+        lines = re.sub(r"\\\n\s*", " ", body).splitlines()
+        setup = "\n".join("true" if line.startswith("rlzoo ") else line for line in lines)
+        transcript = any(line.startswith(("$ ", "rlzoo: ")) for line in lines)  # a command and its output
+        installs = "pip install" in setup
+        if lang not in ("bash", "sh") or transcript or any(word in setup for word in SHELL_ONLY):
+            setup = ""
+        setups.append(setup)
+        for i, line in enumerate(lines):
+            command = line.strip()
+            if command.startswith("$ "):
+                command = command[2:]
+            if not command.startswith("rlzoo "):
+                continue
+            after = lines[i + 1].strip() if i + 1 < len(lines) else ""
+            error = after.removeprefix("rlzoo: error: ").split("...")[0].strip() if after.startswith("rlzoo: error:") \
+                else None
+            if installs:
+                error = "installs"  # the command needs the package the block installs
+            out.append(("\n".join(x for x in setups if x), command, f"{page.relative_to(ROOT)}:{text[:match.start()].count(chr(10)) + 2 + i}",
+                        error))
+    return out
+
+
+def _all_commands() -> list[tuple[Path, int]]:
+    return [(page, i) for page in _markdown_files() for i in range(len(_documented_commands(page)))]
+
+
+def test_documented_commands_are_found() -> None:
+    commands = {c for page in _markdown_files() for _, c, _, _ in _documented_commands(page)}
+    assert len(commands) > 20
+    stale = [c for c in NOT_CHECKED if not any(c == shlex_join_comments(x) for x in commands)]
+    assert not stale, f"NOT_CHECKED names commands no longer in the docs: {stale}"
+
+
+def shlex_join_comments(command: str) -> str:
+    """``command`` without its trailing ``# comment`` and extra spaces."""
+    import shlex
+
+    return " ".join(shlex.quote(word) if " " in word else word for word in shlex.split(command, comments=True))
+
+
+@pytest.mark.parametrize("page, index", _all_commands(),
+                         ids=lambda v: str(v.relative_to(ROOT)) if isinstance(v, Path) else str(v))
+def test_documented_command_parses_and_its_config_resolves(page: Path, index: int, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    """Every ``rlzoo`` command of README.md and docs/ as printed: split as bash splits it, parsed
+    by the CLI, and its config resolved as `rlzoo train` would (`rlzoo config`, no training);
+    `rlzoo list` is run. Files the page makes in earlier blocks (data, plugin files) are made first
+    by running those blocks' other lines in a scratch directory."""
+    import shlex
+    import subprocess
+    import sys
+
+    from rlzoo.cli import _parser, main
+    from rlzoo.sweep import plan as sweep_plan
+    from rlzoo.sweep import validate
+
+    commands = _documented_commands(page)
+    setup, command, where, error = commands[index]
+    if shlex_join_comments(command) in NOT_CHECKED:
+        pytest.skip(NOT_CHECKED[shlex_join_comments(command)])
+    if error == "installs":
+        pytest.skip("needs the package its block installs (tests/test_plugins_tutorial.py installs the tutorial's)")
+    monkeypatch.chdir(tmp_path)
+    env_path = f"{Path(sys.executable).parent}:{os.environ['PATH']}"
+    if setup:
+        done = subprocess.run(["bash", "-e", "-c", setup], capture_output=True, text=True, timeout=120,
+                              env={**os.environ, "PATH": env_path})
+        assert done.returncode == 0, (where, done.stderr)
+    argv = shlex.split(command, comments=True)[1:]
+    args = _parser().parse_args(argv)
+    if args.command == "list":
+        code = main(argv)
+    elif args.command == "sweep":
+        from rlzoo.plugins import load_registry
+
+        registry = load_registry(args.overrides and [])[1]
+        validate(sweep_plan(tmp_path / "sweep", args.overrides), registry, args.config)
+        code = 0
+    else:
+        assert args.command in ("train", "sft", "rm", "config", "explain"), (where, command)
+        code = main(["config", *(["--config", args.config] if args.config else []), *args.overrides])
+    err = capsys.readouterr().err
+    made_earlier = re.search(r"'(runs/[^']+)'", err)
+    if code == 2 and error is None and made_earlier:
+        pytest.skip(f"needs {made_earlier.group(1)}, which an earlier documented command writes")
+    if error is None:
+        assert code == 0, f"{where}: `{command}` fails: {err}"
+    else:
+        assert code == 2 and error in err, f"{where}: `{command}` should print `{error}`; got {err}"
+
+
+REMEASURE = ("`rlzoo ", "python benchmarks/", "tests/test_", "commands above", "these two commands", "steps 1–",
+             "benchmarks/RESULTS.md")
+"""What a paragraph reporting a measurement names so it can be re-measured: a command, a
+benchmark script or test, the commands of the walk-through it follows, or the results page
+that names its script."""
+
+
+@pytest.mark.parametrize("page", _markdown_files(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_measurement_in_the_docs_names_the_command_that_remeasures_it(page: Path) -> None:
+    text = re.sub(r"^```.*?^```", "", page.read_text(), flags=re.S | re.M)
+    for paragraph in (" ".join(p.split()) for p in re.split(r"\n\s*\n", text)):
+        if re.search(r"\b[Mm]easured (on|with|\(|in|by|at)|\(Measured", paragraph) and not paragraph.startswith("#"):
+            assert any(mark in paragraph for mark in REMEASURE), (
+                f"{page.relative_to(ROOT)}: a measurement without the command that re-measures it:\n{paragraph}")

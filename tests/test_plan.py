@@ -75,6 +75,28 @@ def test_extension_needs_are_planned() -> None:
     assert "old_entropy" in plan.passes and "old_logp" in plan.passes
 
 
+def test_the_plan_names_the_input_that_pulled_a_critic_or_a_greedy_rollout_in() -> None:
+    # a plugin migrated from API 1 whose advantage names `values` / `baseline_scores`: rlzoo explain
+    # (and plan.txt) says which component, through which argument, made the run build what
+    from rlzoo.plugins import module_plugin
+
+    def migrated(token_rewards, values, baseline_scores, response_mask):
+        return token_rewards - values, token_rewards
+
+    def register(register):
+        register("migrated", migrated, description="an API 1 estimator")
+
+    plugin = module_plugin(rlzoo_register_advantage_estimators=register)
+    PM.register(plugin, name="migrated-plugin")
+    try:
+        registry = build_registry(PM)
+        plan = load_config(registry, ["advantage=migrated", "value_loss=clipped"]).plan
+    finally:
+        PM.unregister(plugin)
+    assert plan.models["critic"].endswith("(advantage migrated via its input values)")
+    assert plan.passes["greedy"].endswith("(advantage migrated via its input baseline_scores)")
+
+
 def test_the_plan_is_written_to_the_run_directory(tmp_path: Path) -> None:
     resolved = load_config(REGISTRY, [*TINY, "algo=ppo", f"run_dir={tmp_path / 'r'}", "trainer.total_steps=1"])
     Trainer(resolved, PM).run()

@@ -56,6 +56,18 @@ def test_plugins_md_lists_every_kinds_inputs_as_hookspecs_does() -> None:
         assert _backticked(text) == list(hookspecs.INPUTS[kind]), kind
 
 
+def test_plugins_md_lists_the_required_metrics_of_every_kind_that_returns_metrics() -> None:
+    import re
+
+    from rlzoo.kinds import KINDS
+
+    lines = dict(re.findall(r"^Required metrics \(kind `(\w+)`\): (none|[^(]*?) \(", DOCS.read_text(), flags=re.M))
+    with_metrics = {k.name for k in KINDS.values() if k.output in ("loss_metrics", "weights_metrics")}
+    assert set(lines) == with_metrics
+    for kind, text in lines.items():
+        assert (_backticked(text) if text != "none" else []) == list(KINDS[kind].required_metrics), kind
+
+
 def test_plugins_md_lists_the_batch_and_context_fields() -> None:
     import dataclasses
     import re
@@ -182,6 +194,19 @@ def test_a_plugin_failing_during_registration_is_named_and_the_rest_kept() -> No
     registry = build_registry(pm)
     assert any("faulty" in str(e) and "kaput" in str(e) for e in registry.load_errors)
     assert "sort_digits" in registry.names("task")
+
+
+@pytest.mark.parametrize("hook, fn, bad, valid", [
+    ("rlzoo_register_tasks", lambda regster: None, "'regster'", "its arguments are register"),
+    ("rlzoo_step_end", lambda step, metric, ctx: None, "'metric'", "its arguments are step, metrics, ctx"),
+])
+def test_a_wrong_hook_argument_name_names_the_plugin_and_the_valid_names(hook, fn, bad, valid) -> None:
+    pm = make_plugin_manager(load_entry_points=False)
+    with pytest.raises(PluginError) as info:
+        pm.register_plugin(module_plugin(**{hook: fn}), name="typo", package="typo-pkg")
+    message = str(info.value)
+    assert "\n" not in message and "plugin 'typo' (typo-pkg)" in message and f"{hook}() takes {bad}" in message
+    assert valid in message
 
 
 def test_rlzoo_plugins_env_var_restricts_loading(monkeypatch: pytest.MonkeyPatch) -> None:

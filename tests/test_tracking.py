@@ -3,6 +3,7 @@ the custom-scalars layout, sample tables, progress lines, the compare columns.""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -108,6 +109,21 @@ def test_progress_lines_when_there_is_no_bar(registry, capsys) -> None:
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 10 and lines[0] == "rlzoo: step 2/20 reward 0.500 step_s 0.10"
     assert lines[-1] == "rlzoo: step 20/20 reward 0.500 eval_acc 0.250 step_s 0.10"
+
+
+@pytest.mark.parametrize("tty", [False, True])
+def test_progress_bar_only_on_a_terminal(registry, capsys, monkeypatch, tty: bool) -> None:
+    # written to a file, a tqdm bar is one huge line of carriage returns: print plain lines instead
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: tty)
+    cfg = _resolve(registry, "logging.progress=true", "trainer.total_steps=20").cfg
+    progress = Progress(cfg, 0)
+    for step in range(1, 21):
+        progress.update(step, {"reward/mean": 0.5, "timing/step_s": 0.1})
+    progress.close()
+    out, err = capsys.readouterr()
+    assert (progress.bar is not None) == tty
+    assert len(out.splitlines()) == (0 if tty else 10)
+    assert ("\r" in err) == tty
 
 
 def test_best_is_never_below_final() -> None:

@@ -269,3 +269,16 @@ def test_chat_template_of_a_local_model_is_applied(capsys, tmp_path: Path) -> No
         assert Trainer(resolved, pm).sampler.format_prompt("123=") == expected
     code, err = train(capsys, tmp_path / "second", f"model.path={model_dir}", "trainer.total_steps=1")
     assert code == 0, err
+
+
+def test_a_run_says_where_it_writes_and_what_to_run_next(capsys, tmp_path: Path) -> None:
+    # also: trainer.max_grad_norm=null trains without clipping and still logs the norm
+    run_dir = tmp_path / "run"
+    assert main(["train", *TINY, f"run_dir={run_dir}", "trainer.total_steps=2", "trainer.max_grad_norm=null"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"rlzoo: run directory {run_dir} (tensorboard --logdir {run_dir})"
+    assert lines[-1].startswith(f"rlzoo: checkpoints in {run_dir / 'checkpoints'} (the newest, step_000002/policy")
+    assert f"`rlzoo compare {run_dir}`" in lines[-1] and f"`rlzoo train resume={run_dir} trainer.total_steps=4`" in lines[-1]
+    assert all(v > 0 for _, v in read_scalars(run_dir)["grad_norm"])
+    assert main(["train", f"resume={run_dir}", "trainer.total_steps=3"]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == f"rlzoo: resuming from step 2 in {run_dir} (tensorboard --logdir {run_dir})"
