@@ -1,0 +1,185 @@
+"""The load-time check of rlzoo's fast paths against a model's own forward.
+
+rlzoo computes log-probs its own way: the rollout samples in a KV-cache decode loop with a
+preallocated cache (:func:`rlzoo.rollout.generate`), the update projects the decoder's
+hidden states through a chunked head (:func:`rlzoo.logprobs.response_forward`) that applies
+the model's post-head transform itself (:mod:`rlzoo.head`). :func:`check_model` runs a probe
+batch (left-padded prompts of different lengths, groups of completions, a shorter
+response, and the same again with the output embedding scaled so logits are large)
+through both and compares every sampled token's log-prob with that of the model's own
+``forward(input_ids).logits`` on the sequence alone, unpadded, in float32.
+
+A path that differs by more than :data:`TOLERANCE` is left for a slower, correct one
+(training: the model's own logits; rollout: the model's own cache, then no cache), which
+is checked in turn, and :class:`CheckResult` says why in one warning. A model that no path
+computes correctly is refused. The check draws from its own seeded generator and restores
+torch's global RNG and the weights exactly, so a run's numbers are those it has without it.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+from transformers import PreTrainedModel
+
+from rlzoo.errors import ConfigError
+from rlzoo.head import CACHE_MODES, FastPaths, default_paths, set_fast_paths
+from rlzoo.logprobs import response_forward
+from rlzoo.rollout import generate, left_pad
+
+TOLERANCE = 1e-4
+"""Largest accepted ``|Δ log-prob|`` (nats, float32) between a fast path and the model's own
+forward."""
+
+LARGE_LOGIT = 60.0
+"""The probe is repeated with the output embedding scaled so the largest raw logit is about
+this (a small random model's logits are too small for a softcap at 30 to show)."""
+
+PROBE_PROMPTS = (7, 3)
+"""Token lengths of the probe's prompts (left-padded to the longest)."""
+
+PROBE_SAMPLES, PROBE_TOKENS, PROBE_SEED = 2, 6, 1234
+
+
+@dataclass
+class CheckResult:
+    """What :func:`check_model` measured and decided.
+
+    :ivar paths: the fast paths the model runs (recorded on it).
+    :ivar rollout_error: max ``|Δ log-prob|`` of the rollout's decode loop (nats).
+    :ivar training_error: max ``|Δ log-prob|`` of the training forward (nats).
+    :ivar warning: one line saying which fast path was left and why, or ``None``.
+    """
+
+    paths: FastPaths
+    rollout_error: float
+    training_error: float
+    warning: str | None = None
+
+    def summary(self) -> str:
+        """One line for the run's output."""
+        transform = self.paths.transform.describe() if self.paths.transform is not None else "none"
+        head = "the model's own logits" if self.paths.model_logits else f"chunked head (post-head transform: {transform})"
+        return (f"model check: log-probs vs the model's own forward, max |diff| rollout {self.rollout_error:.2g}, "
+                f"training {self.training_error:.2g} nats (tolerance {TOLERANCE:g}); training uses {head}, "
+                f"rollout cache {self.paths.cache}")
+
+
+def _probe(vocab: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded probe prompts ``(ids, mask)``, ``(len(PROBE_PROMPTS), P)``, of tokens
+    drawn from their own generator (the global RNG is not touched)."""
+    generator = torch.Generator().manual_seed(PROBE_SEED)
+    prompts = [torch.randint(0, vocab, (n,), generator=generator).tolist() for n in PROBE_PROMPTS]
+    ids, mask = left_pad(prompts, pad_id=0)
+    return ids.to(device), mask.to(device)
+
+
+def reference_logprobs(model: PreTrainedModel, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+                       response_ids: torch.Tensor, response_mask: torch.Tensor, temperature: float = 1.0
+                       ) -> torch.Tensor:
+    """Each response token's log-prob ``(B, T)`` under ``log_softmax(model(seq).logits /
+    temperature)`` of its sequence alone (prompt without padding + valid response tokens),
+    float32; 0 where ``response_mask`` is 0. The ground truth the fast paths are held to.
+
+    :param prompt_ids: ``(B, P)`` left-padded; ``prompt_mask`` ``(B, P)``.
+    :param response_ids: ``(B, T)`` right-padded; ``response_mask`` ``(B, T)``.
+    """
+    out = torch.zeros(response_ids.shape, dtype=torch.float32, device=response_ids.device)
+    with torch.no_grad():
+        for row in range(prompt_ids.shape[0]):
+            prompt = prompt_ids[row][prompt_mask[row] > 0]
+            length = int((response_mask[row] > 0).sum())
+            sequence = torch.cat([prompt, response_ids[row, :length]])[None]
+            logits = model(input_ids=sequence).logits[0].float() / temperature
+            log_probs = torch.log_softmax(logits[len(prompt) - 1: len(prompt) - 1 + length], dim=-1)
+            out[row, :length] = log_probs.gather(-1, response_ids[row, :length, None]).squeeze(-1)
+    return out
+
+
+def _errors(model: PreTrainedModel, paths: FastPaths, device: torch.device) -> tuple[float, float]:
+    """``(rollout, training)`` max ``|Δ log-prob|`` of ``paths`` on the probe batch."""
+    set_fast_paths(model, paths)
+    ids, mask = _probe(model.get_input_embeddings().num_embeddings, device)
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(PROBE_SEED)
+        gen = generate(model, ids, mask, max_new_tokens=PROBE_TOKENS, eos_id=-1, pad_id=0,
+                       num_samples=PROBE_SAMPLES)
+    response_ids, response_mask = gen.response_ids.clone(), gen.response_mask.clone()
+    response_mask[0, -2:] = 0                                    # one shorter, right-padded response
+    response_ids[0, -2:] = 0
+    prompt_ids, prompt_mask = ids.repeat_interleave(PROBE_SAMPLES, 0), mask.repeat_interleave(PROBE_SAMPLES, 0)
+    truth = reference_logprobs(model, prompt_ids, prompt_mask, gen.response_ids, gen.response_mask)
+    rollout = float((gen.logp - truth).abs().max())
+    truth = truth * response_mask
+    with torch.no_grad():
+        fast = response_forward(model, prompt_ids, prompt_mask, response_ids, response_mask).logp
+    return rollout, float((fast - truth).abs().max())
+
+
+def _measure(model: PreTrainedModel, paths: FastPaths, device: torch.device) -> tuple[float, float]:
+    """:func:`_errors` at the model's own weights and with the output embedding scaled so
+    its largest raw logit is about :data:`LARGE_LOGIT` (restored exactly afterwards)."""
+    rollout, training = _errors(model, paths, device)
+    head = model.get_output_embeddings()
+    ids, mask = _probe(model.get_input_embeddings().num_embeddings, device)
+    with torch.no_grad():
+        hidden = model.get_decoder()(input_ids=ids, attention_mask=mask).last_hidden_state
+        largest = float(torch.nn.functional.linear(hidden.float(), head.weight.float()).abs().max())
+    factor = LARGE_LOGIT / largest if largest > 0 else 1.0
+    if factor > 1.0:
+        saved = head.weight.detach().clone()
+        try:
+            with torch.no_grad():
+                head.weight.mul_(factor)
+            large = _errors(model, paths, device)
+        finally:
+            with torch.no_grad():
+                head.weight.copy_(saved)
+        rollout, training = max(rollout, large[0]), max(training, large[1])
+    return rollout, training
+
+
+def check_model(model: PreTrainedModel, device: torch.device) -> CheckResult:
+    """Check ``model``'s fast paths against its own forward (module docstring), record
+    the paths it runs on it (:func:`rlzoo.head.set_fast_paths`) and return what was found.
+
+    A model not in float32 is checked on a float32 copy (the paths are the same; the
+    tolerance is for float32 arithmetic).
+
+    :raises ConfigError: no path gives the model's own log-probs (e.g. a model whose
+        forward does not honour left padding), with the differences found.
+    """
+    probe = model if next(model.parameters()).dtype == torch.float32 else copy.deepcopy(model).float()
+    was_training = probe.training
+    probe.eval()
+    try:
+        paths = default_paths(probe)
+        rollout, training = _measure(probe, paths, device)
+        reasons = []
+        if training > TOLERANCE:
+            reasons.append(f"the chunked LM head differs from {type(model).__name__}'s own logits by "
+                           f"{training:.2g} nats (a transform of the logits after the head that rlzoo does not "
+                           "know), so the update reads the model's own logits (slower, more memory)")
+            paths = paths.with_fallback(reasons[-1], model_logits=True)
+            training = _measure(probe, paths, device)[1]
+        for cache in CACHE_MODES[1:]:
+            if rollout <= TOLERANCE:
+                break
+            reasons.append(f"the rollout with the {paths.cache} KV cache differs from the model's own forward by "
+                           f"{rollout:.2g} nats, so it runs with cache={cache} (slower)")
+            paths = paths.with_fallback(reasons[-1], cache=cache)
+            rollout = _measure(probe, paths, device)[0]
+        if training > TOLERANCE or rollout > TOLERANCE:
+            raise ConfigError(f"{type(model).__name__}: rlzoo cannot reproduce the model's own log-probs on a "
+                              f"left-padded batch (max |diff| rollout {rollout:.2g}, training {training:.2g} nats, "
+                              f"tolerance {TOLERANCE:g}) even through its own logits without a cache; this model "
+                              "cannot be trained correctly here")
+    finally:
+        probe.train(was_training)
+    set_fast_paths(model, paths)
+    warning = None
+    if reasons:
+        warning = f"{type(model).__name__}: {'; '.join(reasons)}"
+    return CheckResult(paths=paths, rollout_error=rollout, training_error=training, warning=warning)
