@@ -27,10 +27,11 @@ from typing import Any
 import torch
 
 CACHE_MODES = ("preallocated", "dynamic", "none")
-"""How the rollout's decode loop keeps keys and values (:func:`rlzoo.rollout.generate`):
-``preallocated`` (plain layers written in place into buffers allocated once), ``dynamic``
-(the model's own cache as it comes), ``none`` (no cache: every step re-runs the whole
-sequence; slowest, for a model whose cache the loop cannot use)."""
+"""How the rollout's decode loop keeps keys and values (:func:`rlzoo.rollout.generate`),
+fastest first: ``preallocated`` (each prompt prefilled once per group and its cache
+repeated; plain layers written in place into buffers allocated once), ``dynamic`` (the
+model's own cache as it comes, each prompt prefilled once per completion), ``none`` (no
+cache: every step re-runs the whole sequence; for a model whose cache the loop cannot use)."""
 
 PATHS_ATTRIBUTE = "rlzoo_fast_paths"
 """The attribute of a model that holds its checked :class:`FastPaths`."""

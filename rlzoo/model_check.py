@@ -19,6 +19,7 @@ torch's global RNG and the weights exactly, so a run's numbers are those it has 
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass
 
 import torch
@@ -67,13 +68,20 @@ class CheckResult:
                 f"rollout cache {self.paths.cache}")
 
 
-def _probe(vocab: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-padded probe prompts ``(ids, mask)``, ``(len(PROBE_PROMPTS), P)``, of tokens
-    drawn from their own generator (the global RNG is not touched)."""
+def _probe(vocab: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The probe batch, drawn from its own generator (the global RNG is not touched):
+    left-padded prompts ``(ids, mask)`` ``(len(PROBE_PROMPTS), P)`` and, for the training
+    path, responses of any tokens ``(ids, mask)`` ``(len(PROBE_PROMPTS) · PROBE_SAMPLES,
+    PROBE_TOKENS)`` (not only likely ones: at large logits a sampled token's log-prob is
+    about 0 under almost any transform), the first two tokens shorter (right padding)."""
     generator = torch.Generator().manual_seed(PROBE_SEED)
     prompts = [torch.randint(0, vocab, (n,), generator=generator).tolist() for n in PROBE_PROMPTS]
     ids, mask = left_pad(prompts, pad_id=0)
-    return ids.to(device), mask.to(device)
+    response_ids = torch.randint(0, vocab, (len(prompts) * PROBE_SAMPLES, PROBE_TOKENS), generator=generator)
+    response_mask = torch.ones(response_ids.shape)
+    response_mask[0, -2:] = 0
+    response_ids[0, -2:] = 0
+    return ids.to(device), mask.to(device), response_ids.to(device), response_mask.to(device)
 
 
 def reference_logprobs(model: PreTrainedModel, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
@@ -98,47 +106,51 @@ def reference_logprobs(model: PreTrainedModel, prompt_ids: torch.Tensor, prompt_
     return out
 
 
-def _errors(model: PreTrainedModel, paths: FastPaths, device: torch.device) -> tuple[float, float]:
-    """``(rollout, training)`` max ``|Δ log-prob|`` of ``paths`` on the probe batch."""
+ROLLOUT, TRAINING = "rollout", "training"
+
+
+def _error(model: PreTrainedModel, paths: FastPaths, device: torch.device, which: str) -> float:
+    """Max ``|Δ log-prob|`` of one path under ``paths`` on the probe batch: the rollout's
+    (:data:`ROLLOUT`) log-probs of the tokens it sampled, or the training forward's
+    (:data:`TRAINING`) of any tokens."""
     set_fast_paths(model, paths)
-    ids, mask = _probe(model.get_input_embeddings().num_embeddings, device)
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        torch.manual_seed(PROBE_SEED)
-        gen = generate(model, ids, mask, max_new_tokens=PROBE_TOKENS, eos_id=-1, pad_id=0,
-                       num_samples=PROBE_SAMPLES)
-    response_ids, response_mask = gen.response_ids.clone(), gen.response_mask.clone()
-    response_mask[0, -2:] = 0                                    # one shorter, right-padded response
-    response_ids[0, -2:] = 0
+    ids, mask, response_ids, response_mask = _probe(model.get_input_embeddings().num_embeddings, device)
     prompt_ids, prompt_mask = ids.repeat_interleave(PROBE_SAMPLES, 0), mask.repeat_interleave(PROBE_SAMPLES, 0)
-    truth = reference_logprobs(model, prompt_ids, prompt_mask, gen.response_ids, gen.response_mask)
-    rollout = float((gen.logp - truth).abs().max())
-    truth = truth * response_mask
-    with torch.no_grad():
-        fast = response_forward(model, prompt_ids, prompt_mask, response_ids, response_mask).logp
-    return rollout, float((fast - truth).abs().max())
+    if which == ROLLOUT:
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            torch.manual_seed(PROBE_SEED)
+            gen = generate(model, ids, mask, max_new_tokens=PROBE_TOKENS, eos_id=-1, pad_id=0,
+                           num_samples=PROBE_SAMPLES)
+        fast, response_ids, response_mask = gen.logp, gen.response_ids, gen.response_mask
+    else:
+        with torch.no_grad():
+            fast = response_forward(model, prompt_ids, prompt_mask, response_ids, response_mask).logp
+    truth = reference_logprobs(model, prompt_ids, prompt_mask, response_ids, response_mask)
+    return float((fast - truth).abs().max())
 
 
-def _measure(model: PreTrainedModel, paths: FastPaths, device: torch.device) -> tuple[float, float]:
-    """:func:`_errors` at the model's own weights and with the output embedding scaled so
-    its largest raw logit is about :data:`LARGE_LOGIT` (restored exactly afterwards)."""
-    rollout, training = _errors(model, paths, device)
+def _measure(model: PreTrainedModel, paths: FastPaths, device: torch.device, which: str) -> tuple[float, str]:
+    """:func:`_error` at the model's own weights and with the output embedding scaled so
+    its largest raw logit is about :data:`LARGE_LOGIT` (restored exactly afterwards), the
+    larger; ``inf`` and the exception's first line when the path raises."""
     head = model.get_output_embeddings()
-    ids, mask = _probe(model.get_input_embeddings().num_embeddings, device)
-    with torch.no_grad():
-        hidden = model.get_decoder()(input_ids=ids, attention_mask=mask).last_hidden_state
-        largest = float(torch.nn.functional.linear(hidden.float(), head.weight.float()).abs().max())
-    factor = LARGE_LOGIT / largest if largest > 0 else 1.0
-    if factor > 1.0:
-        saved = head.weight.detach().clone()
-        try:
-            with torch.no_grad():
-                head.weight.mul_(factor)
-            large = _errors(model, paths, device)
-        finally:
-            with torch.no_grad():
-                head.weight.copy_(saved)
-        rollout, training = max(rollout, large[0]), max(training, large[1])
-    return rollout, training
+    saved = head.weight.detach().clone()
+    try:
+        error = _error(model, paths, device, which)
+        ids, mask, _, _ = _probe(model.get_input_embeddings().num_embeddings, device)
+        with torch.no_grad():
+            hidden = model.get_decoder()(input_ids=ids, attention_mask=mask).last_hidden_state
+            largest = float(torch.nn.functional.linear(hidden.float(), head.weight.float()).abs().max())
+            if 0 < largest < LARGE_LOGIT:
+                head.weight.mul_(LARGE_LOGIT / largest)
+                error = max(error, _error(model, paths, device, which))
+    except Exception as exc:  # noqa: BLE001 - a path that cannot run on this model is left like a wrong one
+        lines = str(exc).strip().splitlines()
+        return math.inf, f"{type(exc).__name__}: {lines[0] if lines else ''}"
+    finally:
+        with torch.no_grad():
+            head.weight.copy_(saved)
+    return error, f"{error:.2g} nats"
 
 
 def check_model(model: PreTrainedModel, device: torch.device) -> CheckResult:
@@ -154,32 +166,35 @@ def check_model(model: PreTrainedModel, device: torch.device) -> CheckResult:
     probe = model if next(model.parameters()).dtype == torch.float32 else copy.deepcopy(model).float()
     was_training = probe.training
     probe.eval()
+    name = type(model).__name__
+    reasons = []
     try:
         paths = default_paths(probe)
-        rollout, training = _measure(probe, paths, device)
-        reasons = []
+        training, found = _measure(probe, paths, device, TRAINING)
         if training > TOLERANCE:
-            reasons.append(f"the chunked LM head differs from {type(model).__name__}'s own logits by "
-                           f"{training:.2g} nats (a transform of the logits after the head that rlzoo does not "
-                           "know), so the update reads the model's own logits (slower, more memory)")
+            reasons.append(f"the chunked LM head differs from the model's own logits ({found}; a transform of "
+                           "the logits after the head that rlzoo does not know?), so the update reads the "
+                           "model's own logits (slower, more memory)")
             paths = paths.with_fallback(reasons[-1], model_logits=True)
-            training = _measure(probe, paths, device)[1]
+            training, found = _measure(probe, paths, device, TRAINING)
+            if training > TOLERANCE:
+                raise ConfigError(f"{name}: rlzoo cannot reproduce the model's own log-probs on a left-padded "
+                                  f"batch even through its own logits ({found}, tolerance {TOLERANCE:g}); this "
+                                  "model cannot be trained correctly here")
+        rollout, found = _measure(probe, paths, device, ROLLOUT)
         for cache in CACHE_MODES[1:]:
             if rollout <= TOLERANCE:
                 break
-            reasons.append(f"the rollout with the {paths.cache} KV cache differs from the model's own forward by "
-                           f"{rollout:.2g} nats, so it runs with cache={cache} (slower)")
+            reasons.append(f"the rollout with the {paths.cache} KV cache differs from the model's own forward "
+                           f"({found}), so it runs with cache={cache} (slower)")
             paths = paths.with_fallback(reasons[-1], cache=cache)
-            rollout = _measure(probe, paths, device)[0]
-        if training > TOLERANCE or rollout > TOLERANCE:
-            raise ConfigError(f"{type(model).__name__}: rlzoo cannot reproduce the model's own log-probs on a "
-                              f"left-padded batch (max |diff| rollout {rollout:.2g}, training {training:.2g} nats, "
-                              f"tolerance {TOLERANCE:g}) even through its own logits without a cache; this model "
-                              "cannot be trained correctly here")
+            rollout, found = _measure(probe, paths, device, ROLLOUT)
+        if rollout > TOLERANCE:
+            raise ConfigError(f"{name}: rlzoo's rollout cannot reproduce the model's own log-probs on a "
+                              f"left-padded batch even without a KV cache ({found}, tolerance {TOLERANCE:g}); "
+                              "this model cannot be trained correctly here")
     finally:
         probe.train(was_training)
     set_fast_paths(model, paths)
-    warning = None
-    if reasons:
-        warning = f"{type(model).__name__}: {'; '.join(reasons)}"
+    warning = f"{name}: {'; '.join(reasons)}" if reasons else None
     return CheckResult(paths=paths, rollout_error=rollout, training_error=training, warning=warning)

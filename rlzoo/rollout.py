@@ -184,6 +184,10 @@ def generate(
         raise ValueError(f"cache={cache!r}; choose one of {', '.join(CACHE_MODES)}")
     use_cache = cache != "none"
     device = prompt_ids.device
+    prefill_once = cache == "preallocated"      # else each prompt is repeated before its prefill
+    if not prefill_once and num_samples > 1:
+        prompt_ids = prompt_ids.repeat_interleave(num_samples, 0)
+        prompt_mask = prompt_mask.repeat_interleave(num_samples, 0)
     attention = prompt_mask.long()
     positions = position_ids_from_mask(attention)
     out = model(input_ids=prompt_ids, attention_mask=attention, position_ids=positions,
@@ -191,14 +195,12 @@ def generate(
     past = out.past_key_values if use_cache else None
     next_logits = out.logits[:, -1]
     sequence = prompt_ids
-    if num_samples > 1:
-        if past is not None:
-            past.batch_repeat_interleave(num_samples)
+    if prefill_once and num_samples > 1:
+        past.batch_repeat_interleave(num_samples)
         next_logits = next_logits.repeat_interleave(num_samples, 0)
         attention = attention.repeat_interleave(num_samples, 0)
         positions = positions.repeat_interleave(num_samples, 0)
-        sequence = sequence.repeat_interleave(num_samples, 0)
-    if cache == "preallocated":
+    if prefill_once:
         _preallocate(past, prompt_ids.shape[1] + max_new_tokens)
     batch = attention.shape[0]
     last_position = positions[:, -1]
