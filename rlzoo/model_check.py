@@ -36,7 +36,8 @@ forward."""
 
 LARGE_LOGIT = 60.0
 """The probe is repeated with the output embedding scaled so the largest raw logit is about
-this (a small random model's logits are too small for a softcap at 30 to show)."""
+this (a small random model's logits are too small for a softcap at 30 to show); see
+:func:`_measure`."""
 
 PROBE_PROMPTS = (7, 3)
 """Token lengths of the probe's prompts (left-padded to the longest)."""
@@ -130,26 +131,30 @@ def _error(model: PreTrainedModel, paths: FastPaths, device: torch.device, which
 
 
 def _measure(model: PreTrainedModel, paths: FastPaths, device: torch.device, which: str) -> tuple[float, str]:
-    """:func:`_error` at the model's own weights and with the output embedding scaled so
-    its largest raw logit is about :data:`LARGE_LOGIT` (restored exactly afterwards), the
-    larger; ``inf`` and the exception's first line when the path raises."""
+    """:func:`_error` at the model's own weights and, the larger, with the output
+    embedding alone scaled by ``factor`` so the largest raw logit is about
+    :data:`LARGE_LOGIT` (a copy of the head's weight put in its place, the tie to the input
+    embedding left alone, so the hidden states are the model's own; restored afterwards),
+    that difference divided by ``factor`` (float32 noise of the hidden states grows with
+    it; a transform's difference is of order one nat there); ``inf`` and the exception's
+    first line when the path raises."""
     head = model.get_output_embeddings()
-    saved = head.weight.detach().clone()
+    original = head.weight
     try:
         error = _error(model, paths, device, which)
         ids, mask, _, _ = _probe(model.get_input_embeddings().num_embeddings, device)
         with torch.no_grad():
             hidden = model.get_decoder()(input_ids=ids, attention_mask=mask).last_hidden_state
-            largest = float(torch.nn.functional.linear(hidden.float(), head.weight.float()).abs().max())
-            if 0 < largest < LARGE_LOGIT:
-                head.weight.mul_(LARGE_LOGIT / largest)
-                error = max(error, _error(model, paths, device, which))
+            largest = float(torch.nn.functional.linear(hidden.float(), original.float()).abs().max())
+        if 0 < largest < LARGE_LOGIT:
+            factor = LARGE_LOGIT / largest
+            head.weight = torch.nn.Parameter(original.detach() * factor, requires_grad=False)
+            error = max(error, _error(model, paths, device, which) / factor)
     except Exception as exc:  # noqa: BLE001 - a path that cannot run on this model is left like a wrong one
         lines = str(exc).strip().splitlines()
         return math.inf, f"{type(exc).__name__}: {lines[0] if lines else ''}"
     finally:
-        with torch.no_grad():
-            head.weight.copy_(saved)
+        head.weight = original
     return error, f"{error:.2g} nats"
 
 
