@@ -63,7 +63,8 @@ class CheckResult:
     def summary(self) -> str:
         """One line for the run's output."""
         transform = self.paths.transform.describe() if self.paths.transform is not None else "none"
-        head = "the model's own logits" if self.paths.model_logits else f"chunked head (post-head transform: {transform})"
+        head = ("the model's own logits" if self.paths.model_logits
+                else f"chunked head (post-head transform: {transform})")
         return (f"model check: log-probs vs the model's own forward, max |diff| rollout {self.rollout_error:.2g}, "
                 f"training {self.training_error:.2g} nats (tolerance {TOLERANCE:g}); training uses {head}, "
                 f"rollout cache {self.paths.cache}")
