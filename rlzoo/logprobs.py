@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel
 
+from rlzoo.head import LogitTransform, fast_paths
 from rlzoo.rollout import position_ids_from_mask
 
 
@@ -34,20 +35,34 @@ def head_matmul_dtype(device_type: str) -> torch.dtype:
     return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else torch.float32
 
 
-def head_logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """LM-head logits ``(..., V)`` as float32, for a float32 softmax; the matmul in
-    :func:`head_matmul_dtype`."""
+def head_logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                transform: LogitTransform | None = None) -> torch.Tensor:
+    """LM-head logits ``(..., V)`` as float32, for a float32 softmax, after the model's
+    post-head ``transform`` (:mod:`rlzoo.head`); the matmul in :func:`head_matmul_dtype`.
+    Differentiable (autograd runs through the transform)."""
     dtype = head_matmul_dtype(hidden.device.type)
-    return F.linear(hidden.to(dtype), weight.to(dtype), None if bias is None else bias.to(dtype)).float()
+    logits = F.linear(hidden.to(dtype), weight.to(dtype), None if bias is None else bias.to(dtype)).float()
+    if transform is not None:
+        logits = logits * transform.scale
+        if transform.softcap is not None:
+            logits = torch.tanh(logits / transform.softcap) * transform.softcap
+    return logits
+
+
+def _raw_logits(hidden: torch.Tensor, weight_mm: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """The head's logits ``(N, V)`` float32 before any transform; the matmul in
+    ``weight_mm``'s dtype."""
+    return F.linear(hidden.to(weight_mm.dtype), weight_mm, None if bias is None else bias.to(weight_mm.dtype)).float()
 
 
 def _log_softmax(hidden: torch.Tensor, weight_mm: torch.Tensor, bias: torch.Tensor | None,
-                 temperature: float) -> torch.Tensor:
-    """``log_softmax(head(hidden) / temperature)``, ``(N, V)`` float32, the matmul in
-    ``weight_mm``'s dtype; computed in place in the logits' buffer (a fresh ``N × V``
-    allocation costs more than the softmax on a CPU, where it is page-faulted in)."""
-    logits = F.linear(hidden.to(weight_mm.dtype), weight_mm,
-                      None if bias is None else bias.to(weight_mm.dtype)).float()
+                 temperature: float, transform: LogitTransform | None = None) -> torch.Tensor:
+    """``log_softmax(transform(head(hidden)) / temperature)``, ``(N, V)`` float32, the
+    matmul in ``weight_mm``'s dtype; computed in place in the logits' buffer (a fresh
+    ``N × V`` allocation costs more than the softmax on a CPU, where it is page-faulted in)."""
+    logits = _raw_logits(hidden, weight_mm, bias)
+    if transform is not None:
+        logits = transform.apply_(logits)
     if temperature != 1.0:
         logits = logits.div_(temperature)
     return torch.log_softmax(logits, dim=-1, out=logits)
@@ -72,13 +87,15 @@ def _entropy(log_probs: torch.Tensor) -> torch.Tensor:
 
 
 class _HeadChunk(torch.autograd.Function):
-    """Log-prob of each target and entropy under ``softmax(head(hidden) / τ)`` for a chunk
-    of ``N`` tokens, with a hand-written backward.
+    """Log-prob of each target and entropy under ``softmax(f(head(hidden)) / τ)`` for a
+    chunk of ``N`` tokens, with a hand-written backward (``f``: the model's post-head
+    transform, :class:`rlzoo.head.LogitTransform`, or the identity).
 
     Forward: one head matmul, one fused ``log_softmax`` (``z``), a gather, and (for the
     entropy) ``exp`` and a batched dot product. Backward, with ``p = exp(z)``:
     ``∂logp/∂logits = onehot(target) − p`` and ``∂H/∂logits = −p ⊙ (z + H)``, divided by
-    τ, then the head's two matmuls. ``z`` is either kept from the forward (``keep``) or
+    τ, then through ``f`` (a softcap's derivative recomputes the chunk's raw logits), then
+    the head's two matmuls. ``z`` is either kept from the forward (``keep``) or
     recomputed from the chunk's hidden states; nothing else of size ``N × V`` is saved.
     (autograd through the same ops spends several more passes over ``N × V``: a separate
     ``logsumexp``, a softmax for the entropy, the gather's backward; under activation
@@ -92,12 +109,12 @@ class _HeadChunk(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, weight_mm: torch.Tensor,
                 bias: torch.Tensor | None, targets: torch.Tensor, temperature: float, with_entropy: bool,
-                keep: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                keep: bool, transform: LogitTransform | None) -> tuple[torch.Tensor, torch.Tensor]:
         with torch.autocast(hidden.device.type, enabled=False):
-            log_probs = _log_softmax(hidden, weight_mm, bias, temperature)
+            log_probs = _log_softmax(hidden, weight_mm, bias, temperature, transform)
             logp = log_probs.gather(-1, targets[:, None]).squeeze(-1)
             entropy = _entropy(log_probs) if with_entropy else torch.zeros_like(logp)
-        ctx.temperature, ctx.weight_dtype = temperature, weight.dtype
+        ctx.temperature, ctx.weight_dtype, ctx.transform = temperature, weight.dtype, transform
         ctx.set_materialize_grads(False)
         ctx.save_for_backward(hidden, weight_mm, bias, targets, entropy, log_probs if keep else None)
         return logp, entropy
@@ -106,17 +123,21 @@ class _HeadChunk(torch.autograd.Function):
     def backward(ctx, grad_logp: torch.Tensor | None, grad_entropy: torch.Tensor | None):
         hidden, weight_mm, bias, targets, entropy, log_probs = ctx.saved_tensors
         if grad_logp is None and grad_entropy is None:
-            return None, None, None, None, None, None, None, None
+            return None, None, None, None, None, None, None, None, None
+        transform = ctx.transform
         with torch.autocast(hidden.device.type, enabled=False):
             if log_probs is None:
-                log_probs = _log_softmax(hidden, weight_mm, bias, ctx.temperature)
+                log_probs = _log_softmax(hidden, weight_mm, bias, ctx.temperature, transform)
             grad = _logits_grad(log_probs, entropy, targets, grad_logp, grad_entropy, ctx.temperature)
+            if transform is not None:
+                raw = _raw_logits(hidden, weight_mm, bias) if transform.softcap is not None else None
+                grad = transform.backward_(grad, raw)
             grad_mm = grad.to(weight_mm.dtype)
             needs = ctx.needs_input_grad
             grad_hidden = (grad_mm @ weight_mm).to(hidden.dtype) if needs[0] else None
             grad_weight = (grad_mm.t() @ hidden.to(weight_mm.dtype)).to(ctx.weight_dtype) if needs[1] else None
             grad_bias = grad.sum(0).to(bias.dtype) if bias is not None and needs[3] else None
-        return grad_hidden, grad_weight, None, grad_bias, None, None, None, None
+        return grad_hidden, grad_weight, None, grad_bias, None, None, None, None, None
 
 
 def _logits_grad(log_probs: torch.Tensor, entropy: torch.Tensor, targets: torch.Tensor,
@@ -147,9 +168,9 @@ otherwise (``trainer.logprob_keep_mb``)."""
 
 def token_logprobs(hidden: torch.Tensor, head: torch.nn.Linear, targets: torch.Tensor,
                    mask: torch.Tensor, chunk_size: int = 1024, with_entropy: bool = False,
-                   keep_max_bytes: int = KEEP_MAX_BYTES, temperature: float = 1.0
-                   ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probs (and entropies) of ``targets`` under ``head(hidden) / temperature``.
+                   keep_max_bytes: int = KEEP_MAX_BYTES, temperature: float = 1.0,
+                   transform: LogitTransform | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs (and entropies) of ``targets`` under ``transform(head(hidden)) / temperature``.
 
     :param hidden: ``(B, T, H)`` hidden states that predict ``targets``.
     :param head: the output projection (``H -> V``).
@@ -161,6 +182,7 @@ def token_logprobs(hidden: torch.Tensor, head: torch.nn.Linear, targets: torch.T
         and recomputed in backward from the chunk's hidden states otherwise.
     :param temperature: the logits are divided by it (the sampling temperature, so the
         log-probs are those of the distribution the tokens were sampled from).
+    :param transform: the model's post-head transform (:func:`rlzoo.head.known_transform`).
     :return: ``logp`` ``(B, T)`` and ``entropy`` ``(B, T)`` (nats) or ``None``.
     """
     batch, length = targets.shape
@@ -172,7 +194,8 @@ def token_logprobs(hidden: torch.Tensor, head: torch.nn.Linear, targets: torch.T
     logp_parts, entropy_parts = [], []
     for start in range(0, flat_index.numel(), chunk_size):
         lp, ent = _HeadChunk.apply(flat_hidden[start:start + chunk_size], head.weight, weight_mm, head.bias,
-                                   flat_targets[start:start + chunk_size], temperature, with_entropy, keep)
+                                   flat_targets[start:start + chunk_size], temperature, with_entropy, keep,
+                                   transform)
         logp_parts.append(lp)
         entropy_parts.append(ent)
     dtype = torch.float32
@@ -212,9 +235,15 @@ def response_forward(model: PreTrainedModel, prompt_ids: torch.Tensor, prompt_ma
     """One forward of the policy over prompt + response; outputs at response positions.
 
     Runs the decoder, then the chunked head (:func:`token_logprobs`) on
-    ``logits / temperature``. ``with_logits`` also returns the full ``(B, T, V)`` tempered
-    logits (for estimators that read ``logits``).
+    ``transform(logits) / temperature``, the transform being the model's post-head one
+    (:func:`rlzoo.head.fast_paths`). A model whose check found a transform rlzoo does not
+    know (``model_logits``) runs :func:`model_logits_forward` instead. ``with_logits`` also
+    returns the full ``(B, T, V)`` tempered logits (for estimators that read ``logits``).
     """
+    paths = fast_paths(model)
+    if paths.model_logits:
+        return model_logits_forward(model, prompt_ids, prompt_mask, response_ids, response_mask,
+                                    with_entropy=with_entropy, with_logits=with_logits, temperature=temperature)
     input_ids, attention, positions = full_sequence(prompt_ids, prompt_mask, response_ids, response_mask)
     hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention,
                                  position_ids=positions, use_cache=False).last_hidden_state
@@ -222,11 +251,32 @@ def response_forward(model: PreTrainedModel, prompt_ids: torch.Tensor, prompt_ma
     hidden = hidden[:, prompt_len - 1: prompt_len - 1 + response_ids.shape[1]]
     head = model.get_output_embeddings()
     logp, entropy = token_logprobs(hidden, head, response_ids, response_mask, chunk_size, with_entropy,
-                                   keep_max_bytes=keep_max_bytes, temperature=temperature)
+                                   keep_max_bytes=keep_max_bytes, temperature=temperature,
+                                   transform=paths.transform)
     logits = None
     if with_logits:
-        logits = head_logits(hidden, head.weight, head.bias) / temperature
+        logits = head_logits(hidden, head.weight, head.bias, paths.transform) / temperature
     return SequenceOutput(logp=logp, entropy=entropy, logits=logits)
+
+
+def model_logits_forward(model: PreTrainedModel, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+                         response_ids: torch.Tensor, response_mask: torch.Tensor, *, with_entropy: bool = False,
+                         with_logits: bool = False, temperature: float = 1.0) -> SequenceOutput:
+    """:func:`response_forward` through the model's own ``forward(...).logits``: whatever
+    the model does after its head is included, at the cost of the full ``(B, P + T, V)``
+    logits and autograd's backward through them. Same outputs (0 where the mask is 0)."""
+    input_ids, attention, positions = full_sequence(prompt_ids, prompt_mask, response_ids, response_mask)
+    logits = model(input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=False).logits
+    prompt_len = prompt_ids.shape[1]
+    logits = logits[:, prompt_len - 1: prompt_len - 1 + response_ids.shape[1]].float() / temperature
+    log_probs = torch.log_softmax(logits, dim=-1)
+    valid = response_mask > 0
+    zero = log_probs.new_zeros(())
+    logp = torch.where(valid, log_probs.gather(-1, response_ids[..., None]).squeeze(-1), zero)
+    entropy = None
+    if with_entropy:
+        entropy = torch.where(valid, -(log_probs.exp() * log_probs).sum(-1), zero)
+    return SequenceOutput(logp=logp, entropy=entropy, logits=logits if with_logits else None)
 
 
 class ResponseForward(torch.nn.Module):

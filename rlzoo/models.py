@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import importlib.util
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -35,7 +36,9 @@ from transformers import (
 
 from rlzoo import distributed, lora
 from rlzoo.errors import ConfigError
+from rlzoo.head import fast_paths, set_fast_paths
 from rlzoo.logprobs import ResponseForward
+from rlzoo.model_check import CheckResult, check_model
 
 PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
 GENERIC_TOKENIZER_CLASSES = ("PreTrainedTokenizerFast", "TokenizersBackend")
@@ -111,20 +114,65 @@ def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
 
 
 def load_pretrained(path: str | Path, dtype: str = "float32") -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """Load a causal LM and its tokenizer from a local directory (never a hub id).
+    """Load a causal LM and its tokenizer from a local directory or ``.gguf`` file (never
+    a hub id); a GGUF file goes through :func:`load_gguf`.
 
     :raises ConfigError: no ``config.json``, or a file of the directory cannot be read as
         a model or tokenizer (the directory and the first line of the reason named).
     """
     path = Path(path)
+    if path.suffix.lower() == GGUF_SUFFIX:
+        return load_gguf(path, dtype)
     if not (path / "config.json").is_file():
         raise ConfigError(
-            f"model.path {str(path)!r} is not a local model directory (no config.json); "
+            f"model.path {str(path)!r} is not a local model directory (no config.json) or a .gguf file; "
             "rlzoo never downloads models: pass a directory written by save_pretrained"
         )
     with unreadable_model(path):
         tokenizer = load_tokenizer(path)
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=DTYPES[dtype])
+    return model, tokenizer
+
+
+GGUF_SUFFIX = ".gguf"
+GGUF_INSTALL = "pip install 'rlzoo[gguf]'  (or: pip install gguf)"
+"""What installs the optional ``gguf`` package transformers reads GGUF files with."""
+
+
+def check_gguf_path(path: str | Path, key: str = "model.path") -> None:
+    """:raises ConfigError: ``path`` names a ``.gguf`` file that does not exist, or the
+    ``gguf`` package is not installed (the pip command named). Cheap: run before loading."""
+    path = Path(path)
+    if path.suffix.lower() != GGUF_SUFFIX:
+        return
+    if not path.is_file():
+        raise ConfigError(f"{key} {str(path)!r} is not a file; rlzoo never downloads models")
+    if importlib.util.find_spec("gguf") is None:
+        raise ConfigError(f"{key} {str(path)!r} is a GGUF file, which needs the gguf package: {GGUF_INSTALL}")
+
+
+def load_gguf(path: Path, dtype: str = "float32") -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """A causal LM and its tokenizer from a GGUF file, through transformers' ``gguf_file=``
+    (the weights dequantised to ``dtype``).
+
+    transformers marks such a model as quantised with ``gguf`` and refuses to
+    ``save_pretrained`` it; the weights are plain dequantised tensors by then, so the
+    quantizer and the config's ``quantization_config`` are dropped: the run's
+    ``init_model/`` and checkpoints are ordinary model directories, loaded without
+    converting again.
+
+    :raises ConfigError: see :func:`check_gguf_path`; a file transformers cannot read.
+    """
+    check_gguf_path(path)
+    with unreadable_model(path):
+        tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=DTYPES[dtype])
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
     return model, tokenizer
 
 
@@ -244,6 +292,8 @@ class RunModels:
         or ``None``.
     :ivar initial: what the run's ``init_model/`` keeps, when not the policy itself (a LoRA
         run: the base weights without adapters, :class:`rlzoo.lora.SavedBase`).
+    :ivar checks: ``name -> CheckResult`` of the load-time check of each causal LM's fast
+        paths (:mod:`rlzoo.model_check`): ``policy`` (which the reference shares), ``teacher``.
     """
 
     policy: PreTrainedModel
@@ -255,6 +305,7 @@ class RunModels:
     critic_forward: torch.nn.Module | None = None
     teacher_forward: torch.nn.Module | None = None
     initial: Any = None
+    checks: dict[str, CheckResult] = field(default_factory=dict)
 
     def generation_context(self) -> Any:
         """A context within which the policy's weights are whole (FSDP; otherwise a no-op)."""
@@ -335,9 +386,10 @@ def build_run_models(cfg: DictConfig, plan: Any, task: Any, device: torch.device
         else:
             reference = copy.deepcopy(policy)
         reference = reference.eval().requires_grad_(False)
-    teacher = None
+    teacher, checks = None, {}
     if "teacher" in plan.models:
         teacher = load_teacher(cfg.teacher.path, cfg.model.dtype, tokenizer).to(device)
+        checks["teacher"] = check_model(teacher, device)
     critic = None
     if "critic" in plan.models:
         critic = ValueModel.from_policy_config(policy.config, policy).to(device)
@@ -350,8 +402,10 @@ def build_run_models(cfg: DictConfig, plan: Any, task: Any, device: torch.device
             lora.load_adapters(policy, resume_from / "policy")
         initial = lora.SavedBase(policy)
     policy.to(device)
+    checks["policy"] = check_model(policy, device)
     if reference is not None:
         reference.to(device)
+        set_fast_paths(reference, fast_paths(policy))
     if cfg.model.gradient_checkpointing:
         policy.gradient_checkpointing_enable()
         if plan.lora is not None:  # frozen embeddings: reentrant checkpointing (transformers 4's
@@ -362,7 +416,8 @@ def build_run_models(cfg: DictConfig, plan: Any, task: Any, device: torch.device
     models = RunModels(policy=policy, tokenizer=tokenizer, policy_forward=ResponseForward(policy),
                        reference=reference, reference_forward=reference_forward,
                        critic=critic, critic_forward=critic,
-                       teacher_forward=ResponseForward(teacher) if teacher is not None else None, initial=initial)
+                       teacher_forward=ResponseForward(teacher) if teacher is not None else None, initial=initial,
+                       checks=checks)
     if dist.enabled:
         token = torch.zeros((1, 1), dtype=torch.long, device=device)  # one token of prompt and of response
         example = (token, torch.ones_like(token), token, torch.ones_like(token))

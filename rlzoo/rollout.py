@@ -17,6 +17,7 @@ from transformers import PreTrainedModel
 from transformers.cache_utils import DynamicLayer
 
 from rlzoo.errors import TrainingError
+from rlzoo.head import CACHE_MODES, fast_paths
 
 
 @dataclass
@@ -165,6 +166,7 @@ def generate(
     top_p: float = 1.0,
     greedy: bool = False,
     num_samples: int = 1,
+    cache: str | None = None,
 ) -> Generation:
     """Sample up to ``max_new_tokens`` tokens after each left-padded prompt.
 
@@ -172,22 +174,34 @@ def generate(
     :param num_samples: completions per prompt (a group): each prompt is prefilled once and
         its KV cache repeated, so responses are ``(B · num_samples, T)``, prompt-major
         (row ``i · num_samples + j`` is the j-th completion of prompt i).
+    :param cache: how the keys and values are kept, one of :data:`rlzoo.head.CACHE_MODES`;
+        ``None``: the mode the model's load-time check chose (:func:`rlzoo.head.fast_paths`).
     :return: the responses and their log-probs; sampling uses torch's global RNG
         (seeded by the trainer).
     """
+    cache = fast_paths(model).cache if cache is None else cache
+    if cache not in CACHE_MODES:
+        raise ValueError(f"cache={cache!r}; choose one of {', '.join(CACHE_MODES)}")
+    use_cache = cache != "none"
     device = prompt_ids.device
+    prefill_once = cache == "preallocated"      # else each prompt is repeated before its prefill
+    if not prefill_once and num_samples > 1:
+        prompt_ids = prompt_ids.repeat_interleave(num_samples, 0)
+        prompt_mask = prompt_mask.repeat_interleave(num_samples, 0)
     attention = prompt_mask.long()
     positions = position_ids_from_mask(attention)
     out = model(input_ids=prompt_ids, attention_mask=attention, position_ids=positions,
-                use_cache=True, logits_to_keep=1)
-    past = out.past_key_values
+                use_cache=use_cache, logits_to_keep=1)
+    past = out.past_key_values if use_cache else None
     next_logits = out.logits[:, -1]
-    if num_samples > 1:
+    sequence = prompt_ids
+    if prefill_once and num_samples > 1:
         past.batch_repeat_interleave(num_samples)
         next_logits = next_logits.repeat_interleave(num_samples, 0)
         attention = attention.repeat_interleave(num_samples, 0)
         positions = positions.repeat_interleave(num_samples, 0)
-    _preallocate(past, prompt_ids.shape[1] + max_new_tokens)
+    if prefill_once:
+        _preallocate(past, prompt_ids.shape[1] + max_new_tokens)
     batch = attention.shape[0]
     last_position = positions[:, -1]
     tokens = torch.full((batch, max_new_tokens), pad_id, dtype=torch.long, device=device)
@@ -207,9 +221,14 @@ def generate(
             break
         attention = torch.cat([attention, torch.ones((batch, 1), dtype=attention.dtype, device=device)], 1)
         last_position = last_position + 1
-        out = model(input_ids=token[:, None], attention_mask=attention,
-                    position_ids=last_position[:, None], past_key_values=past, use_cache=True)
-        past = out.past_key_values
+        if past is None:                                  # no cache: the whole sequence again
+            sequence = torch.cat([sequence, token[:, None]], 1)
+            out = model(input_ids=sequence, attention_mask=attention, position_ids=position_ids_from_mask(attention),
+                        use_cache=False, logits_to_keep=1)
+        else:
+            out = model(input_ids=token[:, None], attention_mask=attention,
+                        position_ids=last_position[:, None], past_key_values=past, use_cache=True)
+            past = out.past_key_values
         next_logits = out.logits[:, -1]
     tokens = tokens[:, :steps]
     response_mask = (torch.arange(steps, device=device)[None, :] < length[:, None]).float()

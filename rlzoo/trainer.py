@@ -81,6 +81,12 @@ class Trainer:
         task = resolved.build("task")
         self.models = build_run_models(cfg, self.plan, task, self.device, self.dist,
                                        self.run_dir.resume_from, self.run_dir.init_model)
+        if self.dist.is_main:
+            for name, check in self.models.checks.items():
+                if check.warning:
+                    print(f"rlzoo: warning: {name}: {check.warning}", file=sys.stderr, flush=True)
+                if cfg.model.path or name != "policy":  # the embedded tiny model: nothing to say
+                    print(f"rlzoo: {name} {check.summary()}", flush=True)
         if self.dist.rank:
             torch.manual_seed(cfg.seed + 1_000_003 * self.dist.rank)  # distinct rollouts per rank
         backend = resolved.build("rollout.backend", name=self.plan.rollout.backend, policy=self.models.policy,

@@ -20,8 +20,8 @@ LAYERS: dict[str, int] = {
     # 2: configuration and the run plan
     "schema": 2, "params": 2, "introspect": 2, "presets": 2, "resolved": 2, "plan": 2, "config": 2,
     # 3: the engine's parts
-    "rollout": 3, "logprobs": 3, "models": 3, "rewardmodel": 3, "tasks": 3, "prompts": 3, "scoring": 3, "sampler": 3,
-    "recording": 3,
+    "head": 3, "rollout": 3, "logprobs": 3, "model_check": 3, "models": 3, "rewardmodel": 3, "tasks": 3,
+    "prompts": 3, "scoring": 3, "sampler": 3, "recording": 3,
     "checkpoint": 3, "rundir": 3, "resume": 3, "tracking": 3, "evaluation": 3, "learner": 3, "context": 3,
     "rollout_queue": 3, "correcting": 3, "lora": 3,
     # 4: what runs a job

@@ -176,11 +176,12 @@ def test_logprob_keep_mb_reaches_the_head_and_does_not_change_the_update(tmp_pat
         seen.append(kwargs["keep_max_bytes"])
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(logprobs, "token_logprobs", spy)
     weights = []
     for keep_mb in ("0", "64"):
         trainer = _trainer(tmp_path / keep_mb, f"trainer.logprob_keep_mb={keep_mb}")
+        monkeypatch.setattr(logprobs, "token_logprobs", spy)     # after the load-time model check
         trainer.train_step()
+        monkeypatch.setattr(logprobs, "token_logprobs", original)
         weights.append([p.detach().clone() for p in trainer.models.policy.parameters()])
         trainer.close()
     assert set(seen) == {0, 64 * 2**20}
