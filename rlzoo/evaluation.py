@@ -23,7 +23,8 @@ Logged tags:
 With ``eval.at_start=true`` a fresh run also evaluates before its first step (logged at
 step 0), so every tag has a before → after pair. Evaluation never changes training: it
 runs under :func:`torch.random.fork_rng` with its own seed (the step), draws no prompts
-from the sampler's RNG and leaves the group counter alone, so a run with evaluation trains exactly as one without (tested).
+from the sampler's RNG and leaves the group counter alone, so a run with evaluation trains
+exactly as one without (tested).
 """
 
 from __future__ import annotations

@@ -344,7 +344,8 @@ def _train(resolved: ResolvedConfig, run_dir: RunDirectory, pairs: list[Pair], t
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             max_norm = cfg.trainer.max_grad_norm  # null: measure the norm, never clip
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), math.inf if max_norm is None else float(max_norm))
+            clip = math.inf if max_norm is None else float(max_norm)
+            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
             if not torch.isfinite(loss) or not torch.isfinite(grad_norm):
                 raise TrainingError(f"non-finite loss or gradient at rm step {step}; the newest checkpoint stays "
                                     f"resumable with `rlzoo rm resume={run_dir.path}`")

@@ -357,7 +357,8 @@ def check_reward(fn: Callable[..., Any], name: str = "reward", task: Any = None)
     ordinary, empty, very long and non-ASCII completions and a missing answer (``None``); the
     same scores for the same inputs; inputs not modified. With ``task`` (a
     :class:`rlzoo.tasks.Task`) the prompts, references and rows are that task's, and its
-    perfect answers (``answer_text``) are among the completions; without, references are strings (pass the task when your reward expects others)."""
+    perfect answers (``answer_text``) are among the completions; without, references are
+    strings (pass the task when your reward expects others)."""
     if task is not None:
         examples = task.sample(4, random.Random(0))
     else:

@@ -102,8 +102,8 @@ def _documented_commands(page: Path) -> list[tuple[str, str, str, str | None]]:
                 else None
             if installs:
                 error = "installs"  # the command needs the package the block installs
-            out.append(("\n".join(x for x in setups if x), command, f"{page.relative_to(ROOT)}:{text[:match.start()].count(chr(10)) + 2 + i}",
-                        error))
+            where = f"{page.relative_to(ROOT)}:{text[:match.start()].count(chr(10)) + 2 + i}"
+            out.append(("\n".join(x for x in setups if x), command, where, error))
     return out
 
 

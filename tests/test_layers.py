@@ -18,7 +18,7 @@ LAYERS: dict[str, int] = {
     # 1: the plugin contract and its registry
     "contract": 1, "registry": 1, "hookspecs": 1, "__init__": 1, "plugins": 1,
     # 2: configuration and the run plan
-    "schema": 2, "params": 2, "introspect": 2, "presets": 2, "resolved": 2, "plan": 2, "config": 2,
+    "schema": 2, "params": 2, "introspect": 2, "presets": 2, "resolved": 2, "planrecords": 2, "plan": 2, "config": 2,
     # 3: the engine's parts
     "head": 3, "rollout": 3, "logprobs": 3, "model_check": 3, "models": 3, "rewardmodel": 3, "tasks": 3,
     "prompts": 3, "scoring": 3, "sampler": 3, "recording": 3,

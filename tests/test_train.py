@@ -278,7 +278,9 @@ def test_a_run_says_where_it_writes_and_what_to_run_next(capsys, tmp_path: Path)
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == f"rlzoo: run directory {run_dir} (tensorboard --logdir {run_dir})"
     assert lines[-1].startswith(f"rlzoo: checkpoints in {run_dir / 'checkpoints'} (the newest, step_000002/policy")
-    assert f"`rlzoo compare {run_dir}`" in lines[-1] and f"`rlzoo train resume={run_dir} trainer.total_steps=4`" in lines[-1]
+    assert f"`rlzoo compare {run_dir}`" in lines[-1]
+    assert f"`rlzoo train resume={run_dir} trainer.total_steps=4`" in lines[-1]
     assert all(v > 0 for _, v in read_scalars(run_dir)["grad_norm"])
     assert main(["train", f"resume={run_dir}", "trainer.total_steps=3"]) == 0
-    assert capsys.readouterr().out.splitlines()[0] == f"rlzoo: resuming from step 2 in {run_dir} (tensorboard --logdir {run_dir})"
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first == f"rlzoo: resuming from step 2 in {run_dir} (tensorboard --logdir {run_dir})"
