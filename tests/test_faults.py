@@ -545,11 +545,11 @@ def test_a_kill_then_resume_is_bit_identical_for_every_preset(capsys, tmp_path: 
     written), then ``resume=``: the same weights and curves as the uninterrupted run, for
     every built-in preset. (A checkpoint's weights, loaded at other memory alignments than
     trained weights, once made DAPO's one-sequence mini-batches round differently.)"""
-    args = [*TINY, f"algo={algo}", "trainer.total_steps=3", "checkpoint.every=1"]
+    args = [*TINY, f"algo={algo}", "trainer.total_steps=2", "checkpoint.every=1", "eval.size=0"]
     want, run_dir = tmp_path / "want", tmp_path / "run"
     assert main(["train", *args, f"run_dir={want}"]) == 0
     initial = load_file(str(want / "init_model" / "model.safetensors"))
-    assert any(not torch.equal(weights(want, 3)[key], start) for key, start in initial.items())  # it learned
+    assert any(not torch.equal(weights(want, 2)[key], start) for key, start in initial.items())  # it learned
     per_step = _optimizer_steps_per_step(args)
     fault = f"update:{per_step + per_step // 2 + 1}" if point == "update" else "write:2"
     killed = rlzoo(tmp_path, "train", *args, f"run_dir={run_dir}", fault=fault)
@@ -557,7 +557,69 @@ def test_a_kill_then_resume_is_bit_identical_for_every_preset(capsys, tmp_path: 
     assert steps(run_dir)[-1] == (1 if point == "update" else 0)
     capsys.readouterr()
     assert main(["train", f"resume={run_dir}"]) == 0, capsys.readouterr().err[-3000:]
-    assert_same_run(run_dir, want, 3)
+    assert_same_run(run_dir, want, 2)
+
+
+def _signal_until_exit(proc: subprocess.Popen, signum: int, every: float = 0.05, timeout: float = 120) -> None:
+    """Send ``signum`` to ``proc`` every ``every`` s until it exits (a scheduler that keeps
+    signalling, through the checkpoint write and the exit)."""
+    deadline = time.monotonic() + timeout
+    while proc.poll() is None and time.monotonic() < deadline:
+        proc.send_signal(signum)
+        time.sleep(every)
+
+
+@SLOW
+def test_sigterms_every_50_ms_stop_the_run_once_with_a_checkpoint(tmp_path: Path) -> None:
+    env = _steps_plugin(tmp_path)
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "rlzoo", "train", *TINY, f"run_dir={run_dir}", "eval.size=0",
+                             "trainer.total_steps=1000", "checkpoint.every=0", "plugins=[rlzoo_test_steps]"],
+                            env={**os.environ, **env, "RLZOO_TEST_STEP_SLEEP": "0.2"}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for(tmp_path / "markers" / "step-1", proc)
+        _signal_until_exit(proc, signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err[-3000:]                          # not -15: later SIGTERMs are ignored
+    stopped = json.loads((run_dir / "status.json").read_text())
+    assert stopped["status"] == "interrupted" and f"checkpoint written at step {stopped['step']}" in out
+    assert out.count("SIGTERM received") == 1 and steps(run_dir)[-1] == stopped["step"]
+
+
+@SLOW
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_to_the_sweep_stops_its_run_with_a_checkpoint_and_starts_no_other(tmp_path: Path,
+                                                                                    signum: int) -> None:
+    """``kill -INT`` / ``kill -TERM`` of the sweep's pid alone (not its process group): the
+    running run gets the signal once, writes a checkpoint, the sweep waits for it, starts no
+    further run and exits 0; nothing trains on."""
+    env = _steps_plugin(tmp_path)
+    sweep_dir = tmp_path / "sweep"
+    proc = subprocess.Popen([sys.executable, "-m", "rlzoo", "sweep", "--dir", str(sweep_dir), "seed=0,1", *TINY,
+                             "eval.size=0", "trainer.total_steps=1000", "checkpoint.every=0",
+                             "plugins=[rlzoo_test_steps]"],
+                            env={**os.environ, **env, "RLZOO_TEST_STEP_SLEEP": "0.2"}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for(tmp_path / "markers" / "step-1", proc)
+        os.kill(proc.pid, signum)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, out[-3000:] + err[-3000:]
+    first, second = sweep_dir / "seed-0", sweep_dir / "seed-1"
+    stopped = json.loads((first / "status.json").read_text())
+    assert stopped["status"] == "interrupted" and steps(first)[-1] == stopped["step"]
+    assert "[seed-0] interrupted" in out and "[seed-1] started" not in out and not (second / "config.yaml").exists()
+    assert "run the same sweep command again to resume it" in out
+    survivors = subprocess.run(["pgrep", "-f", f"run_dir={first}"], capture_output=True, text=True).stdout
+    assert survivors.strip() == ""
 
 
 def test_verification_finds_truncated_altered_and_missing_files(tmp_path: Path) -> None:
