@@ -591,7 +591,7 @@ def test_sigterms_every_50_ms_stop_the_run_once_with_a_checkpoint(tmp_path: Path
 
 
 @SLOW
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_a_signal_to_the_sweep_stops_its_run_with_a_checkpoint_and_starts_no_other(tmp_path: Path,
                                                                                     signum: int) -> None:
     """``kill -INT`` / ``kill -TERM`` of the sweep's pid alone (not its process group): the
