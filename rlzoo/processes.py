@@ -1,7 +1,7 @@
 """Runs sharing one machine's cores: a registry of the torch threads each CPU run uses.
 
 CPU runs whose torch threads together exceed the cores they may use all slow down many
-times over, not in proportion (two runs of 2 threads each on 2 cores ran 20-60x slower:
+times over, not in proportion (two runs of 2 threads each on 2 cores ran many times slower:
 each thread spin-waits for threads that are not running). Each CPU run records its pid,
 its process start time and its thread count in a file of :data:`REGISTRY`; a run that finds
 the live runs' threads (its own included) above its usable cores warns once, naming the
@@ -46,11 +46,11 @@ def _alive(pid: int, start: str | None) -> bool:
     return start is None or _start_time(pid) in (None, start)
 
 
-def register(threads: int, registry: Path = REGISTRY, pid: int | None = None) -> Path | None:
+def register(threads: int, registry: Path | None = None, pid: int | None = None) -> Path | None:
     """Record that process ``pid`` (default: this one) computes with ``threads`` torch
     threads; returns the record (None when the registry cannot be written: the check is
     advice, never a reason to fail)."""
-    pid = os.getpid() if pid is None else pid
+    pid, registry = os.getpid() if pid is None else pid, registry or REGISTRY
     record = registry / str(pid)
     try:
         registry.mkdir(parents=True, exist_ok=True)
@@ -69,11 +69,11 @@ def unregister(record: Path | None) -> None:
             pass
 
 
-def other_runs(registry: Path = REGISTRY) -> dict[int, int]:
+def other_runs(registry: Path | None = None) -> dict[int, int]:
     """``{pid: threads}`` of the other live processes with a record; removes dead ones'."""
     found: dict[int, int] = {}
     try:
-        records = list(registry.iterdir())
+        records = list((registry or REGISTRY).iterdir())
     except OSError:
         return found
     for record in records:
@@ -91,7 +91,7 @@ def other_runs(registry: Path = REGISTRY) -> dict[int, int]:
     return found
 
 
-def oversubscription(threads: int, registry: Path = REGISTRY) -> str | None:
+def oversubscription(threads: int, registry: Path | None = None) -> str | None:
     """The warning for a run computing with ``threads`` torch threads when the live runs'
     threads together exceed :func:`usable_cores`; None when they fit."""
     others, cores = other_runs(registry), usable_cores()

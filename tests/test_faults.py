@@ -804,3 +804,29 @@ def test_interpolations_are_stored_resolved_and_compare_never_resolves(capsys, t
     # compare's fallback for runs without recorded hparams flattens config.yaml as saved
     assert flatten_config({"run_name": "${oc.env:RLZOO_TEST_NAME}"}) == {
         "run_name": "${oc.env:RLZOO_TEST_NAME}"}
+
+
+# ------------------------------------------------------------------ 11. processes sharing the machine
+
+
+def test_runs_whose_threads_oversubscribe_the_cores_warn_once_naming_the_fix(capsys, tmp_path: Path,
+                                                                             monkeypatch) -> None:
+    from rlzoo import processes
+
+    registry = tmp_path / "threads"
+    monkeypatch.setattr(processes, "REGISTRY", registry)
+    finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = processes.register(4, registry, pid=int(finished.stdout))             # a run killed with -9
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        processes.register(processes.usable_cores(), registry, pid=other.pid)     # a run using every core
+        assert main(["train", *TINY, f"run_dir={tmp_path / 'run'}", "trainer.total_steps=1", "eval.size=0"]) == 0
+        err = capsys.readouterr().err
+        warnings = [line for line in err.splitlines() if "rlzoo runs on this machine compute with" in line]
+        assert len(warnings) == 1 and "trainer.threads=1" in warnings[0] and f"pid {other.pid}" in warnings[0]
+        assert dead is not None and not dead.exists()                             # the dead run's record went
+        assert sorted(p.name for p in registry.iterdir()) == [str(other.pid)]     # ours went at the end
+    finally:
+        other.kill()
+        other.wait()
+    assert processes.oversubscription(processes.usable_cores(), registry) is None  # alone: fits
