@@ -1,8 +1,8 @@
 """Runs sharing one machine's cores: a registry of the torch threads each CPU run uses.
 
 CPU runs whose torch threads together exceed the cores they may use all slow down many
-times over, not in proportion (two runs of 2 threads each on 2 cores ran many times slower:
-each thread spin-waits for threads that are not running). Each CPU run records its pid,
+times over, far beyond their share of the cores (each thread spin-waits for threads that
+are not running). Each CPU run records its pid,
 its process start time and its thread count in a file of :data:`REGISTRY`; a run that finds
 the live runs' threads (its own included) above its usable cores warns once, naming the
 fix (``trainer.threads=1``, or fewer runs at a time). Records of dead processes are
