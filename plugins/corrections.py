@@ -6,8 +6,12 @@ Formulas: ../docs/algorithms/corrections.md. Notation, per sampled token of a ``
 batch: ``x = old_logp − rollout_logp = log(π_old/μ)``, clamped to ±20, and ``r = exp(x)``.
 Every correction returns ``(weights, metrics)``: detached ``(B, T)`` weights that multiply
 the per-token policy loss (0 drops a token; it stays in the aggregation's denominator, as
-in verl's IS weights, slime and NeMo-RL) and scalar metrics over the valid tokens. Padding
-gets weight 0 and never influences a valid weight.
+in verl's IS weights, slime and NeMo-RL, unless the correction's ``mode`` is ``mask``:
+then the engine removes it from the loss mask, as verl's rejection) and scalar metrics over
+the valid tokens. Padding gets weight 0 and never influences a valid weight. Corrections
+that read no current-policy ``logp`` are called once per step over the whole batch
+(:mod:`rlzoo.correcting`), so their full reductions (a batch normalisation) are over the
+whole batch, every process's included; ``rollout_correction=[a, b]`` composes them.
 """
 
 from __future__ import annotations
@@ -44,36 +48,131 @@ def none(response_mask: torch.Tensor) -> tuple[torch.Tensor, Metrics]:
     return response_mask.detach().to(torch.float32).clone(), {}
 
 
+MODES = ("weight", "mask")
+"""How a rejecting correction drops a token: ``weight`` (weight 0; the token stays in the
+aggregation's denominator, rlzoo's convention) or ``mask`` (the engine removes it from
+``loss_mask``, so it leaves the denominators of every loss term over that mask, verl's
+rejection). The engine reads a correction's ``mode`` parameter; see :mod:`rlzoo.correcting`."""
+
+
+def _check_mode(mode: str) -> None:
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+
+
+def _normalize(weights: torch.Tensor, mask: torch.Tensor, per_sequence: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """verl's ``rollout_is_batch_normalize``: divide by the mean weight over the valid tokens
+    (token level) or over the non-empty sequences (sequence level; their weight is constant
+    along the sequence). A full reduction: under the engine's batch statistics it is the mean
+    over every process's batch. A mean ≤ 1e-8 leaves the weights as they are (factor 1)."""
+    if per_sequence:
+        non_empty = (mask.sum(-1) > 0).to(weights.dtype)
+        mean = masked_mean(masked_mean(weights, mask, dim=-1), non_empty)
+    else:
+        mean = masked_mean(weights, mask)
+    factor = torch.where(mean > 1e-8, mean, torch.ones_like(mean))
+    return weights / factor, factor.detach()
+
+
+def _check_truncation(cap: float, clip_min: Optional[float]) -> None:
+    """:raises ValueError: unless cap > 0 and clip_min is None or in [0, cap)."""
+    if not cap > 0:
+        raise ValueError(f"cap must be > 0, got {cap}")
+    if clip_min is not None and not 0 <= clip_min < cap:
+        raise ValueError(f"need 0 <= clip_min < cap, got clip_min={clip_min}, cap={cap}")
+
+
 @dataclass
 class TISParams:
     """Parameters of ``tis``."""
 
     cap: float = 2.0
     """C: the weight min(π_old/μ, C); > 0 (verl's rollout_is_threshold, slime's --tis-clip, SkyRL)."""
+    clip_min: Optional[float] = None
+    """c: two-sided truncation max(c, min(π_old/μ, C)); in [0, cap); null: one-sided (verl's token TIS)."""
+    normalize: bool = False
+    """Divide the truncated weights by their mean over the batch's valid tokens (verl's rollout_is_batch_normalize)."""
 
     def __post_init__(self) -> None:
-        if not self.cap > 0:
-            raise ValueError(f"cap must be > 0, got {self.cap}")
+        _check_truncation(self.cap, self.clip_min)
 
 
 def tis(old_logp: torch.Tensor, rollout_logp: torch.Tensor, response_mask: torch.Tensor,
         params: Optional[TISParams] = None) -> tuple[torch.Tensor, Metrics]:
-    """Token-level truncated importance sampling: w = min(π_old/μ, C).
+    """Token-level truncated importance sampling: w = min(π_old/μ, C), optionally raised to
+    at least c (two-sided) and divided by the batch's mean weight.
 
     Yao et al. 2025, "Your efficient RL framework secretly brings you off-policy RL
-    training"; verl ``compute_rollout_correction_weights`` (rollout_is=token). Tensors
-    ``(B, T)``.
+    training"; verl ``compute_rollout_correction_weights`` (rollout_is=token, with
+    ``rollout_is_batch_normalize``); TRL ``token_truncate``. Tensors ``(B, T)``.
 
-    :return: weights ``(B, T)``; metrics ``weight_mean``, ``dropped_frac`` (0), and
-        ``truncated_frac`` (share of valid tokens whose ratio exceeded C).
+    :return: weights ``(B, T)``; metrics ``weight_mean`` (before normalising),
+        ``dropped_frac`` (0), ``truncated_frac`` (share of valid tokens whose ratio
+        exceeded C), with ``clip_min`` ``raised_frac`` (share below c), with ``normalize``
+        ``norm_factor`` (the mean divided by).
     """
     params = params or TISParams()
     valid = response_mask.bool()
     ratio = torch.exp(_log_ratio(old_logp, rollout_logp, valid))
-    weights = torch.where(valid, ratio.clamp(max=params.cap), torch.zeros_like(ratio))
+    truncated = ratio.clamp(min=params.clip_min, max=params.cap)
+    weights = torch.where(valid, truncated, torch.zeros_like(ratio))
     mask = valid.to(weights.dtype)
-    return weights, _metrics(weights, torch.zeros_like(valid), mask,
-                             truncated_frac=masked_mean((ratio > params.cap).to(mask.dtype), mask).detach())
+    extra = {"truncated_frac": masked_mean((ratio > params.cap).to(mask.dtype), mask).detach()}
+    if params.clip_min is not None:
+        extra["raised_frac"] = masked_mean((ratio < params.clip_min).to(mask.dtype), mask).detach()
+    metrics = _metrics(weights, torch.zeros_like(valid), mask, **extra)
+    if params.normalize:
+        weights, metrics["norm_factor"] = _normalize(weights, mask, per_sequence=False)
+    return weights, metrics
+
+
+@dataclass
+class SeqTISParams:
+    """Parameters of ``seq_tis``."""
+
+    cap: float = 2.0
+    """C: the sequence weight min(Π_t π_old/μ, C); > 0 (verl's rollout_is_threshold with rollout_is=sequence)."""
+    clip_min: Optional[float] = None
+    """c: two-sided truncation max(c, min(ρ, C)); in [0, cap); null: one-sided (verl)."""
+    normalize: bool = False
+    """Divide the weights by their mean over the batch's non-empty sequences (verl's rollout_is_batch_normalize)."""
+
+    def __post_init__(self) -> None:
+        _check_truncation(self.cap, self.clip_min)
+
+
+def seq_tis(old_logp: torch.Tensor, rollout_logp: torch.Tensor, response_mask: torch.Tensor,
+            params: Optional[SeqTISParams] = None) -> tuple[torch.Tensor, Metrics]:
+    """Sequence-level truncated importance sampling: every token of sequence i gets
+    w_i = min(exp(clamp(Σ_t x_t, ±20)), C) (optionally ≥ c, optionally batch-normalised).
+
+    The log-ratios are summed unclamped and the sum is clamped to ±20 before the exp (verl
+    ``compute_rollout_correction_weights`` with rollout_is=sequence; TRL
+    ``sequence_truncate``, whose min is ``clip_min``). An empty sequence has weight 0 (no
+    valid token). Tensors ``(B, T)``.
+
+    :return: weights ``(B, T)``; metrics ``weight_mean`` (per valid token, before
+        normalising), ``dropped_frac`` (0), ``truncated_seq_frac`` (share of non-empty
+        sequences with ρ > C), ``raised_seq_frac`` (with ``clip_min``), ``norm_factor``
+        (with ``normalize``).
+    """
+    params = params or SeqTISParams()
+    valid = response_mask.bool()
+    mask = valid.to(torch.float32)
+    raw = torch.where(valid, (old_logp - rollout_logp).detach().float().clamp(-1e6, 1e6), torch.zeros_like(mask))
+    log_rho = raw.sum(-1).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)                       # (B,)
+    rho = torch.exp(log_rho)
+    seq_weight = rho.clamp(min=params.clip_min, max=params.cap)
+    weights = torch.where(valid, seq_weight.unsqueeze(-1).expand_as(mask), torch.zeros_like(mask))
+    non_empty = (mask.sum(-1) > 0).to(torch.float32)
+    extra = {"truncated_seq_frac": masked_mean((log_rho > math.log(params.cap)).float(), non_empty).detach()}
+    if params.clip_min is not None:
+        below = rho < params.clip_min
+        extra["raised_seq_frac"] = masked_mean(below.float(), non_empty).detach()
+    metrics = _metrics(weights, torch.zeros_like(valid), mask, **extra)
+    if params.normalize:
+        weights, metrics["norm_factor"] = _normalize(weights, mask, per_sequence=True)
+    return weights, metrics
 
 
 @dataclass
@@ -84,10 +183,14 @@ class IcePopParams:
     """α: tokens with π_old/μ < α get weight 0; in (0, high)."""
     high: float = 5.0
     """β: tokens with π_old/μ > β get weight 0 (verl's IcePop presets: 0.5 / 5)."""
+    mode: str = "weight"
+    """``weight``: a token outside the band gets weight 0 and stays in the denominators; ``mask``: it leaves
+    loss_mask."""
 
     def __post_init__(self) -> None:
         if not 0 < self.low < self.high:
             raise ValueError(f"need 0 < low < high, got low={self.low}, high={self.high}")
+        _check_mode(self.mode)
 
 
 def icepop(old_logp: torch.Tensor, rollout_logp: torch.Tensor, response_mask: torch.Tensor,
@@ -124,10 +227,14 @@ class SeqISMaskParams:
     """Sequences whose ratio is below this are dropped; None: 0.999 (geometric) / 0.5 (product)."""
     high: Optional[float] = None
     """Sequences whose ratio is above this are dropped; None: 1.001 (geometric) / 2.0 (product)."""
+    mode: str = "weight"
+    """``weight``: a dropped sequence's tokens get weight 0 and stay in the denominators; ``mask``: they leave
+    loss_mask (verl's rejection)."""
 
     def __post_init__(self) -> None:
         if self.aggregate not in SEQ_IS_DEFAULTS:
             raise ValueError(f"aggregate must be one of {', '.join(SEQ_IS_DEFAULTS)}, got {self.aggregate!r}")
+        _check_mode(self.mode)
         low, high = self.bounds()
         if not 0 < low < high:
             raise ValueError(f"need 0 < low < high, got low={low}, high={high}")
@@ -162,6 +269,78 @@ def seq_is_mask(old_logp: torch.Tensor, rollout_logp: torch.Tensor, response_mas
     non_empty = (mask.sum(-1) > 0).to(torch.float32)
     return weights, _metrics(weights, valid & ~keep.unsqueeze(-1), mask,
                              dropped_seq_frac=masked_mean((~keep).to(torch.float32), non_empty).detach())
+
+
+REJECTION_STATISTICS = ("k2", "k3")
+REJECTION_LEVELS = ("token", "sum", "mean", "max")
+
+
+@dataclass
+class RejectionParams:
+    """Parameters of ``rejection``."""
+
+    estimator: str = "k3"
+    """Per-token divergence: ``k2`` = x²/2, ``k3`` = exp(x) − 1 − x, x = log(π_old/μ) (verl's token_k2 /
+    token_k3)."""
+    level: str = "mean"
+    """``token``: reject each token whose divergence exceeds the threshold; ``sum``, ``mean``, ``max``: reject
+    every token of a sequence whose sum / mean / max over its tokens does (verl's seq_sum_*, seq_mean_*, seq_max_*)."""
+    threshold: float = 0.01
+    """Largest divergence kept; > 0 (verl's K3-RS presets: seq_mean_k3 with 0.01)."""
+    mode: str = "weight"
+    """``weight``: a rejected token gets weight 0 and stays in the denominators; ``mask``: it leaves loss_mask
+    (verl)."""
+
+    def __post_init__(self) -> None:
+        if self.estimator not in REJECTION_STATISTICS:
+            raise ValueError(f"estimator must be one of {', '.join(REJECTION_STATISTICS)}, got {self.estimator!r}")
+        if self.level not in REJECTION_LEVELS:
+            raise ValueError(f"level must be one of {', '.join(REJECTION_LEVELS)}, got {self.level!r}")
+        if not self.threshold > 0:
+            raise ValueError(f"threshold must be > 0, got {self.threshold}")
+        _check_mode(self.mode)
+
+
+def rejection(old_logp: torch.Tensor, rollout_logp: torch.Tensor, response_mask: torch.Tensor,
+              params: Optional[RejectionParams] = None) -> tuple[torch.Tensor, Metrics]:
+    """Divergence rejection (a hard trust region between μ and π_old): per token
+    d_t = x²/2 (k2) or exp(x) − 1 − x (k3), x = log(π_old/μ) clamped to ±20; keep a token
+    when d_t ≤ threshold (``token``), or keep a whole sequence when Σ_t d_t, mean_t d_t or
+    max_t d_t ≤ threshold (``sum``, ``mean``, ``max``). Kept tokens get weight 1, rejected
+    ones 0 (removed from the loss mask by the engine with ``mode=mask``).
+
+    verl ``compute_rollout_rejection_mask`` (token_k2/k3, seq_sum_k2/k3, seq_mean_k2/k3,
+    seq_max_k2/k3). An empty sequence's statistic is 0 (kept; it has no tokens). Tensors
+    ``(B, T)``.
+
+    :return: weights ``(B, T)`` in {0, 1}; metrics ``weight_mean``, ``dropped_frac``
+        (share of valid tokens rejected), ``dropped_seq_frac`` (share of non-empty
+        sequences with a rejected token), ``statistic_mean`` (the mean over valid tokens
+        (token) or non-empty sequences of the statistic compared).
+    """
+    params = params or RejectionParams()
+    valid = response_mask.bool()
+    mask = valid.to(torch.float32)
+    x = _log_ratio(old_logp, rollout_logp, valid).float()
+    divergence = 0.5 * x * x if params.estimator == "k2" else torch.expm1(x) - x
+    divergence = torch.where(valid, divergence, torch.zeros_like(divergence))
+    non_empty = (mask.sum(-1) > 0).to(torch.float32)
+    if params.level == "token":
+        keep = divergence <= params.threshold
+        statistic = masked_mean(divergence, mask)
+    else:
+        if params.level == "sum":
+            per_sequence = divergence.sum(-1)
+        elif params.level == "mean":
+            per_sequence = masked_mean(divergence, mask, dim=-1)
+        else:
+            per_sequence = divergence.max(-1).values if divergence.shape[-1] else divergence.new_zeros(len(divergence))
+        keep = (per_sequence <= params.threshold).unsqueeze(-1).expand_as(valid)
+        statistic = masked_mean(per_sequence, non_empty)
+    weights = (keep & valid).to(torch.float32)
+    dropped = valid & ~keep
+    return weights, _metrics(weights, dropped, mask, statistic_mean=statistic.detach(),
+                             dropped_seq_frac=masked_mean(dropped.any(-1).float(), non_empty).detach())
 
 
 @dataclass
@@ -207,6 +386,11 @@ def rlzoo_register_rollout_corrections(register) -> None:
     register("none", none, description="no correction (weight 1)")
     register("tis", tis, params=TISParams, paper="Yao et al. 2025 (TIS)",
              description="token-level truncated IS: w = min(π_old/μ, C)")
+    register("seq_tis", seq_tis, params=SeqTISParams, paper="verl rollout_is=sequence; TRL sequence_truncate",
+             description="sequence-level truncated IS: w = min(Π_t π_old/μ, C) on every token of the sequence")
+    register("rejection", rejection, params=RejectionParams,
+             paper="verl rollout_rs (token/seq_sum/seq_mean/seq_max k2, k3)",
+             description="drop tokens / sequences whose k2 or k3 divergence between μ and π_old exceeds a threshold")
     register("icepop", icepop, params=IcePopParams,
              description="token-level masked IS: w = π_old/μ inside [α, β], else 0 (IcePop, Ring-1T)")
     register("seq_is_mask", seq_is_mask, params=SeqISMaskParams,

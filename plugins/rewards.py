@@ -1,11 +1,25 @@
-"""Rule-based reward functions: ``fn(prompts, completions, references) -> list[float]``."""
+"""Reward functions: rule-based ones, ``fn(prompts, completions, references) -> list[float]``,
+and ``reward_model``, a scorer class built once per run that scores with a learned model."""
 
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
 
 from rlzoo import hookimpl
+from rlzoo.rewardmodel import (
+    RunningMoments,
+    encode,
+    is_reward_model_dir,
+    load_reward_model,
+    reward_text,
+    score_ids,
+    uses_chat_template,
+)
 from rlzoo_plugins.tasks import eval_expression
 
 RLZOO_API_VERSION = "2"
@@ -93,6 +107,101 @@ def countdown(prompts: list[str], completions: list[str], references: list[tuple
     return scores
 
 
+RM_DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+@dataclass
+class RewardModelParams:
+    path: str = ""
+    """A local reward-model directory: written by `rlzoo rm`, any one-label
+    ...ForSequenceClassification `save_pretrained` directory, or an rlzoo critic."""
+    dtype: str = "auto"
+    """auto (the dtype its config.json records) | float32 | bfloat16 | float16."""
+    batch_size: int = 32
+    """Sequences per forward pass (bounds the scorer's memory)."""
+    chat_template: Optional[bool] = None
+    """null: render [user: prompt, assistant: completion] with the reward model's chat template
+    when its tokenizer has one, else prompt + completion; true | false to insist."""
+    normalize: bool = False
+    """Standardise scores by the running mean / std of every training batch scored so far
+    (this batch included; kept in checkpoints)."""
+    clip: float = 0.0
+    """> 0: clip the (normalised) score to [-clip, clip]."""
+
+    def __post_init__(self) -> None:
+        if self.dtype not in RM_DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(RM_DTYPES)}, got {self.dtype!r}")
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+        if not self.clip >= 0:
+            raise ValueError(f"clip must be >= 0 (0: no clipping), got {self.clip}")
+
+
+class RewardModel:
+    """Scores prompt + completion with a frozen learned reward model (:mod:`rlzoo.rewardmodel`).
+
+    Built once per run on the run's device; the decoded text is re-tokenised with the reward
+    model's own tokenizer and chat template, scored ``batch_size`` sequences at a time in the
+    model's own dtype, then optionally normalised (running mean / std over training batches,
+    in the checkpoint) and clipped. ``timing/reward_model_s`` logs the scoring time per step.
+    """
+
+    training = True
+    """Set by the engine: False while scoring evaluation or greedy completions (the running
+    statistics then stay as they are)."""
+
+    def __init__(self, device: torch.device, params: RewardModelParams) -> None:
+        self.describe(params)
+        self.params, self.device = params, device
+        self.model, self.tokenizer = load_reward_model(params.path, params.dtype, device)
+        self.templated = uses_chat_template(self.tokenizer, params.chat_template)
+        self.moments = RunningMoments()
+        self.seconds = 0.0
+
+    @staticmethod
+    def describe(params: RewardModelParams) -> str:
+        """The plan's line for this scorer.
+
+        :raises ValueError: no ``path``, or not a reward-model directory.
+        """
+        if not params.path:
+            raise ValueError("set path=DIR: a local reward-model directory (`rlzoo rm` writes one; "
+                             "docs/reward-models.md)")
+        reason = is_reward_model_dir(params.path)
+        if reason is not None:
+            raise ValueError(reason)
+        extra = (", normalised by running mean/std" if params.normalize else "") + \
+            (f", clipped to ±{params.clip:g}" if params.clip > 0 else "")
+        return (f"frozen reward model {params.path} ({params.dtype} dtype, {params.batch_size} sequences per "
+                "forward): reads prompt + completion as decoded text re-tokenised with its own tokenizer and "
+                f"chat template (the policy's token ids are not reused, so its tokenizer may differ){extra}")
+
+    def __call__(self, prompts: list[Any], completions: list[Any]) -> torch.Tensor:
+        start = time.perf_counter()
+        texts = [reward_text(self.tokenizer, p, c, self.templated) for p, c in zip(prompts, completions)]
+        ids = encode(self.tokenizer, texts, self.templated)
+        scores = score_ids(self.model, ids, self.tokenizer.pad_token_id, self.params.batch_size, self.device)
+        if self.params.normalize:
+            if self.training:
+                self.moments.update(scores)
+            scores = self.moments.normalize(scores)
+        if self.params.clip > 0:
+            scores = scores.clamp(-self.params.clip, self.params.clip)
+        self.seconds += time.perf_counter() - start
+        return scores
+
+    def metrics(self) -> dict[str, float]:
+        """Seconds spent scoring since the last call (``timing/reward_model_s``)."""
+        seconds, self.seconds = self.seconds, 0.0
+        return {"timing/reward_model_s": seconds}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"moments": self.moments.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.moments.load_state_dict(state["moments"])
+
+
 @hookimpl
 def rlzoo_register_reward_functions(register) -> None:
     register("sorted_digits", sorted_digits,
@@ -105,3 +214,6 @@ def rlzoo_register_reward_functions(register) -> None:
              description="1 − relative length difference to the reference (a format reward)")
     register("countdown", countdown, params=CountdownRewardParams,
              description="1 if the expression hits the target using the offered numbers")
+    register("reward_model", RewardModel, params=RewardModelParams,
+             description="score of a frozen learned reward model (a local directory; `rlzoo rm` trains one)",
+             paper="arXiv:2203.02155")

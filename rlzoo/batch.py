@@ -53,7 +53,9 @@ class RolloutBatch:
     ``(B, T)`` are the log-probs of the sampled tokens under the distribution the rollout
     backend sampled from (after temperature and top-p), recorded for every run.
     ``reward_scores`` ``(B, K)`` are each reward function's raw scores (``scores`` is their
-    weighted sum; :mod:`rlzoo.scoring`).
+    weighted sum; :mod:`rlzoo.scoring`). ``correction_weights`` ``(B, T)`` are the product of
+    the rollout corrections computed over the whole batch before the update
+    (:mod:`rlzoo.correcting`), ``None`` without any.
 
     Lifecycle hooks change a batch in place (:meth:`keep`, :meth:`extend`,
     :meth:`copy_from`), so the next hook and the engine see the result.
@@ -83,6 +85,7 @@ class RolloutBatch:
     returns: torch.Tensor | None = None
     reward_scores: torch.Tensor | None = None
     teacher_logp: torch.Tensor | None = None
+    correction_weights: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.loss_mask is None:

@@ -1,4 +1,4 @@
-"""The ``rlzoo`` command line: train, sft, sweep, compare, config, list.
+"""The ``rlzoo`` command line: train, sft, rm, sweep, compare, config, list.
 
 Every user error (:class:`rlzoo.errors.RlzooError`) prints one line ``rlzoo: error: ...``
 and exits with code 2, before any model is built.
@@ -51,6 +51,15 @@ def _parser() -> argparse.ArgumentParser:
                      help="train on reference answers, or on well-formed unsolved completions "
                      "(a format-only warm-up that leaves the skill to RL)")
     sft.add_argument("--batch-size", type=int, default=64, help="examples per step")
+
+    rm = sub.add_parser("rm", help="train a reward model from preference pairs (rm.data=FILE)",
+                        description="Train a reward model from pairwise preferences (rm.data: a .jsonl or "
+                        ".parquet file with prompt, chosen, rejected and an optional margin) with the "
+                        "Bradley-Terry loss; writes <run_dir>/reward_model/, which "
+                        "reward={name: reward_model, path: DIR} scores with. resume=RUN_DIR continues a run.")
+    with_config(rm)
+    rm.add_argument("--overwrite", action="store_true",
+                    help="start over in a run_dir that holds another run: delete that run's files first")
 
     sweep = sub.add_parser("sweep", help="run the cartesian product of comma-separated values",
                            description="Run one training per combination of comma-separated "
@@ -263,6 +272,18 @@ def _cmd_sft(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_rm(args: argparse.Namespace) -> int:
+    from rlzoo.rm import run_rm
+
+    _, _, resolved = _resolve(args)
+    if args.overwrite and resolved.cfg.resume:
+        raise ConfigError("--overwrite starts a new run in place of another; it does not go with resume=")
+    _quiet_transformers()
+    out = run_rm(resolved, overwrite=args.overwrite)
+    print(f"saved the reward model to {out}; score with reward={{name: reward_model, path: {out}}}")
+    return 0
+
+
 def _cmd_sweep(args: argparse.Namespace) -> int:
     from datetime import datetime
     from pathlib import Path
@@ -347,5 +368,5 @@ def _cmd_list(args: argparse.Namespace) -> int:
     return EXIT_USAGE if errors else 0
 
 
-_COMMANDS = {"train": _cmd_train, "sft": _cmd_sft, "sweep": _cmd_sweep, "compare": _cmd_compare,
+_COMMANDS = {"train": _cmd_train, "sft": _cmd_sft, "rm": _cmd_rm, "sweep": _cmd_sweep, "compare": _cmd_compare,
              "config": _cmd_config, "explain": _cmd_explain, "diff": _cmd_diff, "ab": _cmd_ab, "list": _cmd_list}

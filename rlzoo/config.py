@@ -332,8 +332,15 @@ def load_config(
             raise ConfigError(f"'{required}' must name a component; got null")
     if not rewards and "reward" in components:
         rewards = [(components["reward"], params["reward"], 1.0)]
+    if "rollout_correction" in lists:
+        corrections = _resolve_corrections(registry, lists["rollout_correction"], sources)
+        OmegaConf.update(cfg, "rollout_correction", [expand(c, p) for c, p in corrections], force_add=True)
+    elif "rollout_correction" in components and components["rollout_correction"].name != "none":
+        corrections = [(components["rollout_correction"], params["rollout_correction"])]
+    else:
+        corrections = []
     resolved = ResolvedConfig(cfg=cfg, components=components, params=params, extensions=extensions,
-                              sources=sources, rewards=rewards, registry=registry)
+                              sources=sources, rewards=rewards, registry=registry, corrections=corrections)
     resolved.plan = build_plan(resolved)
     return resolved
 
@@ -373,6 +380,37 @@ def _resolve_interpolations(cfg: DictConfig) -> None:
         raise ConfigError(f"cannot resolve {exc.full_key or 'an interpolation'}: {message} (OmegaConf's "
                           "resolvers: oc.env, oc.select, oc.decode, oc.create, oc.dict.keys, oc.dict.values; "
                           "${a.b} refers to another key)") from exc
+
+
+def _resolve_corrections(registry: Registry, items: list[Any], sources: dict[str, str]) -> list[tuple[Component, Any]]:
+    """``rollout_correction=[a, {name: b, **params}, ...]`` as ``(component, params)`` in
+    order (``[]``: no correction); records each parameter's source as
+    ``rollout_correction[i].<key>`` (the list's layer, or the component's default).
+
+    :raises ConfigError: a bad item, ``none`` beside other corrections, or a correction
+        named twice (its metrics are logged under its name).
+    """
+    label = sources.get("rollout_correction", "?")
+    out: list[tuple[Component, Any]] = []
+    for i, raw in enumerate(items):
+        spec = _as_spec(raw, f"rollout_correction[{i}]")
+        if spec is None:
+            raise ConfigError(f"rollout_correction[{i}] is null; every item names a correction")
+        component, instance, expanded = resolve_component(registry, "rollout_correction",
+                                                          f"rollout_correction[{i}]", spec)
+        for key in expanded:
+            sources[f"rollout_correction[{i}].{key}"] = (label if key in spec
+                                                         else f"default of rollout_correction {component.name}")
+        out.append((component, instance))
+    names = [c.name for c, _ in out]
+    if "none" in names and len(names) > 1:
+        raise ConfigError(f"rollout_correction={names}: none is no correction; list only the corrections to apply "
+                          "(or write rollout_correction=none)")
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ConfigError(f"rollout_correction names {', '.join(twice)} more than once; each correction's metrics "
+                          f"are logged as rollout_correction/<name>/..., so list each once")
+    return [(c, p) for c, p in out if c.name != "none"]
 
 
 def _resolve_rewards(registry: Registry, items: list[Any]) -> list[tuple[Component, Any, float]]:

@@ -37,6 +37,10 @@ class Bindable(Protocol):
 def inspect_inputs(kind: str, name: str, fn: Any, has_params: bool, who: str) -> tuple[str, ...]:
     """The inputs ``fn`` names, in signature order (``params`` excluded).
 
+    A class registered for a kind with :attr:`rlzoo.kinds.Kind.setup_inputs` (a scorer built
+    once per run) is read twice: its constructor may name the setup inputs and ``params``,
+    its ``__call__`` the kind's inputs (returned).
+
     :raises PluginError: ``fn`` is not callable, takes ``*args`` / ``**kwargs``, names a
         required parameter that is not an input of ``kind``, or lacks ``params`` although
         the component declares a parameter dataclass.
@@ -44,26 +48,41 @@ def inspect_inputs(kind: str, name: str, fn: Any, has_params: bool, who: str) ->
     label = f"plugin {who!r}: {kind} {name!r}"
     if not callable(fn):
         raise PluginError(f"{label} is a {type(fn).__name__}, not a function or class")
+    setup = KINDS[kind].setup_inputs
+    if setup and isinstance(fn, type):
+        _named_inputs(label, fn, setup, has_params, f"{KINDS[kind].hook}, constructor of a scorer class")
+        return _named_inputs(label, fn.__call__, KINDS[kind].inputs, False, KINDS[kind].hook, skip_self=True)
+    return _named_inputs(label, fn, KINDS[kind].inputs, has_params, KINDS[kind].hook)
+
+
+def setup_names(fn: type) -> tuple[str, ...]:
+    """The setup inputs a scorer class's constructor names (``params`` excluded)."""
+    return tuple(p for p in inspect.signature(fn).parameters if p != "params")
+
+
+def _named_inputs(label: str, fn: Any, known: dict[str, Any], has_params: bool, where: str,
+                  skip_self: bool = False) -> tuple[str, ...]:
     try:
         signature = inspect.signature(fn)
     except (TypeError, ValueError) as exc:
         raise PluginError(f"{label}: cannot read the signature of {fn!r} ({exc})") from exc
-    known = KINDS[kind].inputs
     inputs = []
     takes_params = False
-    for parameter in signature.parameters.values():
+    for index, parameter in enumerate(signature.parameters.values()):
+        if skip_self and index == 0:
+            continue
         if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
             raise PluginError(f"{label} takes {'*' if parameter.kind == parameter.VAR_POSITIONAL else '**'}"
                               f"{parameter.name}: inputs are passed by name, so name the ones it uses "
                               f"({', '.join(known) or 'none for this kind'}; see rlzoo.kinds.KINDS)")
-        if parameter.name == "params":
+        if parameter.name == "params" and not skip_self:
             takes_params = True
         elif parameter.name in known:
             inputs.append(parameter.name)
         elif parameter.default is parameter.empty:
             raise PluginError(f"{label} takes {parameter.name!r}, which is not an input of its kind; "
                               f"the engine passes {', '.join(known) or 'no inputs'}"
-                              f"{' and params' if has_params else ''} ({KINDS[kind].hook})")
+                              f"{' and params' if has_params else ''} ({where})")
     if has_params and not takes_params:
         raise PluginError(f"{label} declares a parameter dataclass but its function takes no 'params'")
     return tuple(inputs)
@@ -120,11 +139,43 @@ class BoundComponent:
             self._check(self, result, available)
         return result
 
+    def build(self, **setup: Any) -> "BoundComponent | BuiltComponent":
+        """For a scorer class (its kind has setup inputs and ``fn`` is a class): the instance
+        built once, from the setup inputs its constructor names and ``params``; otherwise
+        this bound component itself. Call it once per run."""
+        if KINDS[self.component.kind].setup_inputs and isinstance(self.component.fn, type):
+            return BuiltComponent(self, setup)
+        return self
+
     def fail(self, what: str) -> TrainingError:
         """An error naming the component, its package and the broken contract."""
         c = self.component
         return TrainingError(f"{c.kind} {c.name!r} (package {c.package or '?'}, plugin {c.plugin or '?'}) "
                              f"{what} ({KINDS[c.kind].hook} in rlzoo.hookspecs)")
+
+
+class BuiltComponent:
+    """A scorer class built once per run (:meth:`BoundComponent.build`), called like a
+    bound component: ``built(**available)`` passes the inputs its ``__call__`` names.
+
+    :ivar instance: the built object; it may define ``state_dict()`` / ``load_state_dict()``
+        (kept in checkpoints), ``metrics()`` (logged each step) and a ``training`` flag.
+    """
+
+    def __init__(self, bound: BoundComponent, setup: dict[str, Any]) -> None:
+        component = self.component = bound.component
+        self.params = bound.params
+        kwargs = {name: setup[name] for name in setup_names(component.fn) if name in setup}
+        if component.params is not None:
+            kwargs["params"] = bound.params
+        self.instance = component.fn(**kwargs)
+
+    @property
+    def name(self) -> str:
+        return self.component.name
+
+    def __call__(self, **available: Any) -> Any:
+        return self.instance(**{name: available[name] for name in self.component.inputs if name in available})
 
 
 def _expect_matrix(bound: BoundComponent, value: Any, shape: torch.Size, what: str) -> None:

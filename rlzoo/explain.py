@@ -21,8 +21,8 @@ from rlzoo.resolved import ResolvedConfig
 from rlzoo.presets import Preset, load_preset
 from rlzoo.registry import Registry
 
-SECTIONS = ("algo", "seed", "task", "reward", "model.path", "rollout", "advantage", "policy_loss", "loss_agg",
-            "value_loss", "kl", "trainer", "extensions")
+SECTIONS = ("algo", "seed", "task", "reward", "model.path", "rollout", "rollout_correction", "advantage",
+            "policy_loss", "loss_agg", "value_loss", "kl", "trainer", "extensions", "eval")
 """The config keys (and subtrees) that define what a run does algorithmically."""
 
 OPERATIONAL = {"trainer.device", "trainer.threads", "trainer.logprob_chunk_size", "trainer.logprob_keep_mb",
@@ -48,9 +48,18 @@ class Knob:
     unused: str = ""
 
 
+EXPANDED_LISTS = ("rollout_correction",)
+"""Lists of component choices shown one row per parameter (``rollout_correction[0].threshold``)."""
+
+
 def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(data, dict):
+    if isinstance(data, list) and prefix[:-1] in EXPANDED_LISTS and all(isinstance(v, dict) for v in data):
         out: dict[str, Any] = {}
+        for i, value in enumerate(data):
+            out.update(_flatten(value, f"{prefix[:-1]}[{i}]."))
+        return out
+    if isinstance(data, dict):
+        out = {}
         for key, value in data.items():
             out.update(_flatten(value, f"{prefix}{key}."))
         return out
@@ -58,7 +67,7 @@ def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def _in_sections(key: str) -> bool:
-    return any(key == s or key.startswith(s + ".") for s in SECTIONS) and key not in OPERATIONAL
+    return any(key == s or key.startswith((s + ".", s + "[")) for s in SECTIONS) and key not in OPERATIONAL
 
 
 def _unused(key: str, resolved: ResolvedConfig) -> str:
@@ -69,6 +78,8 @@ def _unused(key: str, resolved: ResolvedConfig) -> str:
         return "no critic in this run"
     if key == "trainer.critic_lr" and "critic" not in plan.needs:
         return "no critic in this run"
+    if key in ("eval.every", "eval.n", "eval.threshold") and int(resolved.cfg.eval.size) == 0:
+        return "eval.size = 0: no evaluation"
     return ""
 
 

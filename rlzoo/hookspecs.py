@@ -136,10 +136,16 @@ def rlzoo_register_rollout_corrections(register: Register) -> None:
     distribution the rollout backend sampled from, and the trained policy. The engine calls
     ``fn(**inputs, params=...)`` with the inputs ``fn`` names from
     ``INPUTS["rollout_correction"]`` (``old_logp``, ``rollout_logp``, ``logp`` (detached),
-    ``advantages``, ``response_mask``; all ``(B, T)``) in every update micro-batch and
-    gets ``(weights, metrics)``: ``weights`` ``(B, T)`` multiply the per-token policy loss
-    (detached; 0 drops a token, and it stays in the aggregation's denominator), and
-    ``metrics`` is a dict of detached scalars logged as ``rollout_correction/<name>``.
+    ``advantages``, ``response_mask``; all ``(B, T)``) and gets ``(weights, metrics)``:
+    ``weights`` ``(B, T)`` multiply the per-token policy loss (detached; 0 drops a token,
+    and it stays in the aggregation's denominator), and ``metrics`` is a dict of detached
+    scalars logged as ``rollout_correction/<name>/<key>``. A correction that names ``logp``
+    is called in every update micro-batch; any other once per step over the whole batch
+    before the mini-batches (its full reductions, e.g. ``rlzoo.masked.masked_mean``, are
+    over every process's batch). ``response_mask`` is the loss mask the earlier corrections
+    of ``rollout_correction=[...]`` left. A parameter dataclass with a field ``mode`` set to
+    ``"mask"`` asks the engine to remove the tokens it weights 0 from the loss mask
+    (verl's rejection), which changes the aggregation's denominators.
     """
 
 
@@ -204,6 +210,14 @@ def rlzoo_register_reward_functions(register: Register) -> None:
         lists of equal length ``B`` (prompt text, decoded completion text, the task's
         reference answer, the example's data row as a dict) and expects ``B`` finite floats
         (a list or a ``(B,)`` tensor). Evaluation calls it the same way on held-out prompts.
+
+        ``fn`` may be a *scorer class* (a learned reward model, a judge): its constructor
+        may name ``params`` and the setup inputs ``device`` and ``tokenizer``
+        (:attr:`rlzoo.kinds.Kind.setup_inputs`); the engine builds it once per run and calls
+        the instance as above. Optional: ``describe(params) -> str`` (static; the plan's line,
+        its ``ValueError`` refuses the config), ``state_dict()`` / ``load_state_dict()``
+        (checkpointed), ``metrics()`` (logged each step), a ``training`` attribute the
+        engine sets (``False`` for evaluation and greedy baselines).
     """
 
 

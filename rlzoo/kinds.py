@@ -50,6 +50,10 @@ class Kind:
         ``None`` when the kind returns objects the engine uses directly (tasks, backends).
     :ivar required_metrics: metric keys the output's metrics dict must hold.
     :ivar takes_list: ``config_path`` also takes a list of choices (``reward=[a, b]``).
+    :ivar setup_inputs: input name -> :class:`Input` for a component registered as a *class*
+        (a stateful scorer): its constructor may name these and ``params``; it is built once
+        per run, and its instances are called with :attr:`inputs` (empty: the kind takes no
+        classes of that sort).
     :ivar docs: the docs page that lists every built-in component of the kind.
     :ivar tested_in: where the kind's contract is exercised: ``rlzoo.testing`` (its
         invariant checks, which plugin authors run too) or the test module that does.
@@ -65,6 +69,7 @@ class Kind:
     inputs: dict[str, Input] = field(default_factory=dict)
     required_metrics: tuple[str, ...] = ()
     takes_list: bool = False
+    setup_inputs: dict[str, Input] = field(default_factory=dict)
 
 
 _MASK = "(B, T) float in {0, 1}: 1 on the tokens the loss covers (the batch's loss_mask)"
@@ -111,7 +116,7 @@ KINDS: dict[str, Kind] = {kind.name: kind for kind in (
         }),
     Kind(
         name='rollout_correction', hook='rlzoo_register_rollout_corrections', title='Rollout corrections',
-        config_path='rollout_correction', output='weights_metrics',
+        config_path='rollout_correction', output='weights_metrics', takes_list=True,
         docs='docs/algorithms/corrections.md', tested_in='rlzoo.testing',
         inputs={
             "old_logp": Input("old_logp", "(B, T) float: log-probs under π_old, the trained policy before this "
@@ -171,6 +176,10 @@ KINDS: dict[str, Kind] = {kind.name: kind for kind in (
             "references": Input(None, "list of B reference answers (the task's Example.reference)"),
             "rows": Input(None, "list of B dicts: the rest of each example's data row (Example.row; a file "
                                 "task's whole row, every column; {} for the generated built-in tasks)"),
+        },
+        setup_inputs={
+            "device": Input(None, "torch.device the run's models live on (a scorer class's model goes there)"),
+            "tokenizer": Input(None, "the policy's tokenizer (a reward model reads decoded text with its own)"),
         }),
     Kind(
         name='task', hook='rlzoo_register_tasks', title='Tasks',

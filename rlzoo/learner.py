@@ -20,6 +20,7 @@ import torch
 
 from rlzoo import distributed
 from rlzoo.batch import BatchCounts, RolloutBatch
+from rlzoo.correcting import Corrections, offpolicy_metrics
 from rlzoo.resolved import ResolvedConfig
 from rlzoo.errors import TrainingError
 from rlzoo.logprobs import full_sequence, response_forward
@@ -125,7 +126,7 @@ class Learner:
         self.reward_weights = torch.tensor([weight for _, _, weight in resolved.rewards], dtype=torch.float32)
         self.policy_loss = resolved.bound("policy_loss")
         self.aggregators = {term: resolved.bind_as("loss_agg", mode) for term, mode in plan.aggregation.items()}
-        self.correction = resolved.bind_as("rollout_correction", plan.correction)
+        self.corrections = Corrections(resolved, dist)
         if plan.kl is not None:
             self.kl = resolved.bind_as("kl.estimator", plan.kl.estimator)
             self.kl_controller = resolved.build("kl.controller", name=plan.kl.controller, init_coef=plan.kl.coef)
@@ -187,6 +188,8 @@ class Learner:
             models.policy.eval()
             batch.old_logp, batch.old_entropy = self._logp_pass(models.policy_forward, batch,
                                                                 plan.runs("old_entropy"))
+        elif plan.bypass:
+            batch.old_logp = batch.rollout_logp
         if plan.runs("ref_logp"):
             batch.ref_logp, _ = self._logp_pass(models.reference_forward, batch, False)
         if plan.runs("teacher_logp"):
@@ -197,11 +200,13 @@ class Learner:
                 batch.old_values = torch.cat([self._values(batch.select(rows), models.critic)
                                               for rows in self._micro_rows(len(batch))])
         with distributed.batch_statistics(self.dist.enabled):
-            if batch.old_logp is not None:
+            if plan.runs("old_logp"):
                 found = mismatch_metrics(batch.old_logp, batch.rollout_logp, batch.response_mask)
                 metrics["rollout/mismatch_k3"] = float(found["mismatch_k3"])
                 metrics.update({"rollout/max_abs_log_ratio": distributed.all_reduce_floats(
                     {"m": float(found["max_abs_log_ratio"])}, self.dist, "max")["m"]})
+                metrics.update({f"rollout/{key}": float(value) for key, value in
+                                offpolicy_metrics(batch.old_logp, batch.rollout_logp, batch.response_mask).items()})
             self._advantages(batch, metrics)
         return metrics
 
@@ -247,6 +252,7 @@ class Learner:
         models = self.models
         means = _WeightedMeans()
         grad_norms = []
+        correction_metrics = self.corrections.apply_to_batch(batch)
         policy_masks = sorted({mask for term, mask in self.plan.masks.items() if term != "value"})
         for _ in range(self.plan.update.epochs):
             order = torch.randperm(len(batch))
@@ -262,6 +268,7 @@ class Learner:
                 if models.critic is not None:
                     self._critic_step(mini, means)
         metrics = means.result(self.dist)
+        metrics.update(correction_metrics)
         metrics["grad_norm"] = float(np.mean(grad_norms)) if grad_norms else 0.0
         self.scheduler.step()
         if self.critic_scheduler is not None:
@@ -313,12 +320,10 @@ class Learner:
             logp=logp, old_logp=old_logp, advantages=mb.advantages, response_mask=mask,
             rollout_logp=mb.rollout_logp, ref_logp=mb.ref_logp)
         weight = float(mask.sum())
-        weights, correction_metrics = self.correction(
-            old_logp=old_logp, rollout_logp=mb.rollout_logp, logp=logp.detach(), advantages=mb.advantages,
-            response_mask=mask)
-        token_loss = token_loss * weights.detach()
-        for key, value in correction_metrics.items():
-            means.add(f"rollout_correction/{key}", float(value), weight)
+        weights = self.corrections.weights(mb, old_logp, logp, mask,
+                                           lambda key, value: means.add(key, value, weight))
+        if weights is not None:
+            token_loss = token_loss * weights
         loss = self._term("policy", mb, token_loss, counts)
         means.add("policy/loss", float(loss.detach()) * tokens / max(weight, 1.0), weight)
         for key, value in loss_metrics.items():

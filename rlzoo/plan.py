@@ -83,6 +83,8 @@ class RolloutPlan:
     :ivar temperature: the sampling temperature; log-probs for training are taken under
         logits / this too (as verl and TRL do).
     :ivar top_p: the nucleus of the sampling distribution.
+    :ivar staleness: step t trains on the rollouts of the policy of step t − staleness
+        (``rollout.staleness``; :mod:`rlzoo.rollout_queue`); 0 is on-policy.
     """
 
     backend: str
@@ -92,6 +94,27 @@ class RolloutPlan:
     max_new_tokens: int
     temperature: float
     top_p: float
+    staleness: int = 0
+
+
+@dataclass(frozen=True)
+class CorrectionStep:
+    """One rollout correction of the run, in ``rollout_correction`` order.
+
+    :ivar name: the correction's name.
+    :ivar index: its position in ``rollout_correction`` (binds its parameters).
+    :ivar stage: ``batch``: computed once per step over the whole batch before the
+        mini-batches (it reads no current-policy log-prob); ``update``: in each update
+        micro-batch (it reads ``logp``, the policy being trained).
+    :ivar mode: ``weight`` (its weights multiply the per-token policy loss) or ``mask``
+        (its zero-weight tokens also leave ``loss_mask``, so every term over that mask
+        stops counting them).
+    """
+
+    name: str
+    index: int
+    stage: str
+    mode: str
 
 
 @dataclass(frozen=True)
@@ -110,7 +133,10 @@ class RunPlan:
     :ivar masks: loss term -> ``loss_mask`` or ``response_mask``.
     :ivar update: the update structure.
     :ivar rollout: how completions are generated (:class:`RolloutPlan`).
-    :ivar correction: the rollout correction's name (``none``: weights of 1).
+    :ivar corrections: the rollout corrections applied in order (weights multiplied, masks
+        intersected); empty for ``none``.
+    :ivar bypass: ``trainer.old_logp=rollout``: the rollout's log-probs are π_old (the
+        ratio's denominator is μ), and no old-log-prob pass runs.
     :ivar record: each step's batch is written to ``rollouts/`` (``rollout.record``).
     :ivar precision: ``trainer.precision``: ``fp32``, or ``bf16`` compute over float32 weights.
     :ivar warnings: choices that cannot act under this plan, in words.
@@ -125,7 +151,8 @@ class RunPlan:
     masks: dict[str, str]
     update: UpdatePlan
     rollout: RolloutPlan
-    correction: str = "none"
+    corrections: tuple[CorrectionStep, ...] = ()
+    bypass: bool = False
     record: bool = False
     precision: str = "fp32"
     warnings: list[str] = field(default_factory=list)
@@ -135,6 +162,23 @@ class RunPlan:
         """Log-probs (old, new, reference, entropy) are taken under logits / this: the
         sampling temperature, so they are those of the distribution sampled from."""
         return self.rollout.temperature
+
+    def _correction_lines(self) -> list[str]:
+        if not self.corrections:
+            return []
+        lines = ["rollout corrections, in order (weights multiplied, masks intersected; each sees the loss_mask "
+                 "the earlier ones left):"]
+        for i, step in enumerate(self.corrections, 1):
+            when = ("once per step over the whole batch, before the mini-batches" if step.stage == "batch"
+                    else "in each update micro-batch (it reads the current policy)")
+            what = ("its rejected tokens leave loss_mask and the rest are weighted" if step.mode == "mask"
+                    else "weights the per-token policy loss (weight 0 keeps a token in the denominators)")
+            lines.append(f"  {i}. {step.name}: {what}; {when}")
+        if any(step.mode == "mask" for step in self.corrections):
+            terms = ", ".join(t for t, m in self.masks.items() if m == "loss_mask")
+            lines.append(f"  mode=mask changes the aggregation denominators: {terms} count only the tokens and "
+                         "non-empty sequences the corrections keep")
+        return lines
 
     def runs(self, name: str) -> bool:
         """Whether pass ``name`` runs each step."""
@@ -158,7 +202,8 @@ class RunPlan:
                 "optimizer_steps_per_step": self.update.optimizer_steps,
                 "micro_batch_size": self.update.micro_batch_size},
             "rollout": dataclasses.asdict(self.rollout),
-            "rollout_correction": self.correction,
+            "rollout_correction": [dataclasses.asdict(step) for step in self.corrections],
+            "old_logp": "rollout (bypass)" if self.bypass else ("pass" if "old_logp" in self.passes else "current"),
             "precision": self.precision,
             "warnings": list(self.warnings),
         }
@@ -173,9 +218,14 @@ class RunPlan:
         lines.append(f"  rollout: {r.backend} backend, {u.sequences} sequences ({r.dtype}): {r.n} completions of "
                      f"at most {r.max_new_tokens} tokens per prompt, temperature {r.temperature:g}"
                      f"{f', top_p {r.top_p:g}' if r.top_p < 1 else ''}")
+        if r.staleness:
+            lines.append(f"  rollout queue: step t trains on the rollouts of the policy of step t-{r.staleness} "
+                         f"(steps 1-{r.staleness} on the initial policy's; rollout.staleness)")
         lines += [f"  {name}: {why}" for name, why in self.passes.items()]
-        if self.correction != "none":
-            lines.append(f"rollout correction: {self.correction} weights the per-token policy loss")
+        if self.bypass:
+            lines.append("old log-probs: the rollout's (trainer.old_logp=rollout, bypass): the importance ratio is "
+                         "pi/mu and no old-log-prob pass runs")
+        lines += self._correction_lines()
         if self.record:
             lines.append("each step's batch is recorded in rollouts/ (rlzoo ab replays it)")
         if self.precision == "bf16":
@@ -219,7 +269,8 @@ def build_plan(resolved: ResolvedConfig) -> RunPlan:
     world = _world(cfg)
     kl_on = float(cfg.kl.coef) > 0
     acting = [c for path, c in comps.items()
-              if not (path.startswith("kl.") and not kl_on) and not (path == "value_loss")]
+              if not (path.startswith("kl.") and not kl_on) and path not in ("value_loss", "rollout_correction")]
+    acting += [c for c, _ in resolved.corrections]
     acting += [c for c, _ in resolved.extensions]
     needs: set[str] = set()
     for component in acting:
@@ -247,7 +298,8 @@ def build_plan(resolved: ResolvedConfig) -> RunPlan:
         old_reasons.append(f"read by {_names(acting, 'old_logp')}")
     if "entropy" in needs:
         old_reasons.append(f"entropies read by {_names(acting, 'entropy')}")
-    if old_reasons:
+    bypass = cfg.trainer.old_logp == "rollout"
+    if old_reasons and not bypass:
         passes["old_logp"] = "; ".join(old_reasons)
     if "entropy" in needs:
         passes["old_entropy"] = f"with old_logp, for {_names(acting, 'entropy')}"
@@ -272,6 +324,7 @@ def build_plan(resolved: ResolvedConfig) -> RunPlan:
     if "critic" in needs:
         models["critic"] = f"value model initialised from the policy ({_names(acting, 'critic')})"
         passes["values"] = "critic values of the rollout (the value loss's old values)"
+    models.update(_scorer_models(resolved))
     rollout_dtype = cfg.rollout.dtype or cfg.model.dtype
     if cfg.rollout.dtype and cfg.rollout.dtype != cfg.model.dtype:
         models["rollout"] = (f"a {cfg.rollout.dtype} copy of the policy for generation, synced after each "
@@ -291,17 +344,48 @@ def build_plan(resolved: ResolvedConfig) -> RunPlan:
                    rollout=RolloutPlan(backend=comps["rollout.backend"].name, dtype=str(rollout_dtype),
                                        prompts_per_process=int(cfg.rollout.prompts_per_step) // world,
                                        n=int(cfg.rollout.n), max_new_tokens=int(cfg.rollout.max_new_tokens),
-                                       temperature=float(cfg.rollout.temperature), top_p=float(cfg.rollout.top_p)),
-                   correction=comps["rollout_correction"].name, record=bool(cfg.rollout.record),
+                                       temperature=float(cfg.rollout.temperature), top_p=float(cfg.rollout.top_p),
+                                       staleness=int(cfg.rollout.staleness)),
+                   corrections=_correction_steps(resolved), bypass=bypass, record=bool(cfg.rollout.record),
                    precision=str(cfg.trainer.precision))
     plan.warnings.extend(_inert_choices(resolved, plan))
     return plan
+
+
+def _correction_steps(resolved: ResolvedConfig) -> tuple[CorrectionStep, ...]:
+    """The corrections in order, each with its stage and mode (see :class:`CorrectionStep`)."""
+    steps = []
+    for index, (component, params) in enumerate(resolved.corrections):
+        stage = "update" if "logp" in component.inputs else "batch"
+        mode = str(getattr(params, "mode", "weight"))
+        if mode == "mask" and stage == "update":
+            raise ConfigError(f"rollout_correction[{index}] {component.name!r} has mode=mask but reads the current "
+                              "policy (logp), known only inside each micro-batch, after the aggregation's "
+                              "denominators are counted: use mode=weight")
+        steps.append(CorrectionStep(name=component.name, index=index, stage=stage, mode=mode))
+    return tuple(steps)
+
+
+def _check_bypass(resolved: ResolvedConfig, needs: set[str]) -> None:
+    """``trainer.old_logp=rollout`` takes π_old to be μ: refuse what would then read nothing."""
+    reads_old = [c.name for c, _ in resolved.corrections if "old_logp" in c.inputs]
+    if reads_old:
+        raise ConfigError(f"trainer.old_logp=rollout makes the rollout's log-probs pi_old, so rollout_correction "
+                          f"{', '.join(reads_old)} (which compares pi_old with the rollout's mu) would weight every "
+                          "token 1: remove it, or set trainer.old_logp=compute (opmask compares mu with the current "
+                          "policy and works in both)")
+    if "entropy" in needs:
+        acting = [*resolved.components.values(), *(c for c, _ in resolved.extensions)]
+        raise ConfigError(f"trainer.old_logp=rollout skips the old-log-prob pass, which computes the entropies "
+                          f"{_names(acting, 'entropy')} read(s): set trainer.old_logp=compute")
 
 
 def _check_consistency(resolved: ResolvedConfig, needs: set[str], kl_on: bool, world: int) -> None:
     cfg = resolved.cfg
     comps = resolved.components
     acting = [*comps.values(), *(c for c, _ in resolved.extensions)]
+    if cfg.trainer.old_logp == "rollout":
+        _check_bypass(resolved, needs)
     if "groups" in needs and cfg.rollout.n < 2:
         raise ConfigError(f"{_names(acting, 'groups')} need groups of completions: set rollout.n >= 2 "
                           f"(got {cfg.rollout.n})")
@@ -345,6 +429,24 @@ def _check_consistency(resolved: ResolvedConfig, needs: set[str], kl_on: bool, w
                               "set kl.controller=fixed or kl.apply=reward")
 
 
+def _scorer_models(resolved: ResolvedConfig) -> dict[str, str]:
+    """The models the reward scorers load (a reward registered as a class with a
+    ``describe(params)``), each with its plan line; the line's ``ValueError`` (no model
+    directory, ...) is a config error, raised before anything is built."""
+    models: dict[str, str] = {}
+    for component, params, _ in resolved.rewards:
+        describe = getattr(component.fn, "describe", None) if isinstance(component.fn, type) else None
+        if describe is None:
+            continue
+        try:
+            line = str(describe(params))
+        except ValueError as exc:
+            raise ConfigError(f"reward {component.name!r}: {exc}") from exc
+        key = component.name if component.name not in models else f"{component.name}#{len(models) + 1}"
+        models[key] = line
+    return models
+
+
 def _check_reward_inputs(resolved: ResolvedConfig, kl_on: bool) -> None:
     """An advantage estimator that reads each reward function's raw scores (``reward_scores``)
     rather than ``token_rewards`` never sees KL in the reward or a shaped reward: refuse both."""
@@ -366,7 +468,10 @@ def _inert_choices(resolved: ResolvedConfig, plan: RunPlan) -> list[str]:
     cfg = resolved.cfg
     warnings = []
     loss = resolved.components["policy_loss"]
-    if plan.update.on_policy and not loss.meta.get("ratio_free"):
+    same_distribution = (plan.rollout.backend == "hf" and plan.rollout.dtype == cfg.model.dtype
+                         and float(cfg.rollout.top_p) == 1.0)
+    ratio_moves = plan.bypass and (not same_distribution or plan.rollout.staleness > 0)  # pi/mu != 1
+    if plan.update.on_policy and not loss.meta.get("ratio_free") and not ratio_moves:
         warnings.append(
             f"one on-policy update per rollout (update_epochs=1, num_mini_batches=1): the importance ratio is "
             f"exactly 1, so {loss.name}'s clip ranges and caps never act (ppo_clip, cispo and vanilla_pg give "
@@ -377,13 +482,15 @@ def _inert_choices(resolved: ResolvedConfig, plan: RunPlan) -> list[str]:
         if set_by_user:
             warnings.append(f"kl.coef=0: KL is off, so {', '.join(k.removesuffix('.name') for k in set_by_user)} "
                             "has no effect")
-    correction = resolved.components["rollout_correction"]
-    same_distribution = (plan.rollout.backend == "hf" and plan.rollout.dtype == cfg.model.dtype
-                         and float(cfg.rollout.top_p) == 1.0)
-    if correction.name != "none" and "logp" not in correction.inputs and same_distribution:
-        warnings.append(f"rollout_correction {correction.name} corrects for μ ≠ π_old, but the hf backend samples "
-                        "from the trained policy itself in its own dtype (rollout/mismatch_k3 ≈ 0): its weights are 1 "
-                        "to float rounding; set rollout.dtype=bfloat16 (or rollout.top_p < 1) for a gap to correct")
+    inert = [c.name for c, _ in resolved.corrections if "logp" not in c.inputs]
+    if inert and same_distribution and not plan.rollout.staleness:
+        warnings.append(f"rollout_correction {', '.join(inert)} corrects for μ ≠ π_old, but the hf backend "
+                        "samples from the trained policy itself in its own dtype (rollout/mismatch_k3 ≈ 0): its "
+                        "weights are 1 to float rounding; set rollout.dtype=bfloat16 (or rollout.top_p < 1) for a gap "
+                        "to correct")
+    if plan.rollout.staleness >= int(cfg.trainer.total_steps):
+        warnings.append(f"rollout.staleness={plan.rollout.staleness} >= trainer.total_steps="
+                        f"{cfg.trainer.total_steps}: every step trains on the initial policy's rollouts")
     advantage = resolved.components["advantage"]
     if "reward_scores" in advantage.inputs and len(resolved.rewards) == 1:
         warnings.append(f"advantage {advantage.name} normalises each of several reward functions separately; with "

@@ -36,6 +36,8 @@ class ResolvedConfig:
         order (one, weight 1.0, unless ``reward`` is a list).
     :ivar registry: the registry the components were chosen from (binds a component the
         plan names by name, :meth:`bind_as`).
+    :ivar corrections: ``(component, params)`` of every rollout correction, in
+        ``rollout_correction`` order (empty for ``none``; one for a single choice).
     """
 
     cfg: DictConfig
@@ -47,6 +49,7 @@ class ResolvedConfig:
     resume_changes: dict[str, tuple[Any, Any]] = field(default_factory=dict)
     rewards: list[tuple[Component, Any, float]] = field(default_factory=list)
     registry: Registry | None = None
+    corrections: list[tuple[Component, Any]] = field(default_factory=list)
 
     def to_yaml(self) -> str:
         return OmegaConf.to_yaml(self.cfg)
@@ -70,9 +73,35 @@ class ResolvedConfig:
             raise ConfigError(f"{path}={name!r} is not the configured choice and no registry is at hand to bind it")
         return self.registry.get(COMPONENT_FIELDS[path], name).bind(None)
 
-    def reward_functions(self) -> list[tuple[Any, float]]:
-        """``(bound reward function, weight)`` pairs, in ``reward`` order."""
-        return [(component.bind(params), weight) for component, params, weight in self.rewards]
+    def bind_correction(self, index: int, name: str) -> BoundComponent:
+        """Rollout correction ``index`` of ``rollout_correction`` bound with its parameters
+        when it is ``name``, else the registered correction ``name`` with its defaults (the
+        engine binds the corrections the run plan lists through this).
+
+        :raises ConfigError: no correction of that name is registered.
+        """
+        if 0 <= index < len(self.corrections):
+            component, params = self.corrections[index]
+            if name in (component.name, *component.aliases):
+                return component.bind(params)
+        if self.registry is None:
+            raise ConfigError(f"rollout_correction {name!r} is not configured and no registry is at hand to bind it")
+        return self.registry.get("rollout_correction", name).bind(None)
+
+    def reward_functions(self, **setup: Any) -> list[tuple[Any, float]]:
+        """``(bound reward function, weight)`` pairs, in ``reward`` order; a scorer class is
+        built here from ``setup`` (``device``, ``tokenizer``: :attr:`rlzoo.kinds.Kind.setup_inputs`),
+        so call this once per run. A ``ValueError`` / ``OSError`` of a scorer's constructor
+        is a config error naming it."""
+        out = []
+        for component, params, weight in self.rewards:
+            try:
+                out.append((component.bind(params).build(**setup), weight))
+            except ConfigError as exc:
+                raise ConfigError(f"reward {component.name!r}: {exc}") from exc
+            except (ValueError, OSError) as exc:
+                raise ConfigError(f"reward {component.name!r}: {exc}") from exc
+        return out
 
     def build(self, path: str, name: str | None = None, **inputs: Any) -> Any:
         """Construct the component chosen at ``path`` (a task, a rollout backend, ...), or the

@@ -22,10 +22,11 @@ from rlzoo.errors import ConfigError
 from rlzoo.registry import Registry
 from rlzoo.resolved import ResolvedConfig
 from rlzoo.rundir import CONFIG_FILE, PLAN_FILE
+from rlzoo.schema import ADDED_KEYS
 
 RESUMABLE_KEYS = ("trainer.total_steps", "logging.", "checkpoint.every", "checkpoint.keep", "trainer.threads",
                   "trainer.micro_batch_size", "trainer.logprob_chunk_size", "trainer.logprob_keep_mb",
-                  "distributed.timeout_s")
+                  "distributed.timeout_s", "rm.steps", "rm.eval_every")
 """Config keys (a trailing dot: every key below it) that ``resume=`` may change: run
 length, logging, checkpointing, and knobs of speed and memory that leave the math as it
 is (micro-batching and chunking may change float rounding). Every other key keeps the
@@ -84,6 +85,20 @@ def saved_config(resume: str) -> dict[str, Any]:
     return config.read_yaml(run_dir / CONFIG_FILE, f"resume={resume}: run config")
 
 
+def with_added_keys(saved: dict[str, Any]) -> dict[str, Any]:
+    """``saved`` with every :data:`rlzoo.schema.ADDED_KEYS` key it lacks set to the value
+    the run ran with (a run saved before the key existed)."""
+    out = copy.deepcopy(saved)
+    for key, value in ADDED_KEYS.items():
+        node = out
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {}) if isinstance(node, dict) else node
+        if isinstance(node, dict) and leaf not in node:
+            node[leaf] = value
+    return out
+
+
 def plugin_modules(overrides: list[str] | None, config_file: str | Path | None) -> list[str]:
     """The plugin modules to import before the registry is built: those of the file and CLI
     layers, over the run's saved ``plugins`` with ``resume=``."""
@@ -105,7 +120,7 @@ def load_run_config(registry: Registry, overrides: list[str] | None = None,
     resume = requested(overrides, config_file)
     if not resume:
         return config.load_config(registry, overrides, config_file)
-    saved = saved_config(resume)
+    saved = with_added_keys(saved_config(resume))
     base = {**copy.deepcopy(saved), "resume": resume}
     resolved = config.load_config(registry, overrides, config_file, base=base,
                                   base_label=f"run {Path(resume) / CONFIG_FILE}")

@@ -61,8 +61,10 @@ CONFIG_FILE = "config.yaml"
 PLAN_FILE = "plan.txt"
 RESUMES_FILE = "resumes.jsonl"
 LOCK_FILE = ".lock"
+RM_MODEL_DIR = "reward_model"
+"""Where ``rlzoo rm`` writes the trained reward model (what ``reward=reward_model`` loads)."""
 RUN_FILES = (CONFIG_FILE, PLAN_FILE, RESUMES_FILE, STATUS_FILE, f".{STATUS_FILE}.tmp", INIT_MODEL_DIR,
-             CHECKPOINT_DIR, ROLLOUT_DIR, "events.out.tfevents.*")
+             CHECKPOINT_DIR, ROLLOUT_DIR, RM_MODEL_DIR, "events.out.tfevents.*")
 """What a run writes into its directory (glob patterns): what ``--overwrite`` deletes.
 Anything else there (``rlzoo sweep``'s ``train.log``, your notes) is left alone."""
 
@@ -268,12 +270,15 @@ class RunDirectory:
     :param cfg: the resolved config (``resume``, ``run_dir``, ``run_name``).
     :param dist: this process's place in the job (every rank gets rank 0's path).
     :param overwrite: a new run may delete another run's files in the directory first.
+    :param trained: the name of the trained model in checkpoints (``policy``; ``reward_model``
+        for ``rlzoo rm``): a resume checks it has the shapes of ``init_model/``.
     :raises ConfigError: the directory holds another run, is in use, cannot be created,
         or (resuming) has no intact checkpoint. Nothing is written then.
     """
 
-    def __init__(self, cfg: Any, dist: distributed.DistInfo, overwrite: bool = False) -> None:
-        self.dist = dist
+    def __init__(self, cfg: Any, dist: distributed.DistInfo, overwrite: bool = False,
+                 trained: str = "policy") -> None:
+        self.dist, self.trained = dist, trained
         self._lock: RunLock | None = None
         self._created: list[Path] = []
         outcome: tuple[str, str | None, str | None] | None = None
@@ -329,7 +334,7 @@ class RunDirectory:
                   + (f", resuming from {checkpoint.name}" if checkpoint is not None else ""))
         if checkpoint is None:
             raise ConfigError(f"resume={str(path)!r}: no intact checkpoint in {path / CHECKPOINT_DIR}")
-        _check_same_model(checkpoint / "policy", path / INIT_MODEL_DIR)
+        _check_same_model(checkpoint / self.trained, path / INIT_MODEL_DIR)
         return str(path), str(checkpoint), None
 
     @property

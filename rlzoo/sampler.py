@@ -74,7 +74,7 @@ class Sampler:
         references = [e.reference for e in examples for _ in range(rollout.n)]
         rows = [dict(e.row) for e in examples for _ in range(rollout.n)]
         completions = self.decode(gen.response_ids, gen.response_mask)
-        scores, reward_scores = self.rewards.score(prompts, completions, references, rows)
+        scores, reward_scores = self.rewards.score(prompts, completions, references, rows, training=True)
         baseline = None
         if self.plan.runs("greedy"):
             greedy = self.backend.generate(token_lists, num_samples=1, max_new_tokens=rollout.max_new_tokens,
@@ -103,12 +103,14 @@ class Sampler:
         return self.rewards.score(prompts, completions, references, rows)[0]
 
     def state_dict(self) -> dict[str, Any]:
-        """The prompt RNG, group counter and the task's position in its data (plain values,
-        for checkpoints)."""
-        return {"rng": self.rng.getstate(), "next_group": self.next_group, "task": self.task.state_dict()}
+        """The prompt RNG, group counter, the task's position in its data and the reward
+        scorers' states (plain values, for checkpoints)."""
+        return {"rng": self.rng.getstate(), "next_group": self.next_group, "task": self.task.state_dict(),
+                "rewards": self.rewards.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         version, internal, gauss = state["rng"]
         self.rng.setstate((version, tuple(internal), gauss))
         self.next_group = int(state["next_group"])
         self.task.load_state_dict(state.get("task", {}))
+        self.rewards.load_state_dict(state.get("rewards", {}))

@@ -42,6 +42,7 @@ class RolloutConfig:
     dtype: Optional[str] = MISSING
     record: bool = MISSING
     backend: Any = MISSING
+    staleness: int = MISSING
 
 
 @dataclass
@@ -76,6 +77,7 @@ class TrainerConfig:
     device: str = MISSING
     threads: int = MISSING
     precision: str = MISSING
+    old_logp: str = MISSING
 
 
 @dataclass
@@ -113,6 +115,17 @@ class LauncherConfig:
 
 
 @dataclass
+class RMConfig:
+    data: Optional[str] = MISSING
+    steps: int = MISSING
+    batch_size: int = MISSING
+    eval_fraction: float = MISSING
+    eval_every: int = MISSING
+    chat_template: Optional[bool] = MISSING
+    task_pairs: int = MISSING
+
+
+@dataclass
 class RunConfig:
     algo: Optional[str] = MISSING
     seed: int = MISSING
@@ -138,6 +151,7 @@ class RunConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
+    rm: RMConfig = field(default_factory=RMConfig)
 
 RENAMED_KEYS: dict[str, str] = {
     "trainer.ppo_epochs": "trainer.update_epochs",
@@ -145,6 +159,12 @@ RENAMED_KEYS: dict[str, str] = {
     "kl.penalty": "kl.estimator",
 }
 """Keys of rlzoo 0.1 -> their rlzoo 0.2 names (an old key is an error naming the new one)."""
+
+ADDED_KEYS: dict[str, Any] = {
+    "trainer.old_logp": "compute",
+}
+"""Keys added after a run may have been saved -> the value such a run ran with (a resumed run
+whose ``config.yaml`` lacks one gets it, and that is no change)."""
 
 CHOICES: dict[str, tuple[str, ...]] = {
     "model.arch": ("qwen2", "llama"),
@@ -154,6 +174,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "trainer.lr_schedule": ("constant", "linear", "cosine"),
     "trainer.device": ("cpu", "cuda", "auto"),
     "trainer.precision": ("fp32", "bf16"),
+    "trainer.old_logp": ("compute", "rollout"),
     "distributed.strategy": ("ddp", "fsdp"),
     "distributed.backend": ("auto", "gloo", "nccl"),
 }
@@ -170,12 +191,13 @@ POSITIVE: tuple[str, ...] = (
     "trainer.total_steps", "trainer.update_epochs", "trainer.num_mini_batches", "trainer.micro_batch_size",
     "trainer.logprob_chunk_size", "model.hidden_size", "model.intermediate_size",
     "model.num_layers", "model.num_heads", "model.num_kv_heads", "logging.log_every",
-    "checkpoint.keep", "distributed.timeout_s", "launcher.nproc",
+    "checkpoint.keep", "distributed.timeout_s", "launcher.nproc", "rm.steps", "rm.batch_size", "rm.task_pairs",
 )
 NON_NEGATIVE: tuple[str, ...] = (
     "trainer.lr", "trainer.critic_lr", "trainer.weight_decay", "trainer.warmup_steps",
     "trainer.max_grad_norm", "trainer.entropy_coef", "trainer.threads", "trainer.logprob_keep_mb", "kl.coef",
-    "logging.sample_every", "checkpoint.every", "eval.every", "eval.size", "eval.n",
+    "logging.sample_every", "checkpoint.every", "rollout.staleness", "eval.every", "eval.size", "eval.n",
+    "rm.eval_fraction", "rm.eval_every",
 )
 
 

@@ -226,7 +226,7 @@ class FileTask(Task):
         self._train_rows: list[int] | None = None
 
     def _load(self, path: Path) -> list[Example]:
-        rows = _read_rows(path)
+        rows = read_rows(path)
         if not rows:
             raise ConfigError(f"task file {str(path)!r} holds no examples")
         examples = []
@@ -292,10 +292,14 @@ class FileTask(Task):
         self._order = None
 
 
-def _read_rows(path: Path) -> list[Any]:
-    """The rows of a ``.jsonl`` / ``.json`` (one object a line) or ``.parquet`` file."""
+def read_rows(path: Path, what: str = "task file") -> list[Any]:
+    """The rows of a ``.jsonl`` / ``.json`` (one object a line) or ``.parquet`` file.
+
+    :param what: how errors name the file (``task file``, ``preference file``).
+    :raises ConfigError: missing file, a line that is not JSON, an unknown extension.
+    """
     if not path.is_file():
-        raise ConfigError(f"task file {str(path)!r} does not exist")
+        raise ConfigError(f"{what} {str(path)!r} does not exist")
     suffix = path.suffix.lower()
     if suffix in (".jsonl", ".json"):
         rows = []
@@ -305,13 +309,13 @@ def _read_rows(path: Path) -> list[Any]:
             try:
                 rows.append(json.loads(line))
             except json.JSONDecodeError as exc:
-                raise ConfigError(f"task file {str(path)!r} line {lineno} is not valid JSON: {exc}") from exc
+                raise ConfigError(f"{what} {str(path)!r} line {lineno} is not valid JSON: {exc}") from exc
         return rows
     if suffix == ".parquet":
         try:
             import pyarrow.parquet as pq
         except ImportError as exc:
-            raise ConfigError("reading a .parquet task file needs pyarrow: pip install pyarrow") from exc
+            raise ConfigError(f"reading a .parquet {what} needs pyarrow: pip install pyarrow") from exc
         return pq.read_table(path).to_pylist()
-    raise ConfigError(f"task file {str(path)!r}: unsupported extension {suffix!r}; use .jsonl or .parquet")
+    raise ConfigError(f"{what} {str(path)!r}: unsupported extension {suffix!r}; use .jsonl or .parquet")
 

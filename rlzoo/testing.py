@@ -44,7 +44,7 @@ import torch
 from rlzoo.batch import BatchCounts
 from rlzoo.checkpoint import check_plain
 from rlzoo.config import load_config
-from rlzoo.contract import BoundComponent
+from rlzoo.contract import BoundComponent, BuiltComponent
 from rlzoo.errors import ConfigError, TrainingError
 from rlzoo.kinds import KINDS
 from rlzoo.params import build_params
@@ -58,7 +58,7 @@ B, T = 6, 5
 def _call(fn: Callable[..., Any], **inputs: Any) -> Any:
     """Call ``fn`` as the engine does: keyword inputs it names; contract breaches as
     ``AssertionError``."""
-    if not isinstance(fn, BoundComponent):
+    if not isinstance(fn, (BoundComponent, BuiltComponent)):
         names = inspect.signature(fn).parameters
         inputs = {k: v for k, v in inputs.items() if k in names}
     try:
@@ -442,7 +442,7 @@ def check_component(component: Component, params: Any = None, *, registry: Regis
     if component.kind == "task":
         check_task(fn(), label)
     elif component.kind == "reward":
-        check_reward(fn, label, task)
+        check_reward(fn.build(device=torch.device("cpu"), tokenizer=None), label, task)
     elif component.kind == "advantage":
         check_advantage_estimator(fn, label, component.needs)
     else:

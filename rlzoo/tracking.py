@@ -189,11 +189,14 @@ def write_experiment(log_dir: Path, runs: list[dict[str, Any]], metrics: list[st
     writer.close()
 
 
-def batch_metrics(batch: RolloutBatch, reward_names: list[str], dist: distributed.DistInfo) -> dict[str, float]:
+def batch_metrics(batch: RolloutBatch, reward_names: list[str], dist: distributed.DistInfo,
+                  reward_weights: list[float] | None = None) -> dict[str, float]:
     """Reward and length statistics of the global batch (all ranks): ``reward/mean`` (the
     weighted sum of the reward functions), ``/std``, ``/max``, ``reward/shaped_mean`` when
     shaping changed the rewards, ``reward/<name>`` per function when there are several,
-    ``response_length/mean`` and ``/truncated_frac``."""
+    ``response_length/mean`` and ``/truncated_frac``. When exactly one function has weight
+    0 and another does not (a gold reward monitored beside a learned one), also
+    ``reward/proxy`` (the weighted sum trained on) and ``reward/gold`` (that function's mean)."""
     per_reward = batch.reward_scores if batch.reward_scores is not None else batch.scores[:, None]
     local = (batch.scores.cpu(), batch.rewards.cpu(), batch.response_lengths.cpu(), batch.truncated.cpu(),
              per_reward.cpu())
@@ -206,6 +209,10 @@ def batch_metrics(batch: RolloutBatch, reward_names: list[str], dist: distribute
         metrics["reward/shaped_mean"] = float(rewards.mean())
     if len(reward_names) > 1:
         metrics.update({f"reward/{name}": float(column.mean()) for name, column in zip(reward_names, per_reward.T)})
+        zero = [k for k, w in enumerate(reward_weights or []) if w == 0]
+        if len(zero) == 1 and len(zero) < len(reward_weights or []):
+            metrics["reward/proxy"] = metrics["reward/mean"]
+            metrics["reward/gold"] = float(per_reward[:, zero[0]].mean())
     return metrics
 
 

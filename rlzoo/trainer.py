@@ -29,6 +29,7 @@ from rlzoo.evaluation import Evaluator, eval_only
 from rlzoo.learner import Learner
 from rlzoo.models import build_run_models
 from rlzoo.plugins import PluginManager
+from rlzoo.rollout_queue import RolloutQueue
 from rlzoo.rng import global_rng_state, seed_everything, set_global_rng_state
 from rlzoo.rundir import RunDirectory, in_sweep, summary_line
 from rlzoo.sampler import Sampler
@@ -91,7 +92,8 @@ class Trainer:
                                  generation_context=self.models.generation_context)
         # rank 0 draws the prompts a single process draws; other ranks their own streams
         stream = cfg.seed if self.dist.rank == 0 else f"{cfg.seed}/rank{self.dist.rank}"
-        self.sampler = Sampler(task, Rewards(resolved.reward_functions()), self.models.tokenizer, backend, cfg,
+        rewards = Rewards(resolved.reward_functions(device=self.device, tokenizer=self.models.tokenizer))
+        self.sampler = Sampler(task, rewards, self.models.tokenizer, backend, cfg,
                                self.plan, self.device, stream)
         task_name = resolved.components["task"].name
         for warning in check_encodable(task, task_name, self.models.tokenizer, self.sampler.holdout):
@@ -103,6 +105,7 @@ class Trainer:
                               prompts=self.plan.rollout.prompts_per_process)
         self.extensions = [(component.name, component.bind(params)()) for component, params in resolved.extensions]
         pm.register_run_extensions(self.extensions)
+        self.queue = RolloutQueue(self.plan.rollout.staleness)
         self.step = 0
         self.last_samples: list[Sample] = []
         if resume_state is not None:
@@ -117,13 +120,13 @@ class Trainer:
         self.ctx.step = self.step
         self.ctx.metrics, self.ctx.counts = {}, {}
         start = time.perf_counter()
-        batch = self.sampler.sample(self.ctx.prompts)
-        self.pm.hook.rlzoo_after_rollout(batch=batch, ctx=self.ctx)
-        self.pm.hook.rlzoo_shape_rewards(batch=batch, ctx=self.ctx)
+        batch, staleness = self.queue.next(self.step, int(self.cfg.trainer.total_steps), self._produce)
+        batch = batch.to(self.device)
         rollout_s = time.perf_counter() - start
         if self.plan.record:
             self.run_dir.record_rollout(self.step, batch)
-        metrics = batch_metrics(batch, self.sampler.rewards.names, self.dist)
+        metrics = batch_metrics(batch, self.sampler.rewards.names, self.dist, self.sampler.rewards.weights.tolist())
+        metrics.update(distributed.all_reduce_floats(self.sampler.rewards.metrics(), self.dist, op="mean"))
         self.last_samples = group_samples(batch)
         update_start = time.perf_counter()
         metrics.update(self.learn(batch))
@@ -135,6 +138,7 @@ class Trainer:
         metrics.setdefault("kl/value", 0.0)
         metrics["kl/coef"] = float(self.learner.kl_controller.value) if self.plan.kl else 0.0
         metrics["lr"] = float(self.learner.scheduler.get_last_lr()[0])
+        metrics["rollout/staleness"] = float(staleness)
         metrics["timing/rollout_s"] = rollout_s
         metrics["timing/update_s"] = update_s
         metrics["timing/step_s"] = time.perf_counter() - start
@@ -142,6 +146,15 @@ class Trainer:
         metrics.update(distributed.all_reduce_floats(self.ctx.metrics, self.dist, op="mean"))
         metrics.update(distributed.all_reduce_floats(self.ctx.counts, self.dist, op="sum"))
         return metrics
+
+    def _produce(self) -> RolloutBatch:
+        """Generate and score one batch with the current policy, through the rollout
+        lifecycle hooks (``rlzoo_after_rollout``, ``rlzoo_shape_rewards``): what the
+        rollout queue holds (:mod:`rlzoo.rollout_queue`)."""
+        batch = self.sampler.sample(self.ctx.prompts)
+        self.pm.hook.rlzoo_after_rollout(batch=batch, ctx=self.ctx)
+        self.pm.hook.rlzoo_shape_rewards(batch=batch, ctx=self.ctx)
+        return batch
 
     def learn(self, batch: RolloutBatch) -> dict[str, float]:
         """Everything after scoring on this process's share of the global batch: the plan's
@@ -164,7 +177,8 @@ class Trainer:
 
     def _state(self) -> dict[str, Any]:
         """Everything but the weights; a collective (every rank calls it)."""
-        rng = {**global_rng_state(), "sampler": self.sampler.state_dict(), "ctx_state": dict(self.ctx.state)}
+        rng = {**global_rng_state(), "sampler": self.sampler.state_dict(), "ctx_state": dict(self.ctx.state),
+               "queue": self.queue.state_dict()}
         return {"step": self.step, "world_size": self.dist.world,
                 "ranks": distributed.gather_objects(rng, self.dist), "learner": self.learner.state_dict(),
                 "extensions": {name: plugin.state_dict() for name, plugin in self.extensions
@@ -181,6 +195,8 @@ class Trainer:
             set_global_rng_state(rng)
             self.sampler.load_state_dict(rng["sampler"])
             self.ctx.state.update(rng["ctx_state"])
+            if "queue" in rng:
+                self.queue.load_state_dict(rng["queue"])
             for name, plugin in self.extensions:
                 if name in state["extensions"] and hasattr(plugin, "load_state_dict"):
                     plugin.load_state_dict(state["extensions"][name])

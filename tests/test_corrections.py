@@ -93,7 +93,7 @@ def test_the_plan_runs_old_log_probs_for_corrections_and_warns_when_there_is_no_
     assert any("rollout.dtype=bfloat16" in w for w in plan.warnings)
     plan = load_config(REGISTRY, ["rollout_correction=tis", "rollout.dtype=bfloat16"]).plan
     assert not any("rollout_correction" in w for w in plan.warnings) and "rollout" in plan.models
-    assert "rollout correction: tis" in plan.render()
+    assert "1. tis: weights the per-token policy loss" in plan.render()
 
 
 @pytest.mark.slow
@@ -108,8 +108,8 @@ def test_a_bf16_rollout_is_a_real_gap_that_the_corrections_see(tmp_path: Path) -
     finally:
         trainer.close()
     assert metrics["rollout/max_abs_log_ratio"] > 1e-4                       # bf16 vs float32 log-probs
-    assert 0 < metrics["rollout_correction/truncated_frac"] < 1              # some ratios above 1.001
-    assert metrics["rollout_correction/weight_mean"] != 1.0
+    assert 0 < metrics["rollout_correction/tis/truncated_frac"] < 1          # some ratios above 1.001
+    assert metrics["rollout_correction/tis/weight_mean"] != 1.0
 
 
 def test_docs_page_names_every_correction_and_its_parameters() -> None:

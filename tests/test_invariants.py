@@ -28,11 +28,15 @@ COMPONENTS = [c for kind in CHECKED_KINDS for c in REGISTRY.components(kind)]
 
 
 def _inputs(component, tmp_path) -> dict:
-    """What a component's checks need besides the defaults: a file for the file task, the
-    task whose default reward a reward is (its references may not be strings)."""
+    """What a component's checks need besides the defaults: a file for the file task, a
+    model directory for reward_model, the task whose default reward a reward is (its
+    references may not be strings)."""
     if component.kind == "task" and component.name == "file":
         (tmp_path / "d.jsonl").write_text("".join(f'{{"prompt": "{i}=", "answer": "{i}"}}\n' for i in range(20)))
         return {"params": {"path": str(tmp_path / "d.jsonl")}}
+    if component.kind == "reward" and component.name == "reward_model":  # scores with a model directory
+        zoo.tiny_reward_model(tmp_path / "rm")
+        return {"params": {"path": str(tmp_path / "rm")}}
     if component.kind == "reward":
         tasks = [t for t in REGISTRY.components("task") if t.meta.get("reward") == component.name and t.name != "file"]
         return {"task": tasks[0].bind(None)()} if tasks else {}

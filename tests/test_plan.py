@@ -12,6 +12,7 @@ import torch
 from rlzoo.batch import RolloutBatch
 from rlzoo.config import load_config
 from rlzoo.learner import _WeightedMeans
+from rlzoo.plan import CorrectionStep
 from rlzoo.plugins import build_registry, make_plugin_manager
 from rlzoo.trainer import Trainer
 from zoo import TINY
@@ -203,9 +204,11 @@ def test_the_learner_reads_each_terms_mask_and_aggregation_from_the_plan(tmp_pat
 
 
 def test_the_engine_reads_precision_correction_and_recording_from_the_plan(tmp_path: Path) -> None:
-    _, trainer, _ = _learn_with_plan(tmp_path, "p", precision="bf16", correction="tis")
+    _, trainer, _ = _learn_with_plan(tmp_path, "p", precision="bf16",
+                                     corrections=(CorrectionStep("tis", 0, "batch", "weight"),),
+                                     passes={"old_logp": "read by tis", "ref_logp": "for KL"})
     assert isinstance(trainer.learner.compute(), torch.autocast)            # the config says fp32
-    assert trainer.learner.correction.name == "tis"                       # the config says none
+    assert [b.name for _, b in trainer.learner.corrections.batch_steps] == ["tis"]   # the config says none
     resolved = load_config(REGISTRY, [*TINY, f"run_dir={tmp_path / 'rec'}", "trainer.total_steps=1", "eval.size=0"])
     resolved.plan = dataclasses.replace(resolved.plan, record=True)        # the config says rollout.record=false
     Trainer(resolved, PM).run()
@@ -213,10 +216,11 @@ def test_the_engine_reads_precision_correction_and_recording_from_the_plan(tmp_p
 
 
 PLAN_DECIDED_KEYS = (
-    "trainer.precision", "rollout.record", "rollout_correction", "loss_agg", "kl.coef", "kl.apply", "kl.estimator",
+    "trainer.precision", "trainer.old_logp", "rollout.record", "rollout_correction",
+    "loss_agg", "kl.coef", "kl.apply", "kl.estimator",
     "kl.controller", "trainer.update_epochs", "trainer.num_mini_batches", "trainer.micro_batch_size",
     "rollout.temperature", "rollout.top_p", "rollout.n", "rollout.max_new_tokens", "rollout.prompts_per_step",
-    "rollout.dtype", "rollout.backend", "launcher.nproc",
+    "rollout.dtype", "rollout.backend", "rollout.staleness", "launcher.nproc",
 )
 """Config keys whose decision the run plan prints: the engine reads them from the plan."""
 

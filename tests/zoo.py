@@ -17,3 +17,23 @@ PM, REGISTRY = load_registry()
 def builtin_names(kind: str) -> tuple[str, ...]:
     """Names of the components of ``kind`` that rlzoo itself registers, in registration order."""
     return tuple(c.name for c in REGISTRY.components(kind) if c.package == "rlzoo")
+
+
+def tiny_reward_model(path, alphabet: str = "0123456789=", seed: int = 0, hidden: int = 16):
+    """Write a randomly initialised one-layer reward model (Qwen2 sequence classifier, one
+    label, a character tokenizer over ``alphabet``) to ``path``; returns ``(model, tokenizer)``."""
+    import torch
+    from omegaconf import OmegaConf
+
+    from rlzoo.models import build_char_tokenizer, build_tiny_model
+    from rlzoo.rewardmodel import from_causal_lm
+
+    torch.manual_seed(seed)
+    tokenizer = build_char_tokenizer(alphabet)
+    shape = OmegaConf.create({"arch": "qwen2", "hidden_size": hidden, "intermediate_size": 2 * hidden,
+                              "num_layers": 1, "num_heads": 2, "num_kv_heads": 1})
+    model = from_causal_lm(build_tiny_model(shape, tokenizer, 64))
+    torch.nn.init.normal_(model.score.weight)
+    model.save_pretrained(str(path))
+    tokenizer.save_pretrained(str(path))
+    return model.eval(), tokenizer

@@ -1,0 +1,138 @@
+"""``rlzoo rm`` (rlzoo/rm.py): the Bradley–Terry loss by hand, the data checks, and a run
+that learns held-out preferences, resumes exactly and writes a directory reward_model loads."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import zoo
+from rlzoo.cli import main
+from rlzoo.rm import batch_rows, bradley_terry, load_pairs, split_pairs
+from zoo import REGISTRY
+
+TINY = [*zoo.TINY, "rm.batch_size=16", "rm.eval_every=0", "trainer.lr=0.003"]
+
+
+def sorting_pairs(path: Path, count: int = 200, seed: int = 0) -> Path:
+    """Pairs over 3-digit sorting: the sorted digits chosen, a shuffled order rejected."""
+    rng = random.Random(seed)
+    lines = []
+    for _ in range(count):
+        digits = "".join(rng.choice("0123456789") for _ in range(3))
+        good = "".join(sorted(digits))
+        bad = good
+        while bad == good and len(set(digits)) > 1:
+            bad = "".join(rng.sample(digits, 3))
+        if bad == good:
+            bad = good[::-1] + "9"
+        lines.append(json.dumps({"prompt": digits + "=", "chosen": good, "rejected": bad}))
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_bradley_terry_by_hand() -> None:
+    chosen, rejected = torch.tensor([2.0, 0.0, -30.0]), torch.tensor([1.0, 0.0, 30.0])
+    margin = torch.tensor([0.5, 0.0, 0.0])
+    want = [-math.log(1 / (1 + math.exp(-0.5))), math.log(2.0), 60.0]
+    assert bradley_terry(chosen, rejected, margin).tolist() == pytest.approx(want, rel=1e-6)
+
+
+def test_split_and_batches_are_functions_of_the_seed_and_step() -> None:
+    train, held = split_pairs(100, 0.1, seed=3)
+    assert len(held) == 10 and not set(train) & set(held) and sorted(train + held) == list(range(100))
+    assert split_pairs(100, 0.1, seed=3) == (train, held) and split_pairs(100, 0.1, seed=4) != (train, held)
+    steps = [batch_rows(train, 32, step, seed=3) for step in range(1, 4)]  # 96 of 90 rows: wraps into epoch 1
+    assert all(len(rows) == 32 for rows in steps)
+    assert set(steps[0] + steps[1] + steps[2][:26]) == set(train)  # one epoch, each row once
+    assert batch_rows(train, 32, 2, seed=3) == steps[1]
+
+
+@pytest.mark.parametrize("row, message", [
+    ({"prompt": "1=", "chosen": "1"}, "row 2 has no 'rejected' column"),
+    ({"prompt": "1=", "chosen": 5, "rejected": "1"}, "row 2 column 'chosen' is '5': give text or chat messages"),
+    ({"prompt": "1=", "chosen": "1", "rejected": "2", "margin": -1}, "row 2 column 'margin' is -1"),
+    ({"prompt": [{"role": "user"}], "chosen": "1", "rejected": "2"}, "row 2 column 'prompt'"),
+])
+def test_bad_preference_rows_are_named(tmp_path: Path, row: dict, message: str, capsys) -> None:
+    path = tmp_path / "prefs.jsonl"
+    path.write_text(json.dumps({"prompt": "1=", "chosen": "1", "rejected": "2"}) + "\n" + json.dumps(row) + "\n")
+    assert main(["rm", *TINY, f"rm.data={path}", f"run_dir={tmp_path / 'run'}"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and str(path) in err
+    assert not (tmp_path / "run").exists()  # refused before the run directory
+
+
+def test_missing_data_and_files_are_refused(tmp_path: Path, capsys) -> None:
+    assert main(["rm", *TINY]) == 2
+    assert "set rm.data to a .jsonl or .parquet file" in capsys.readouterr().err
+    assert main(["rm", *TINY, f"rm.data={tmp_path / 'no.jsonl'}"]) == 2
+    assert "preference file" in capsys.readouterr().err
+    assert main(["rm", *TINY, "rm.data=x.jsonl", "rm.eval_fraction=-0.5"]) == 2
+    assert "rm.eval_fraction" in capsys.readouterr().err
+
+
+def test_chat_message_pairs_and_parquet_load(tmp_path: Path) -> None:
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    rows = [{"prompt": [{"role": "user", "content": "21="}], "chosen": [{"role": "assistant", "content": "12"}],
+             "rejected": [{"role": "assistant", "content": "21"}], "margin": 1.0}]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "p.parquet")
+    pairs = load_pairs(tmp_path / "p.parquet")
+    assert pairs[0].chosen == rows[0]["chosen"] and pairs[0].margin == 1.0
+
+
+def test_rm_learns_resumes_exactly_and_writes_a_reward_model(tmp_path: Path) -> None:
+    data = sorting_pairs(tmp_path / "prefs.jsonl")
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    common = [*TINY, f"rm.data={data}", "checkpoint.every=3"]
+    assert main(["rm", *common, "rm.steps=6", f"run_dir={straight}"]) == 0
+    assert main(["rm", *common, "rm.steps=3", f"run_dir={split}"]) == 0
+    assert main(["rm", f"resume={split}", "rm.steps=6"]) == 0
+    a = load_file(straight / "reward_model" / "model.safetensors")
+    b = load_file(split / "reward_model" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(straight)).Reload()
+    assert [e.step for e in events.Scalars("rm/loss")] == list(range(1, 7))
+    assert events.Scalars("eval/accuracy")[-1].step == 6
+    # the written directory scores through the reward function
+    component = REGISTRY.get("reward", "reward_model")
+    scorer = component.bind(component.params(path=str(straight / "reward_model"))).build(device=torch.device("cpu"))
+    assert scorer(prompts=["21="], completions=["12"]).shape == (1,)
+
+
+@pytest.mark.slow
+def test_rm_reaches_high_held_out_accuracy_on_sorting_pairs(tmp_path: Path) -> None:
+    data = sorting_pairs(tmp_path / "prefs.jsonl", count=400)
+    run = tmp_path / "run"
+    assert main(["rm", *TINY, f"rm.data={data}", "rm.steps=60", "rm.batch_size=32", f"run_dir={run}"]) == 0
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    accuracy = EventAccumulator(str(run)).Reload().Scalars("eval/accuracy")[-1].value
+    assert accuracy >= 0.8, accuracy
+
+
+def test_rm_starts_from_a_model_path_backbone(tmp_path: Path) -> None:
+    from omegaconf import OmegaConf
+
+    from rlzoo.models import build_char_tokenizer, build_tiny_model
+
+    tokenizer = build_char_tokenizer("0123456789=")
+    shape = OmegaConf.create({"arch": "llama", "hidden_size": 16, "intermediate_size": 32, "num_layers": 1,
+                              "num_heads": 2, "num_kv_heads": 1})
+    build_tiny_model(shape, tokenizer, 64).save_pretrained(str(tmp_path / "lm"))
+    tokenizer.save_pretrained(str(tmp_path / "lm"))
+    data = sorting_pairs(tmp_path / "prefs.jsonl", count=40)
+    run = tmp_path / "run"
+    assert main(["rm", *TINY, f"rm.data={data}", "rm.steps=2", f"model.path={tmp_path / 'lm'}", f"run_dir={run}"]) == 0
+    config = json.loads((run / "reward_model" / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForSequenceClassification"] and config["num_hidden_layers"] == 1
