@@ -307,6 +307,12 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     done = sum(outcome in ("completed", "skipped") for _, outcome in results)
     print(f"sweep {sweep_dir}: {done} of {len(results)} runs done; compare "
           f"with `rlzoo compare {sweep_dir}` or `tensorboard --logdir {sweep_dir}`")
+    if any(outcome == "aborted" for _, outcome in results):
+        print("rlzoo: error: sweep aborted by a second Ctrl-C; each run's newest complete checkpoint stays "
+              "resumable: run the same sweep command again", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    if done < len(results) and not failed:
+        print("sweep: stopped by a signal; run the same sweep command again to resume it", flush=True)
     if failed:
         print(f"rlzoo: error: failed runs: {', '.join(failed)}", file=sys.stderr)
         return 1

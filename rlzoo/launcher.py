@@ -13,22 +13,14 @@ The launcher is the process a terminal or a scheduler signals, so it owns stoppi
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
+from rlzoo.stopping import die_with_parent, send_signal
+
 EXIT_ABORTED = 130
-PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    """Ask the kernel to send this process SIGTERM when its parent (the launcher) dies."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def child_pids(pid: int) -> list[int]:
@@ -42,14 +34,6 @@ def child_pids(pid: int) -> list[int]:
     return sorted(children)
 
 
-def _send(pids: list[int], signum: int) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, signum)
-        except ProcessLookupError:
-            pass
-
-
 def launch_torchrun(train_args: list[str], nproc: int, run_dir: Path) -> int:
     """Run ``rlzoo train *train_args`` under ``torchrun --standalone --nproc_per_node=nproc``
     and return its exit code (:data:`EXIT_ABORTED` after a second SIGINT). ``run_dir`` is
@@ -57,18 +41,18 @@ def launch_torchrun(train_args: list[str], nproc: int, run_dir: Path) -> int:
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
                "-m", "rlzoo", "train", *train_args]
     print("rlzoo: launching " + " ".join(command[1:]), file=sys.stderr, flush=True)
-    torchrun = subprocess.Popen(command, start_new_session=True, preexec_fn=_die_with_parent)
+    torchrun = subprocess.Popen(command, start_new_session=True, preexec_fn=die_with_parent)
     received: list[int] = []
 
     def forward(signum: int, frame: object) -> None:
         workers = child_pids(torchrun.pid)
         if signum == signal.SIGINT and signal.SIGINT in received:
-            _send([*workers, torchrun.pid], signal.SIGKILL)
+            send_signal([*workers, torchrun.pid], signal.SIGKILL)
             received.append(-1)  # aborted
             return
         if signum not in received or signum == signal.SIGINT:
             received.append(signum)
-            _send(workers or [torchrun.pid], signum)
+            send_signal(workers or [torchrun.pid], signum)
 
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:

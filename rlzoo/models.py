@@ -131,7 +131,31 @@ def load_pretrained(path: str | Path, dtype: str = "float32") -> tuple[PreTraine
     with unreadable_model(path):
         tokenizer = load_tokenizer(path)
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=DTYPES[dtype])
-    return model, tokenizer
+    return align_storage(model), tokenizer
+
+
+CPU_ALIGNMENT = 64
+"""Bytes: torch's CPU allocator aligns every allocation to this."""
+
+
+def align_storage(model: torch.nn.Module) -> torch.nn.Module:
+    """Give each CPU parameter and buffer of ``model`` that does not start on a
+    :data:`CPU_ALIGNMENT` boundary a copy of its own that does (returns ``model``).
+
+    ``from_pretrained`` leaves the weights where they lie in the safetensors file (offsets
+    after its header, e.g. 56 mod 64), while a model built or trained in memory has aligned
+    ones; some CPU kernels round differently on the two (a DAPO run resumed from a
+    checkpoint drifted by up to 1e-6 from the uninterrupted run). Aligned, a loaded model
+    computes exactly what the saved one did. Tied weights stay tied (one parameter)."""
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.device.type == "cpu" and param.data_ptr() % CPU_ALIGNMENT:
+                param.data = param.data.clone(memory_format=torch.contiguous_format)
+        for module in model.modules():
+            for name, buffer in module._buffers.items():
+                if buffer is not None and buffer.device.type == "cpu" and buffer.data_ptr() % CPU_ALIGNMENT:
+                    module._buffers[name] = buffer.clone(memory_format=torch.contiguous_format)
+    return model
 
 
 GGUF_SUFFIX = ".gguf"

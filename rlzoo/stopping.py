@@ -1,22 +1,41 @@
 """Stopping a run cleanly on SIGINT / SIGTERM: finish the step, checkpoint, exit.
 
 The first SIGINT or SIGTERM asks for a stop after the current step; a second SIGINT
-aborts (``KeyboardInterrupt``, no checkpoint). More SIGTERMs change nothing: a scheduler
-may signal every process of a job.
+aborts (``KeyboardInterrupt``, no checkpoint). More SIGTERMs change nothing, up to the
+end of the process: a scheduler may signal every process of a job, or signal it again
+while it writes its checkpoint or exits.
+
+Processes that run other rlzoo processes (``rlzoo sweep``, the torchrun launcher) start
+them with :func:`die_with_parent` and forward signals with :func:`send_signal`.
 """
 
 from __future__ import annotations
 
+import ctypes
+import os
 import signal
+import sys
 from typing import Any
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+PR_SET_PDEATHSIG = 1
+
+
+def write_now(text: str) -> None:
+    """Write ``text`` to stdout with one ``write`` system call: safe inside a signal handler,
+    where ``print`` may interrupt another ``print`` (a re-entrant call raises)."""
+    try:
+        os.write(sys.stdout.fileno(), text.encode())
+    except (OSError, ValueError, AttributeError):  # no file descriptor (captured) or closed
+        pass
 
 
 class StopRequest:
     """While installed (``with StopRequest(announce) as stop:``), :data:`STOP_SIGNALS` set
-    ``stop.requested`` instead of killing the process; the previous handlers come back on
-    exit. Outside the main thread (where signals cannot be caught) it does nothing.
+    ``stop.requested`` instead of killing the process. On exit the previous handlers come
+    back, except that SIGTERM stays ignored once a stop was requested (the process is
+    stopping; a later SIGTERM must not kill it mid-exit). Outside the main thread (where
+    signals cannot be caught) it does nothing.
 
     :param announce: print the notice (rank 0 only, under torchrun).
     """
@@ -36,7 +55,8 @@ class StopRequest:
 
     def __exit__(self, *exc: Any) -> None:
         for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
+            signal.signal(sig, signal.SIG_IGN if self.requested and sig == signal.SIGTERM else handler)
+        self._previous = {}
 
     def _handle(self, signum: int, frame: Any) -> None:
         if self.requested:
@@ -45,5 +65,21 @@ class StopRequest:
             return
         self.requested = True
         if self.announce:
-            print(f"\nrlzoo: {signal.Signals(signum).name} received; finishing this step and writing a "
-                  "checkpoint (Ctrl-C again aborts without one)", flush=True)
+            write_now(f"\nrlzoo: {signal.Signals(signum).name} received; finishing this step and writing a "
+                 "checkpoint (Ctrl-C again aborts without one)\n")
+
+
+def die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+    """``preexec_fn`` of a child process: ask the kernel to send it SIGTERM when its parent
+    dies (Linux; elsewhere nothing), so it never trains on unwatched."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def send_signal(pids: list[int], signum: int) -> None:
+    """Send ``signum`` to each of ``pids``, skipping those that have already exited."""
+    for pid in pids:
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            pass

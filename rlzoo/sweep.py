@@ -9,6 +9,12 @@ experiment summary for all its runs into the sweep directory. Runs are separate 
 lines (a tenth of its steps each) are relayed prefixed with its name, its full output goes
 to its ``train.log``. Re-running the sweep skips completed runs and resumes interrupted
 ones from their last checkpoint.
+
+A SIGINT or SIGTERM to the sweep is forwarded to the runs it is running (each runs in a
+session of its own, so a terminal's Ctrl-C reaches the sweep only and each run gets the
+signal once); they finish their step and write a checkpoint, no further run starts, and
+the sweep waits for them and exits 0 (130 after a second Ctrl-C, which aborts them). A
+run whose sweep dies gets SIGTERM (Linux), so no run trains on unwatched.
 """
 
 from __future__ import annotations
@@ -16,8 +22,10 @@ from __future__ import annotations
 import itertools
 import os
 import re
+import signal
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -28,10 +36,15 @@ from rlzoo.errors import ConfigError
 from rlzoo.registry import Registry
 from rlzoo.resolved import ResolvedConfig
 from rlzoo.rundir import CONFIG_FILE, SWEEP_FILE, read_status, run_files
+from rlzoo.stopping import STOP_SIGNALS, die_with_parent, send_signal, write_now
 from rlzoo.tracking import ALGORITHM_KEYS, effective_hparams, hparam_metrics, write_experiment
 
 RELAYED = ("rlzoo: step ", "rlzoo: error", "rlzoo: evaluation")
 """Lines of a run's output the sweep repeats on its own output (prefixed with the run)."""
+
+STOPPED_CODES = (130, -signal.SIGINT, -signal.SIGTERM)
+"""Exit codes of a run stopped by a signal the sweep forwarded (before it could catch it, or
+aborted by a second Ctrl-C)."""
 
 
 @dataclass(frozen=True)
@@ -137,12 +150,70 @@ def _command(run: SweepRun, config_file: str | None) -> list[str]:
                   "logging.progress=false"]
 
 
+class _Children:
+    """The sweep's running runs, and the stop signals it received (forwarded to them).
+
+    While installed (``with _Children() as children:``, main thread only), SIGINT and
+    SIGTERM are recorded and forwarded to every running child; a second SIGINT is forwarded
+    too (the children abort). :attr:`stopping`: start no further run."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.running: set[subprocess.Popen] = set()
+        self.received: list[int] = []
+        self._previous: dict[int, object] = {}
+
+    @property
+    def stopping(self) -> bool:
+        return bool(self.received)
+
+    @property
+    def aborted(self) -> bool:
+        return self.received.count(signal.SIGINT) > 1
+
+    def __enter__(self) -> "_Children":
+        for sig in STOP_SIGNALS:
+            try:
+                self._previous[sig] = signal.signal(sig, self._forward)
+            except ValueError:  # not the main thread: signals reach the caller
+                break
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, signal.SIG_IGN if self.stopping and sig == signal.SIGTERM else handler)
+
+    def _forward(self, signum: int, frame: object) -> None:
+        if signum in self.received and signum != signal.SIGINT:
+            return  # more SIGTERMs change nothing
+        self.received.append(signum)
+        if len(self.received) == 1:
+            write_now(f"sweep: {signal.Signals(signum).name} received; the running runs finish their step and "
+                      "write a checkpoint, no further run starts\n")
+        send_signal([child.pid for child in list(self.running)], signum)
+
+    def start(self, command: list[str], env: dict[str, str]) -> subprocess.Popen | None:
+        """Start a run (its own session, SIGTERM when the sweep dies), or None when stopping."""
+        with self.lock:
+            if self.stopping:
+                return None
+            child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True,
+                                     bufsize=1, start_new_session=True, preexec_fn=die_with_parent)
+            self.running.add(child)
+            return child
+
+    def done(self, child: subprocess.Popen) -> None:
+        with self.lock:
+            self.running.discard(child)
+
+
 def run_sweep(sweep_dir: Path, overrides: list[str], registry: Registry, config_file: str | None = None,
               jobs: int = 1) -> list[tuple[SweepRun, str]]:
     """Run (or skip, or resume) every combination; returns ``(run, outcome)`` pairs.
 
     Outcomes: ``skipped`` (already completed), ``completed``, ``interrupted`` (stopped by a
-    signal after writing a checkpoint: the next sweep resumes it), ``failed (exit N)``.
+    signal after writing a checkpoint: the next sweep resumes it), ``not started`` (the
+    sweep was stopped first), ``aborted`` (a second Ctrl-C), ``failed (exit N)``.
     """
     if jobs < 1:
         raise ConfigError(f"--jobs must be >= 1, got {jobs}")
@@ -152,28 +223,38 @@ def run_sweep(sweep_dir: Path, overrides: list[str], registry: Registry, config_
     (sweep_dir / SWEEP_FILE).write_text(" ".join(overrides) + "\n")
     write_sweep_experiment(sweep_dir, resolved, [key for key, _ in expand(overrides)[1]])
 
+    children = _Children()
+
     def execute(run: SweepRun) -> tuple[SweepRun, str]:
         status = read_status(run.run_dir)
         if status and status["status"] == "completed":
             return run, "skipped"
+        if children.stopping:
+            return run, "not started"
         run.run_dir.mkdir(parents=True, exist_ok=True)
         log = run.run_dir / "train.log"
         start = time.perf_counter()
         env = {**os.environ}
         if jobs > 1:
             env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // jobs)))
-        print(f"[{run.name}] started", flush=True)
         with open(log, "a") as handle:
-            child = subprocess.Popen(_command(run, config_file), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     env=env, text=True, bufsize=1)
-            assert child.stdout is not None
-            for line in child.stdout:
-                handle.write(line)
-                if line.startswith(RELAYED):
-                    print(f"[{run.name}] {line.removeprefix('rlzoo: ').rstrip()}", flush=True)
-            code = child.wait()
+            child = children.start(_command(run, config_file), env)
+            if child is None:
+                return run, "not started"
+            print(f"[{run.name}] started", flush=True)
+            try:
+                assert child.stdout is not None
+                for line in child.stdout:
+                    handle.write(line)
+                    if line.startswith(RELAYED):
+                        print(f"[{run.name}] {line.removeprefix('rlzoo: ').rstrip()}", flush=True)
+                code = child.wait()
+            finally:
+                children.done(child)
         status = read_status(run.run_dir) or {}
-        if code != 0:
+        if code != 0 and children.stopping and code in STOPPED_CODES:  # stopped before it could checkpoint
+            outcome = "aborted" if children.aborted else "interrupted"
+        elif code != 0:
             outcome = f"failed (exit {code}, see {log})"
         else:
             outcome = "completed" if status.get("status") == "completed" else "interrupted"
@@ -181,7 +262,8 @@ def run_sweep(sweep_dir: Path, overrides: list[str], registry: Registry, config_
         return run, outcome
 
     print(f"sweep: {len(runs)} runs in {sweep_dir}", flush=True)
-    if jobs == 1:
-        return [execute(run) for run in runs]
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
-        return list(pool.map(execute, runs))
+    with children:
+        if jobs == 1:
+            return [execute(run) for run in runs]
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            return list(pool.map(execute, runs))

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from rlzoo import distributed
+from rlzoo import distributed, processes
 from rlzoo.batch import RolloutBatch
 from rlzoo.resolved import ResolvedConfig
 from rlzoo.checkpoint import CHECKPOINT_DIR, STATE_FILE, check_optimizer_fits, checkpoint_name, first_non_finite
@@ -68,6 +68,12 @@ class Trainer:
         except BaseException:
             self.run_dir.close()
             raise
+        self.thread_record = None  # CPU runs share cores: warn when their threads oversubscribe them
+        if self.device.type == "cpu":
+            self.thread_record = processes.register(torch.get_num_threads())
+            warning = processes.oversubscription(torch.get_num_threads())
+            if warning and self.dist.is_main:
+                print(f"rlzoo: warning: {warning}", file=sys.stderr, flush=True)
 
     def _build(self, resolved: ResolvedConfig, pm: PluginManager) -> None:
         """Everything after the run directory is claimed: models, sampler, learner, state."""
@@ -296,6 +302,8 @@ class Trainer:
 
     def close(self) -> None:
         """Unregister the run's extensions and release the run directory (idempotent)."""
+        processes.unregister(getattr(self, "thread_record", None))
+        self.thread_record = None
         for _, plugin in self.extensions:
             if self.pm.is_registered(plugin):
                 self.pm.unregister(plugin)

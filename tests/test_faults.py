@@ -526,6 +526,102 @@ def test_every_kill_point_and_signal_leaves_a_run_that_resumes_to_the_uninterrup
     assert_same_run(run_dir, want, 8)
 
 
+PRESETS = sorted(path.stem for path in (Path(__file__).parents[1] / "configs" / "algo").glob("*.yaml"))
+
+
+def _optimizer_steps_per_step(args: list[str]) -> int:
+    """AdamW steps in one training step of a run with ``args`` (the critic's count too)."""
+    from rlzoo.config import load_config
+    from zoo import REGISTRY
+
+    plan = load_config(REGISTRY, args).plan
+    return plan.update.epochs * plan.update.mini_batches * (2 if "critic" in plan.models else 1)
+
+
+@SLOW
+@pytest.mark.parametrize("algo, point", [*((algo, "update") for algo in PRESETS), ("dapo", "write")])
+def test_a_kill_then_resume_is_bit_identical_for_every_preset(capsys, tmp_path: Path, algo: str, point: str) -> None:
+    """kill -9 in the middle of step 2's update (or while step 1's ``trainer_state.pt`` is
+    written), then ``resume=``: the same weights and curves as the uninterrupted run, for
+    every built-in preset. (A checkpoint's weights, loaded at other memory alignments than
+    trained weights, once made DAPO's one-sequence mini-batches round differently.)"""
+    args = [*TINY, f"algo={algo}", "trainer.total_steps=2", "checkpoint.every=1", "eval.size=0"]
+    want, run_dir = tmp_path / "want", tmp_path / "run"
+    assert main(["train", *args, f"run_dir={want}"]) == 0
+    initial = load_file(str(want / "init_model" / "model.safetensors"))
+    assert any(not torch.equal(weights(want, 2)[key], start) for key, start in initial.items())  # it learned
+    per_step = _optimizer_steps_per_step(args)
+    fault = f"update:{per_step + per_step // 2 + 1}" if point == "update" else "write:2"
+    killed = rlzoo(tmp_path, "train", *args, f"run_dir={run_dir}", fault=fault)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    assert steps(run_dir)[-1] == (1 if point == "update" else 0)
+    capsys.readouterr()
+    assert main(["train", f"resume={run_dir}"]) == 0, capsys.readouterr().err[-3000:]
+    assert_same_run(run_dir, want, 2)
+
+
+def _signal_until_exit(proc: subprocess.Popen, signum: int, every: float = 0.05, timeout: float = 120) -> None:
+    """Send ``signum`` to ``proc`` every ``every`` s until it exits (a scheduler that keeps
+    signalling, through the checkpoint write and the exit)."""
+    deadline = time.monotonic() + timeout
+    while proc.poll() is None and time.monotonic() < deadline:
+        proc.send_signal(signum)
+        time.sleep(every)
+
+
+@SLOW
+def test_sigterms_every_50_ms_stop_the_run_once_with_a_checkpoint(tmp_path: Path) -> None:
+    env = _steps_plugin(tmp_path)
+    run_dir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "rlzoo", "train", *TINY, f"run_dir={run_dir}", "eval.size=0",
+                             "trainer.total_steps=1000", "checkpoint.every=0", "plugins=[rlzoo_test_steps]"],
+                            env={**os.environ, **env, "RLZOO_TEST_STEP_SLEEP": "0.2"}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for(tmp_path / "markers" / "step-1", proc)
+        _signal_until_exit(proc, signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err[-3000:]                          # not -15: later SIGTERMs are ignored
+    stopped = json.loads((run_dir / "status.json").read_text())
+    assert stopped["status"] == "interrupted" and f"checkpoint written at step {stopped['step']}" in out
+    assert out.count("SIGTERM received") == 1 and steps(run_dir)[-1] == stopped["step"]
+
+
+@SLOW
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_to_the_sweep_stops_its_run_with_a_checkpoint_and_starts_no_other(tmp_path: Path,
+                                                                                    signum: int) -> None:
+    """``kill -INT`` / ``kill -TERM`` of the sweep's pid alone (not its process group): the
+    running run gets the signal once, writes a checkpoint, the sweep waits for it, starts no
+    further run and exits 0; nothing trains on."""
+    env = _steps_plugin(tmp_path)
+    sweep_dir = tmp_path / "sweep"
+    proc = subprocess.Popen([sys.executable, "-m", "rlzoo", "sweep", "--dir", str(sweep_dir), "seed=0,1", *TINY,
+                             "eval.size=0", "trainer.total_steps=1000", "checkpoint.every=0",
+                             "plugins=[rlzoo_test_steps]"],
+                            env={**os.environ, **env, "RLZOO_TEST_STEP_SLEEP": "0.2"}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for(tmp_path / "markers" / "step-1", proc)
+        os.kill(proc.pid, signum)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, out[-3000:] + err[-3000:]
+    first, second = sweep_dir / "seed-0", sweep_dir / "seed-1"
+    stopped = json.loads((first / "status.json").read_text())
+    assert stopped["status"] == "interrupted" and steps(first)[-1] == stopped["step"]
+    assert "[seed-0] interrupted" in out and "[seed-1] started" not in out and not (second / "config.yaml").exists()
+    assert "run the same sweep command again to resume it" in out
+    survivors = subprocess.run(["pgrep", "-f", f"run_dir={first}"], capture_output=True, text=True).stdout
+    assert survivors.strip() == ""
+
+
 def test_verification_finds_truncated_altered_and_missing_files(tmp_path: Path) -> None:
     from rlzoo.checkpoint import newest_intact_checkpoint
 
@@ -708,3 +804,29 @@ def test_interpolations_are_stored_resolved_and_compare_never_resolves(capsys, t
     # compare's fallback for runs without recorded hparams flattens config.yaml as saved
     assert flatten_config({"run_name": "${oc.env:RLZOO_TEST_NAME}"}) == {
         "run_name": "${oc.env:RLZOO_TEST_NAME}"}
+
+
+# ------------------------------------------------------------------ 11. processes sharing the machine
+
+
+def test_runs_whose_threads_oversubscribe_the_cores_warn_once_naming_the_fix(capsys, tmp_path: Path,
+                                                                             monkeypatch) -> None:
+    from rlzoo import processes
+
+    registry = tmp_path / "threads"
+    monkeypatch.setattr(processes, "REGISTRY", registry)
+    finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    dead = processes.register(4, registry, pid=int(finished.stdout))             # a run killed with -9
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        processes.register(processes.usable_cores(), registry, pid=other.pid)     # a run using every core
+        assert main(["train", *TINY, f"run_dir={tmp_path / 'run'}", "trainer.total_steps=1", "eval.size=0"]) == 0
+        err = capsys.readouterr().err
+        warnings = [line for line in err.splitlines() if "rlzoo runs on this machine compute with" in line]
+        assert len(warnings) == 1 and "trainer.threads=1" in warnings[0] and f"pid {other.pid}" in warnings[0]
+        assert dead is not None and not dead.exists()                             # the dead run's record went
+        assert sorted(p.name for p in registry.iterdir()) == [str(other.pid)]     # ours went at the end
+    finally:
+        other.kill()
+        other.wait()
+    assert processes.oversubscription(processes.usable_cores(), registry) is None  # alone: fits

@@ -14,7 +14,7 @@ ENGINE = ROOT / "rlzoo"
 LAYERS: dict[str, int] = {
     # 0: foundations, importing no other rlzoo module but each other
     "errors": 0, "kinds": 0, "distributed": 0, "masked": 0, "rng": 0, "events": 0, "batch": 0, "stopping": 0,
-    "plots": 0, "yamlfile": 0,
+    "processes": 0, "plots": 0, "yamlfile": 0,
     # 1: the plugin contract and its registry
     "contract": 1, "registry": 1, "hookspecs": 1, "__init__": 1, "plugins": 1,
     # 2: configuration and the run plan
