@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
@@ -146,22 +146,7 @@ def kl_full(
     NotImplementedError, so there is no reference implementation to follow.
     """
     params = params or FullKLParams()
-    batch, width, vocab = logits.shape
-    flat = logits.reshape(batch * width, vocab)
-    flat_ref = ref_logits.detach().reshape(batch * width, vocab)
-    use_checkpoint = torch.is_grad_enabled() and flat.requires_grad
-    rows = []
-    for start in range(0, flat.shape[0], params.chunk_size):
-        chunk = flat[start:start + params.chunk_size]
-        chunk_ref = flat_ref[start:start + params.chunk_size]
-        if use_checkpoint:
-            rows.append(checkpoint(_full_kl_rows, chunk, chunk_ref, use_reentrant=False))
-        else:
-            rows.append(_full_kl_rows(chunk, chunk_ref))
-    dtype = torch.promote_types(logits.dtype, torch.float32)
-    if not rows:
-        return torch.zeros(batch, width, dtype=dtype, device=logits.device)
-    return torch.cat(rows).reshape(batch, width).to(dtype)
+    return _chunked_rows(_full_kl_rows, logits, ref_logits, params.chunk_size)
 
 
 @dataclass
@@ -222,18 +207,28 @@ def kl_forward_topk(
     arXiv:2306.13649) with the forward KL; verl ``trainer/distillation`` (verl 0.9.1).
     """
     params = params or ForwardTopKParams()
+    return _chunked_rows(_forward_topk_rows, logits, ref_logits, params.chunk_size, params.topk)
+
+
+def _chunked_rows(fn: Callable[..., torch.Tensor], logits: torch.Tensor, ref_logits: torch.Tensor,
+                  chunk_size: int, *args: Any) -> torch.Tensor:
+    """``fn(chunk, chunk_ref, *args)`` over ``chunk_size`` rows of the flattened ``(B·T, V)``
+    logits at a time, each chunk under non-reentrant ``torch.utils.checkpoint`` when grad is
+    on (its log-softmaxes are recomputed in backward, never held for the whole batch).
+
+    :return: ``(B, T)`` in at least float32.
+    """
     batch, width, vocab = logits.shape
     flat = logits.reshape(batch * width, vocab)
     flat_ref = ref_logits.detach().reshape(batch * width, vocab)
     use_checkpoint = torch.is_grad_enabled() and flat.requires_grad
     rows = []
-    for start in range(0, flat.shape[0], params.chunk_size):
-        chunk = flat[start:start + params.chunk_size]
-        chunk_ref = flat_ref[start:start + params.chunk_size]
+    for start in range(0, flat.shape[0], chunk_size):
+        chunk, chunk_ref = flat[start:start + chunk_size], flat_ref[start:start + chunk_size]
         if use_checkpoint:
-            rows.append(checkpoint(_forward_topk_rows, chunk, chunk_ref, params.topk, use_reentrant=False))
+            rows.append(checkpoint(fn, chunk, chunk_ref, *args, use_reentrant=False))
         else:
-            rows.append(_forward_topk_rows(chunk, chunk_ref, params.topk))
+            rows.append(fn(chunk, chunk_ref, *args))
     dtype = torch.promote_types(logits.dtype, torch.float32)
     if not rows:
         return torch.zeros(batch, width, dtype=dtype, device=logits.device)
