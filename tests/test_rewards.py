@@ -55,8 +55,10 @@ def test_one_reward_is_one_function_of_weight_one() -> None:
 @pytest.mark.parametrize("override, message", [
     ("reward=[]", r"reward=\[\] names no reward function; registered: .*length_match"),
     ("reward=[exact_match, exact_match]", "names exact_match more than once"),
-    ("reward=[{name: exact_match, weight: .nan}]", r"reward\[0\]\.weight must be a finite number within float32.s range .*, got nan"),
-    ("reward=[{name: exact_match, weight: heavy}]", r"reward\[0\]\.weight must be a finite number within float32.s range .*, got 'heavy'"),
+    ("reward=[{name: exact_match, weight: .nan}]",
+     r"reward\[0\]\.weight must be a finite number within float32.s range .*, got nan"),
+    ("reward=[{name: exact_match, weight: heavy}]",
+     r"reward\[0\]\.weight must be a finite number within float32.s range .*, got 'heavy'"),
     ("reward=[exact_mach]", r"reward\[0\]: unknown reward 'exact_mach'.*exact_match"),
     ("reward=[{name: exact_match, strp: false}]", r"unknown parameter 'strp' for reward\[0\] 'exact_match'"),
     ("reward={name: exact_match, weight: 2}", "a weight belongs to one of several reward functions"),
