@@ -79,6 +79,7 @@ def build_plan(resolved: ResolvedConfig) -> RunPlan:
     if "critic" in needs and "value_loss" in comps:
         needs |= comps["value_loss"].needs
     _check_consistency(resolved, needs, kl_on, world)
+    _check_async(resolved, world)
 
     lora = _lora_plan(cfg)
     models = {"policy": "trained" if lora is None else f"base weights frozen, rank-{lora.rank} LoRA adapters trained"}
@@ -155,7 +156,11 @@ def build_plan(resolved: ResolvedConfig) -> RunPlan:
                                        prompts_per_process=int(cfg.rollout.prompts_per_step) // world,
                                        n=int(cfg.rollout.n), max_new_tokens=int(cfg.rollout.max_new_tokens),
                                        temperature=float(cfg.rollout.temperature), top_p=float(cfg.rollout.top_p),
-                                       staleness=int(cfg.rollout.staleness)),
+                                       staleness=int(cfg.rollout.staleness), mode=str(cfg.rollout.mode),
+                                       weight_sync_every=int(cfg.rollout.weight_sync_every),
+                                       max_staleness=int(cfg.rollout.max_staleness),
+                                       stale_batches=str(cfg.rollout.stale_batches),
+                                       queue_size=int(cfg.rollout.queue_size)),
                    corrections=_correction_steps(resolved), bypass=bypass, record=bool(cfg.rollout.record),
                    correction_in_loss="correction_weights" in comps["policy_loss"].inputs,
                    precision=str(cfg.trainer.precision), lora=lora)
@@ -185,6 +190,33 @@ def _check_lora(cfg: Any, world: int) -> None:
                           "need each peft adapter layer sharded on its own, which rlzoo does not do): use "
                           "distributed.strategy=ddp (the frozen base is small enough to replicate when the "
                           "adapters are what trains), or model.lora.rank=0")
+
+
+def _check_async(resolved: ResolvedConfig, world: int) -> None:
+    """What ``rollout.mode=async`` cannot run: refused before anything is built."""
+    cfg = resolved.cfg
+    if cfg.rollout.mode != "async":
+        return
+    refillers = [c.name for c, _ in resolved.extensions if hasattr(c.fn, "rlzoo_after_rollout")]
+    if refillers:
+        raise ConfigError(f"extension {', '.join(refillers)} acts after each rollout and may refill the batch "
+                          "(ctx.resample), but with rollout.mode=async only the generator process generates: "
+                          "use rollout.mode=sync")
+    if int(cfg.rollout.staleness):
+        raise ConfigError(f"rollout.staleness={cfg.rollout.staleness} is the synchronous, reproducible queue; with "
+                          "rollout.mode=async the bound is rollout.max_staleness: set one of the two")
+    if world > 1:
+        raise ConfigError(f"rollout.mode=async runs one generator process beside one trainer; under torchrun "
+                          f"({world} processes) it is not supported: use rollout.mode=sync (or launcher.nproc=1)")
+    if int(cfg.model.lora.rank):
+        raise ConfigError("rollout.mode=async with model.lora.rank > 0 is not supported (the generator's copy of "
+                          "the policy has no adapters): use rollout.mode=sync")
+    sync_every, bound = int(cfg.rollout.weight_sync_every), int(cfg.rollout.max_staleness)
+    if cfg.rollout.stale_batches == "drop" and bound < sync_every - 1:
+        raise ConfigError(f"rollout.max_staleness={bound} with rollout.weight_sync_every={sync_every} and "
+                          f"stale_batches=drop could drop every batch (the generator's weights may be "
+                          f"{sync_every - 1} versions old between syncs): set rollout.max_staleness >= "
+                          f"{sync_every - 1}, or rollout.stale_batches=keep")
 
 
 def _correction_steps(resolved: ResolvedConfig) -> tuple[CorrectionStep, ...]:
@@ -307,7 +339,7 @@ def _inert_choices(resolved: ResolvedConfig, plan: RunPlan) -> list[str]:
     loss = resolved.components["policy_loss"]
     same_distribution = (plan.rollout.backend == "hf" and plan.rollout.dtype == cfg.model.dtype
                          and float(cfg.rollout.top_p) == 1.0)
-    ratio_moves = plan.bypass and (not same_distribution or plan.rollout.staleness > 0)  # pi/mu != 1
+    ratio_moves = plan.bypass and (not same_distribution or plan.rollout.off_policy)  # pi/mu != 1
     if plan.update.on_policy and not loss.meta.get("ratio_free") and not ratio_moves:
         warnings.append(
             f"one on-policy update per rollout (update_epochs=1, num_mini_batches=1): the importance ratio is "
@@ -320,7 +352,7 @@ def _inert_choices(resolved: ResolvedConfig, plan: RunPlan) -> list[str]:
             warnings.append(f"kl.coef=0: KL is off, so {', '.join(k.removesuffix('.name') for k in set_by_user)} "
                             "has no effect")
     inert = [c.name for c, _ in resolved.corrections if "logp" not in c.inputs]
-    if inert and same_distribution and not plan.rollout.staleness:
+    if inert and same_distribution and not plan.rollout.off_policy:
         warnings.append(f"rollout_correction {', '.join(inert)} corrects for μ ≠ π_old, but the hf backend "
                         "samples from the trained policy itself in its own dtype (rollout/mismatch_k3 ≈ 0): its "
                         "weights are 1 to float rounding; set rollout.dtype=bfloat16 (or rollout.top_p < 1) for a gap "
@@ -328,6 +360,9 @@ def _inert_choices(resolved: ResolvedConfig, plan: RunPlan) -> list[str]:
     if plan.rollout.staleness >= int(cfg.trainer.total_steps):
         warnings.append(f"rollout.staleness={plan.rollout.staleness} >= trainer.total_steps="
                         f"{cfg.trainer.total_steps}: every step trains on the initial policy's rollouts")
+    if plan.rollout.mode == "async" and plan.rollout.stale_batches == "keep" and not plan.corrections:
+        warnings.append(f"rollout.stale_batches=keep trains on batches beyond rollout.max_staleness="
+                        f"{plan.rollout.max_staleness} with rollout_correction=none: nothing weights the stale data")
     advantage = resolved.components["advantage"]
     if "reward_scores" in advantage.inputs and len(resolved.rewards) == 1:
         warnings.append(f"advantage {advantage.name} normalises each of several reward functions separately; with "

@@ -75,6 +75,16 @@ class RolloutPlan:
     :ivar top_p: the nucleus of the sampling distribution.
     :ivar staleness: step t trains on the rollouts of the policy of step t − staleness
         (``rollout.staleness``; :mod:`rlzoo.rollout_queue`); 0 is on-policy.
+    :ivar mode: ``sync`` (the trainer generates) or ``async`` (a generator process does,
+        :mod:`rlzoo.async_rollout`; ``rollout.mode``).
+    :ivar weight_sync_every: async: the generator receives the newest weights after every
+        this many steps (``rollout.weight_sync_every``).
+    :ivar max_staleness: async: the bound on a trained batch's age in policy versions
+        (``rollout.max_staleness``).
+    :ivar stale_batches: async: ``drop`` or ``keep`` a batch beyond the bound
+        (``rollout.stale_batches``).
+    :ivar queue_size: async: scored batches that may wait for the trainer
+        (``rollout.queue_size``).
     """
 
     backend: str
@@ -85,6 +95,16 @@ class RolloutPlan:
     temperature: float
     top_p: float
     staleness: int = 0
+    mode: str = "sync"
+    weight_sync_every: int = 1
+    max_staleness: int = 2
+    stale_batches: str = "drop"
+    queue_size: int = 1
+
+    @property
+    def off_policy(self) -> bool:
+        """Whether a step may train on rollouts of an older policy (staleness or async)."""
+        return self.staleness > 0 or self.mode == "async"
 
 
 @dataclass(frozen=True)
@@ -230,6 +250,22 @@ class RunPlan:
             "warnings": list(self.warnings),
         }
 
+    def _async_lines(self) -> list[str]:
+        """What ``rollout.mode=async`` runs, its version bound and what it costs."""
+        r = self.rollout
+        if r.stale_batches == "drop":
+            beyond = "dropped (its prompts are not trained on)"
+        else:
+            names = ", ".join(step.name for step in self.corrections) or "none: it trains uncorrected"
+            beyond = f"kept and trained on, weighted like every batch by rollout_correction ({names})"
+        return [f"  rollout generator: a separate process generates and scores with its own copy of the policy, "
+                f"receiving the newest weights after every {r.weight_sync_every} step(s); up to {r.queue_size} "
+                "scored batch(es) wait for the trainer (rollout.mode=async)",
+                f"  version bound: a batch more than {r.max_staleness} policy version(s) older than the trained "
+                f"policy is {beyond} (rollout.max_staleness, rollout.stale_batches)",
+                "  reproducibility: none bit for bit (which policy version generates each batch depends on timing); "
+                "rollout.staleness=k is the reproducible form; a resume regenerates the waiting batches"]
+
     def render(self) -> str:
         """The plan as text, one fact a line (``plan.txt``, ``rlzoo config --plan``)."""
         u = self.update
@@ -243,6 +279,8 @@ class RunPlan:
         if r.staleness:
             lines.append(f"  rollout queue: step t trains on the rollouts of the policy of step t-{r.staleness} "
                          f"(steps 1-{r.staleness} on the initial policy's; rollout.staleness)")
+        if r.mode == "async":
+            lines += self._async_lines()
         lines += [f"  {name}: {why}" for name, why in self.passes.items()]
         if self.bypass:
             lines.append("old log-probs: the rollout's (trainer.old_logp=rollout, bypass): the importance ratio is "

@@ -65,7 +65,7 @@ class RolloutQueue:
     def state_dict(self) -> dict[str, Any]:
         """The queued batches as plain values (tensors, strings, lists): checkpoint state."""
         return {"staleness": self.staleness,
-                "items": [{"version": version, "batch": _plain(batch)} for version, batch in self.items]}
+                "items": [{"version": version, "batch": plain_batch(batch)} for version, batch in self.items]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`'s queue (its batches on the device they were saved from:
@@ -73,7 +73,7 @@ class RolloutQueue:
         self.items = deque((int(item["version"]), RolloutBatch(**item["batch"])) for item in state["items"])
 
 
-def _plain(batch: RolloutBatch) -> dict[str, Any]:
+def plain_batch(batch: RolloutBatch) -> dict[str, Any]:
     """The batch's fields, tensors on the CPU, for ``torch.save(weights_only)``."""
     out: dict[str, Any] = {}
     for f in fields(batch):

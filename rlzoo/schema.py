@@ -54,6 +54,11 @@ class RolloutConfig:
     record: bool = MISSING
     backend: Any = MISSING
     staleness: int = MISSING
+    mode: str = MISSING
+    weight_sync_every: int = MISSING
+    max_staleness: int = MISSING
+    stale_batches: str = MISSING
+    queue_size: int = MISSING
 
 
 @dataclass
@@ -213,6 +218,8 @@ ADDED_KEYS: dict[str, Any] = {
     "rollout.staleness": 0, "model.system_prompt": None, "eval.at_start": False, "answer_format": "plain",
     "rm.data": None, "rm.steps": 200, "rm.batch_size": 32, "rm.eval_fraction": 0.1, "rm.eval_every": 50,
     "rm.chat_template": None, "rm.task_pairs": 2000,
+    "rollout.mode": "sync", "rollout.weight_sync_every": 1, "rollout.max_staleness": 2,
+    "rollout.stale_batches": "drop", "rollout.queue_size": 1,
 }
 """Keys added after a run may have been saved -> the value such a run ran with (a resumed run
 whose ``config.yaml`` lacks one gets it, and that is no change)."""
@@ -226,6 +233,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "trainer.device": ("cpu", "cuda", "auto"),
     "trainer.precision": ("fp32", "bf16"),
     "trainer.old_logp": ("compute", "rollout"),
+    "rollout.mode": ("sync", "async"),
+    "rollout.stale_batches": ("drop", "keep"),
     "distributed.strategy": ("ddp", "fsdp"),
     "distributed.backend": ("auto", "gloo", "nccl"),
 }
@@ -243,11 +252,12 @@ POSITIVE: tuple[str, ...] = (
     "trainer.logprob_chunk_size", "model.hidden_size", "model.intermediate_size",
     "model.num_layers", "model.num_heads", "model.num_kv_heads", "logging.log_every",
     "checkpoint.keep", "distributed.timeout_s", "launcher.nproc", "rm.steps", "rm.batch_size", "rm.task_pairs",
+    "rollout.weight_sync_every", "rollout.queue_size",
 )
 NON_NEGATIVE: tuple[str, ...] = (
     "trainer.lr", "trainer.critic_lr", "trainer.weight_decay", "trainer.warmup_steps",
     "trainer.entropy_coef", "trainer.threads", "trainer.logprob_keep_mb", "kl.coef",
-    "logging.sample_every", "checkpoint.every", "rollout.staleness", "eval.every", "eval.size", "eval.n",
+    "logging.sample_every", "checkpoint.every", "rollout.staleness", "rollout.max_staleness", "eval.every", "eval.size", "eval.n",
     "rm.eval_fraction", "rm.eval_every",
     "model.lora.rank",
 )

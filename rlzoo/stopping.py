@@ -69,11 +69,12 @@ class StopRequest:
                  "checkpoint (Ctrl-C again aborts without one)\n")
 
 
-def die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    """``preexec_fn`` of a child process: ask the kernel to send it SIGTERM when its parent
-    dies (Linux; elsewhere nothing), so it never trains on unwatched."""
+def die_with_parent(signum: int = signal.SIGTERM) -> None:  # pragma: no cover - runs in a child
+    """``preexec_fn`` of a child process (or called first thing in one): ask the kernel to
+    send it ``signum`` when its parent dies (Linux; elsewhere nothing), so it never trains
+    on unwatched. A child that ignores SIGTERM (the async generator) asks for SIGKILL."""
     if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(signum))
 
 
 def send_signal(pids: list[int], signum: int) -> None:

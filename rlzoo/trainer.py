@@ -13,6 +13,7 @@ losses and optimizer steps (:mod:`rlzoo.learner`), the run directory and checkpo
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -21,6 +22,7 @@ from typing import Any
 import torch
 
 from rlzoo import distributed, processes
+from rlzoo.async_rollout import AsyncRollout, GeneratorSpec, to_bytes
 from rlzoo.batch import RolloutBatch
 from rlzoo.resolved import ResolvedConfig
 from rlzoo.checkpoint import CHECKPOINT_DIR, STATE_FILE, check_optimizer_fits, checkpoint_name, first_non_finite
@@ -109,7 +111,9 @@ class Trainer:
                 print(f"rlzoo: warning: {warning}", file=sys.stderr, flush=True)
         self.evaluator = Evaluator.build(cfg, task, task_name, self.sampler, self.dist)
         self.learner = Learner(resolved, self.models, self.dist)
-        self.ctx = RunContext(cfg=cfg, plan=self.plan, run_dir=self.run_dir.path, resample=self.sampler.sample,
+        self.generator: AsyncRollout | None = None  # rollout.mode=async: started by run()
+        resample = self.sampler.sample if self.plan.rollout.mode == "sync" else _no_resample
+        self.ctx = RunContext(cfg=cfg, plan=self.plan, run_dir=self.run_dir.path, resample=resample,
                               prompts=self.plan.rollout.prompts_per_process)
         self.extensions = [(component.name, component.bind(params)()) for component, params in resolved.extensions]
         pm.register_run_extensions(self.extensions)
@@ -128,7 +132,10 @@ class Trainer:
         self.ctx.step = self.step
         self.ctx.metrics, self.ctx.counts = {}, {}
         start = time.perf_counter()
-        batch, staleness = self.queue.next(self.step, int(self.cfg.trainer.total_steps), self._produce)
+        if self.generator is None:
+            batch, staleness = self.queue.next(self.step, int(self.cfg.trainer.total_steps), self._produce)
+        else:
+            batch, staleness = self._receive()
         batch = batch.to(self.device)
         rollout_s = time.perf_counter() - start
         if self.plan.record:
@@ -140,6 +147,8 @@ class Trainer:
         metrics.update(self.learn(batch))
         self._check_weights()
         self.sampler.backend.sync_weights(self.models.policy_weights)
+        if self.generator is not None and self.step % self.plan.rollout.weight_sync_every == 0:
+            self.generator.publish(self.step, self.models.policy_weights())
         update_s = time.perf_counter() - update_start
         tokens = distributed.all_reduce_floats(
             {"tokens": float(batch.response_mask.sum() + batch.prompt_mask.sum())}, self.dist)["tokens"]
@@ -163,6 +172,33 @@ class Trainer:
         self.pm.hook.rlzoo_after_rollout(batch=batch, ctx=self.ctx)
         self.pm.hook.rlzoo_shape_rewards(batch=batch, ctx=self.ctx)
         return batch
+
+    def _receive(self) -> tuple[RolloutBatch, int]:
+        """rollout.mode=async: the generator's next batch within the version bound, through
+        the rollout lifecycle hooks here (the extensions and their state live in the
+        trainer); the sampler mirrors the generator's prompt position, for checkpoints."""
+        batch, staleness, dropped, sampler_state = self.generator.next(self.step)
+        self.sampler.load_state_dict(sampler_state)
+        self.ctx.metrics["rollout/dropped"] = float(dropped)
+        self.ctx.metrics["rollout/beyond_bound"] = float(staleness > self.plan.rollout.max_staleness)
+        self.pm.hook.rlzoo_after_rollout(batch=batch, ctx=self.ctx)
+        self.pm.hook.rlzoo_shape_rewards(batch=batch, ctx=self.ctx)
+        return batch, staleness
+
+    def _start_generator(self) -> None:
+        """rollout.mode=async: start the generator process from this step's weights and
+        prompt position (a resume regenerates the batches that were waiting)."""
+        if self.plan.rollout.mode != "async" or self.generator is not None:
+            return
+        if self.dist.enabled:
+            raise ConfigError("rollout.mode=async is not supported under torchrun: use rollout.mode=sync")
+        spec = GeneratorSpec(config_yaml=self.resolved.to_yaml(), device=str(self.device),
+                             threads=torch.get_num_threads(), seed=int(self.cfg.seed) + 7919 * (self.step + 1),
+                             sampler_state=to_bytes(self.sampler.state_dict()), parent=os.getpid())
+        self.generator = AsyncRollout(self.plan.rollout, spec, self.models.policy_weights(), self.step)
+        if self.dist.is_main:
+            print(f"rlzoo: rollout generator process started (pid {self.generator.pid}, rollout.mode=async)",
+                  flush=True)
 
     def learn(self, batch: RolloutBatch) -> dict[str, float]:
         """Everything after scoring on this process's share of the global batch: the plan's
@@ -252,6 +288,7 @@ class Trainer:
         progress = Progress(cfg, self.step) if main else None
         status, metrics, failing = "failed", {}, False
         try:
+            self._start_generator()
             while self.step < cfg.trainer.total_steps:
                 metrics = self.train_step()
                 last = self.step == cfg.trainer.total_steps
@@ -302,12 +339,22 @@ class Trainer:
 
     def close(self) -> None:
         """Unregister the run's extensions and release the run directory (idempotent)."""
+        if getattr(self, "generator", None) is not None:
+            self.generator.close()
+            self.generator = None
         processes.unregister(getattr(self, "thread_record", None))
         self.thread_record = None
         for _, plugin in self.extensions:
             if self.pm.is_registered(plugin):
                 self.pm.unregister(plugin)
         self.run_dir.close()
+
+
+def _no_resample(n_prompts: int) -> RolloutBatch:
+    """``ctx.resample`` under rollout.mode=async: generation belongs to the generator."""
+    raise TrainingError(f"ctx.resample({n_prompts}) cannot generate with rollout.mode=async: the generator process "
+                        "owns generation (an extension that refills batches, such as dynamic_sampling, needs "
+                        "rollout.mode=sync)")
 
 
 def next_steps(run_dir: Path, step: int) -> str:

@@ -686,6 +686,141 @@ def test_torchrun_group_kill_and_rank_death_resume_to_the_uninterrupted_result(t
     assert_same_run(run_dir, want, 6)
 
 
+ASYNC_PLUGIN = """
+import os, signal
+from rlzoo import hookimpl
+from rlzoo_plugins.rewards import sorted_digits
+
+CALLS = [0]
+
+def flaky_sorted(prompts, completions, references):
+    CALLS[0] += 1  # counted per process: with rollout.mode=async and eval.size=0 only the generator scores
+    if str(CALLS[0]) == os.environ.get("RLZOO_TEST_FAIL_AT"):
+        if os.environ.get("RLZOO_TEST_FAIL") == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        raise ValueError("injected generator failure")
+    return sorted_digits(prompts, completions, references)
+
+@hookimpl
+def rlzoo_register_reward_functions(register):
+    register("flaky_sorted", flaky_sorted)
+"""
+
+ASYNC_RUN = [*TINY, "rollout.mode=async", "eval.size=0", "reward=flaky_sorted",
+             "plugins=[rlzoo_test_steps,rlzoo_test_async]"]
+
+
+def _async_env(tmp_path: Path) -> dict[str, str]:
+    """The steps plugin's env, plus the async test plugin (a reward that fails on demand)."""
+    (tmp_path / "rlzoo_test_async.py").write_text(textwrap.dedent(ASYNC_PLUGIN))
+    return _steps_plugin(tmp_path)
+
+
+def _children(pid: int) -> list[int]:
+    """The live processes whose parent is ``pid`` (Linux /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            found.append(int(stat.parent.name))
+    return found
+
+
+def _running(pid: int) -> bool:
+    """``pid`` exists and is not a zombie."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _gone_within(pid: int, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while _running(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return not _running(pid)
+
+
+def _start_async(tmp_path: Path, env: dict[str, str], run_dir: Path, **popen: object) -> tuple[subprocess.Popen, int]:
+    """A long async run, once step 1 is done: the trainer process and its generator's pid."""
+    proc = subprocess.Popen([sys.executable, "-m", "rlzoo", "train", *ASYNC_RUN, f"run_dir={run_dir}",
+                             "trainer.total_steps=1000", "checkpoint.every=0"],
+                            env={**os.environ, **env, "RLZOO_TEST_STEP_SLEEP": "0.2"}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, **popen)
+    _wait_for(tmp_path / "markers" / "step-1", proc)
+    generators = _children(proc.pid)
+    assert len(generators) == 1, generators                          # the one generator process
+    return proc, generators[0]
+
+
+@SLOW
+@pytest.mark.parametrize("how", ["SIGTERM", "Ctrl-C"])
+def test_async_signal_checkpoints_stops_the_generator_and_the_run_resumes(tmp_path: Path, how: str) -> None:
+    """SIGTERM to the trainer, or SIGINT to the whole process group (a terminal's Ctrl-C,
+    which the generator ignores): the step finishes, a checkpoint is written, the generator
+    is stopped (no orphan), exit 0; a resume (which regenerates the queue) completes."""
+    env = _async_env(tmp_path)
+    run_dir = tmp_path / "run"
+    proc, generator = _start_async(tmp_path, env, run_dir, start_new_session=True)
+    try:
+        if how == "SIGTERM":
+            proc.send_signal(signal.SIGTERM)
+        else:
+            os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    assert f"rollout generator process started (pid {generator}" in out
+    stopped = json.loads((run_dir / "status.json").read_text())
+    assert stopped["status"] == "interrupted" and steps(run_dir)[-1] == stopped["step"] >= 1
+    assert f"checkpoint written at step {stopped['step']}" in out and "Traceback" not in err
+    assert not _running(generator)                                    # stopped before the trainer exited
+
+    last = stopped["step"] + 2
+    resumed = rlzoo(tmp_path, "train", f"resume={run_dir}", f"trainer.total_steps={last}", env=env)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert steps(run_dir)[-1] == last
+    assert [s for s, _ in read_scalars(run_dir)["rollout/staleness"]] == list(range(1, last + 1))
+
+
+@SLOW
+def test_a_killed_trainer_takes_its_generator_with_it(tmp_path: Path) -> None:
+    env = _async_env(tmp_path)
+    proc, generator = _start_async(tmp_path, env, tmp_path / "run")
+    try:
+        proc.kill()
+        proc.communicate(timeout=60)
+        assert _gone_within(generator, 10)                           # PR_SET_PDEATHSIG: SIGKILL
+    finally:
+        if _running(generator):
+            os.kill(generator, signal.SIGKILL)
+
+
+@SLOW
+@pytest.mark.parametrize("how, fragment", [
+    ("raise", "failed before step 3's batch: ValueError: injected generator failure (at rlzoo_test_async.py:"),
+    ("kill", "was killed by SIGKILL before step 3's batch"),
+])
+def test_a_generator_crash_is_one_error_naming_it_and_a_nonzero_exit(tmp_path: Path, how: str,
+                                                                     fragment: str) -> None:
+    """The reward's third call (the generator's third batch) fails: the trainer, waiting for
+    step 3's batch, stops with one error line naming the generator, exit 2, no hang."""
+    env = {**_async_env(tmp_path), "RLZOO_TEST_FAIL_AT": "3", "RLZOO_TEST_FAIL": how}
+    run_dir = tmp_path / "run"
+    failed = rlzoo(tmp_path, "train", *ASYNC_RUN, f"run_dir={run_dir}", "trainer.total_steps=6",
+                   "rollout.max_staleness=6", env=env, timeout=180)
+    assert failed.returncode == 2, failed.stderr[-3000:]
+    line = error_line(failed.stderr)
+    assert "the rollout generator process (pid" in line and fragment in line, line
+    assert json.loads((run_dir / "status.json").read_text())["status"] == "failed"
+    assert steps(run_dir)[-1] == 0 and len(read_scalars(run_dir)["policy/loss"]) == 2
+
+
 # ------------------------------------------------------------------ 9. one line, nothing half-written
 
 

@@ -1,0 +1,83 @@
+"""Asynchronous rollout (``rollout.mode=async``): what the plan says and refuses, that a run
+trains within its version bound, and that the generator receives the weights every N steps.
+Signals and crashes on either side are in the fault suite (``tests/test_faults.py``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rlzoo.config import load_config
+from rlzoo.errors import ConfigError
+from rlzoo.events import read_scalars
+from test_train import _cli
+from zoo import REGISTRY, TINY
+
+ASYNC = ["rollout.mode=async", "eval.size=0"]
+
+
+def test_the_plan_says_what_runs_where_and_that_it_is_not_reproducible() -> None:
+    plan = load_config(REGISTRY, [*TINY, "rollout.mode=async", "rollout.weight_sync_every=2",
+                                  "rollout.max_staleness=3", "rollout.queue_size=2"]).plan
+    text = plan.render()
+    assert plan.rollout.mode == "async" and plan.rollout.off_policy
+    assert "a separate process generates and scores with its own copy of the policy, receiving the newest " \
+           "weights after every 2 step(s); up to 2 scored batch(es) wait" in text
+    assert "more than 3 policy version(s) older than the trained policy is dropped" in text
+    assert "reproducibility: none bit for bit" in text and "rollout.staleness=k is the reproducible form" in text
+    assert "rollout generator" not in load_config(REGISTRY, TINY).plan.render()
+
+
+def test_kept_stale_batches_name_the_correction_that_weights_them() -> None:
+    kept = load_config(REGISTRY, [*TINY, "rollout.mode=async", "rollout.stale_batches=keep",
+                                  "rollout_correction=icepop", "trainer.num_mini_batches=2"]).plan
+    assert "is kept and trained on, weighted like every batch by rollout_correction (icepop)" in kept.render()
+    uncorrected = load_config(REGISTRY, [*TINY, "rollout.mode=async", "rollout.stale_batches=keep"]).plan
+    assert any("nothing weights the stale data" in w for w in uncorrected.warnings)
+
+
+@pytest.mark.parametrize("overrides, fragment", [
+    (["rollout.staleness=2"], "rollout.staleness=2 is the synchronous, reproducible queue"),
+    (["launcher.nproc=2"], "under torchrun (2 processes) it is not supported"),
+    (["model.lora.rank=4"], "with model.lora.rank > 0 is not supported"),
+    (["rollout.weight_sync_every=4", "rollout.max_staleness=2"], "set rollout.max_staleness >= 3"),
+    (["extensions=[dynamic_sampling]"], "extension dynamic_sampling acts after each rollout"),
+    (["rollout.mode=overlap"], "rollout.mode"),
+    (["rollout.stale_batches=fix"], "rollout.stale_batches"),
+    (["rollout.queue_size=0"], "rollout.queue_size"),
+])
+def test_what_async_cannot_run_is_refused_before_anything_is_built(overrides: list[str], fragment: str) -> None:
+    mode = [] if any(o.startswith("rollout.mode=") for o in overrides) else ["rollout.mode=async"]
+    with pytest.raises(ConfigError, match=fragment.replace("(", r"\(").replace(")", r"\)").replace(".", r"\.")):
+        load_config(REGISTRY, [*TINY, *mode, *overrides])
+
+
+def test_a_sparse_weight_sync_is_fine_when_kept_batches_are_allowed() -> None:
+    plan = load_config(REGISTRY, [*TINY, "rollout.mode=async", "rollout.weight_sync_every=4",
+                                  "rollout.max_staleness=0", "rollout.stale_batches=keep"]).plan
+    assert plan.rollout.weight_sync_every == 4
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sync_every, bound", [(1, 1), (3, 2)])
+def test_an_async_run_trains_within_its_bound_on_weights_synced_every_n_steps(tmp_path: Path, sync_every: int,
+                                                                             bound: int) -> None:
+    run_dir = tmp_path / "run"
+    steps = 7
+    done = _cli(run_dir, f"run_dir={run_dir}", *ASYNC, f"trainer.total_steps={steps}",
+                f"rollout.weight_sync_every={sync_every}", f"rollout.max_staleness={bound}",
+                "trainer.num_mini_batches=2", "rollout_correction=tis")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "rlzoo: rollout generator process started (pid" in done.stdout
+    assert json.loads((run_dir / "status.json").read_text())["status"] == "completed"
+    curves = read_scalars(run_dir)
+    staleness = {step: int(value) for step, value in curves["rollout/staleness"]}
+    assert sorted(staleness) == list(range(1, steps + 1))
+    assert all(0 <= s <= bound for s in staleness.values()), staleness            # drop keeps the bound
+    made_by = {step: step - 1 - s for step, s in staleness.items()}             # the generating version
+    assert all(v % sync_every == 0 for v in made_by.values()), made_by           # only published versions
+    assert made_by[steps] > 0                                                    # the generator was synced
+    assert all(value >= 0 for _, value in curves["rollout/dropped"])
+    assert len(curves["policy/loss"]) == steps and "rollout/mismatch_k3" in curves
