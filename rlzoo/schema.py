@@ -257,8 +257,8 @@ POSITIVE: tuple[str, ...] = (
 NON_NEGATIVE: tuple[str, ...] = (
     "trainer.lr", "trainer.critic_lr", "trainer.weight_decay", "trainer.warmup_steps",
     "trainer.entropy_coef", "trainer.threads", "trainer.logprob_keep_mb", "kl.coef",
-    "logging.sample_every", "checkpoint.every", "rollout.staleness", "rollout.max_staleness", "eval.every", "eval.size", "eval.n",
-    "rm.eval_fraction", "rm.eval_every",
+    "logging.sample_every", "checkpoint.every", "rollout.staleness", "eval.every", "eval.size", "eval.n",
+    "rm.eval_fraction", "rm.eval_every", "rollout.max_staleness",
     "model.lora.rank",
 )
 
