@@ -45,7 +45,7 @@ import yaml
 
 from rlzoo.batch import RolloutBatch
 from rlzoo.config import load_config
-from rlzoo.errors import TrainingError
+from rlzoo.errors import RlzooError, TrainingError
 from rlzoo.models import build_policy
 from rlzoo.planrecords import RolloutPlan
 from rlzoo.plugins import build_registry, make_plugin_manager
@@ -266,7 +266,10 @@ class _Generator:
 
 
 def _failure(exc: BaseException) -> str:
-    """One line naming the exception and where it was raised."""
+    """One line naming the exception and where it was raised (an rlzoo error's own message
+    already says what failed)."""
+    if isinstance(exc, RlzooError):
+        return str(exc)
     frames = traceback.extract_tb(exc.__traceback__)
     where = f" (at {os.path.basename(frames[-1].filename)}:{frames[-1].lineno} in {frames[-1].name})" if frames else ""
     return f"{type(exc).__name__}: {exc}{where}"

@@ -9,9 +9,16 @@ from pathlib import Path
 
 import pytest
 
+from collections import deque
+
+import torch
+
+from rlzoo.async_rollout import AsyncRollout, _failure
+from rlzoo.batch import RolloutBatch
 from rlzoo.config import load_config
 from rlzoo.errors import ConfigError
 from rlzoo.events import read_scalars
+from rlzoo.planrecords import RolloutPlan
 from test_train import _cli
 from zoo import REGISTRY, TINY
 
@@ -58,6 +65,45 @@ def test_a_sparse_weight_sync_is_fine_when_kept_batches_are_allowed() -> None:
     plan = load_config(REGISTRY, [*TINY, "rollout.mode=async", "rollout.weight_sync_every=4",
                                   "rollout.max_staleness=0", "rollout.stale_batches=keep"]).plan
     assert plan.rollout.weight_sync_every == 4
+
+
+class _Scripted(AsyncRollout):
+    """The trainer's side with the generator replaced by a script of policy versions."""
+
+    def __init__(self, bound: int, stale_batches: str, versions: list[int]) -> None:
+        self.plan = RolloutPlan(backend="hf", dtype="float32", prompts_per_process=1, n=2, max_new_tokens=3,
+                                temperature=1.0, top_p=1.0, mode="async", max_staleness=bound,
+                                stale_batches=stale_batches)
+        self.versions = deque(versions)
+
+    def _receive(self, step: int) -> tuple[int, RolloutBatch, dict]:
+        version = self.versions.popleft()
+        batch = RolloutBatch(prompt_ids=torch.ones(2, 1, dtype=torch.long), prompt_mask=torch.ones(2, 1),
+                             response_ids=torch.ones(2, 2, dtype=torch.long), response_mask=torch.ones(2, 2),
+                             group_ids=torch.zeros(2, dtype=torch.long), scores=torch.full((2,), float(version)),
+                             truncated=torch.zeros(2, dtype=torch.bool), prompts=["a", "a"], completions=["x", "y"],
+                             references=["x", "x"])
+        return version, batch, {"made_by": version}
+
+
+def test_batches_beyond_the_bound_are_dropped_or_kept_as_configured() -> None:
+    # step 5 trains version 4: batches of versions 1, 2 are 3 and 2 versions old, 3 is 1 old
+    dropping = _Scripted(1, "drop", [1, 2, 3, 4])
+    batch, staleness, dropped, state = dropping.next(5)
+    assert (staleness, dropped, state, float(batch.scores[0])) == (1, 2, {"made_by": 3}, 3.0)
+    assert list(dropping.versions) == [4]
+    keeping = _Scripted(1, "keep", [1, 2])
+    batch, staleness, dropped, state = keeping.next(5)
+    assert (staleness, dropped, state) == (3, 0, {"made_by": 1})
+
+
+def test_a_generator_failure_is_one_line_with_where_it_was_raised() -> None:
+    try:
+        {}["missing"]
+    except KeyError as exc:
+        line = _failure(exc)
+    assert line.startswith("KeyError: 'missing' (at test_async_rollout.py:") and "test_a_generator_failure" in line
+    assert _failure(ConfigError("model.path is not a directory")) == "model.path is not a directory"
 
 
 @pytest.mark.slow

@@ -751,8 +751,9 @@ def _start_async(tmp_path: Path, env: dict[str, str], run_dir: Path, **popen: ob
                             env={**os.environ, **env, "RLZOO_TEST_STEP_SLEEP": "0.2"}, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, **popen)
     _wait_for(tmp_path / "markers" / "step-1", proc)
-    generators = _children(proc.pid)
-    assert len(generators) == 1, generators                          # the one generator process
+    children = _children(proc.pid)   # the generator, and multiprocessing's resource tracker
+    generators = [pid for pid in children if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    assert len(generators) == 1, children                            # the one generator process
     return proc, generators[0]
 
 
@@ -765,6 +766,7 @@ def test_async_signal_checkpoints_stops_the_generator_and_the_run_resumes(tmp_pa
     env = _async_env(tmp_path)
     run_dir = tmp_path / "run"
     proc, generator = _start_async(tmp_path, env, run_dir, start_new_session=True)
+    children = _children(proc.pid)
     try:
         if how == "SIGTERM":
             proc.send_signal(signal.SIGTERM)
@@ -780,6 +782,7 @@ def test_async_signal_checkpoints_stops_the_generator_and_the_run_resumes(tmp_pa
     assert stopped["status"] == "interrupted" and steps(run_dir)[-1] == stopped["step"] >= 1
     assert f"checkpoint written at step {stopped['step']}" in out and "Traceback" not in err
     assert not _running(generator)                                    # stopped before the trainer exited
+    assert all(_gone_within(pid, 10) for pid in children)             # no orphan (the resource tracker too)
 
     last = stopped["step"] + 2
     resumed = rlzoo(tmp_path, "train", f"resume={run_dir}", f"trainer.total_steps={last}", env=env)
@@ -792,18 +795,22 @@ def test_async_signal_checkpoints_stops_the_generator_and_the_run_resumes(tmp_pa
 def test_a_killed_trainer_takes_its_generator_with_it(tmp_path: Path) -> None:
     env = _async_env(tmp_path)
     proc, generator = _start_async(tmp_path, env, tmp_path / "run")
+    children = _children(proc.pid)
     try:
         proc.kill()
         proc.communicate(timeout=60)
         assert _gone_within(generator, 10)                           # PR_SET_PDEATHSIG: SIGKILL
+        assert all(_gone_within(pid, 10) for pid in children)
     finally:
-        if _running(generator):
-            os.kill(generator, signal.SIGKILL)
+        for pid in children:
+            if _running(pid):
+                os.kill(pid, signal.SIGKILL)
 
 
 @SLOW
 @pytest.mark.parametrize("how, fragment", [
-    ("raise", "failed before step 3's batch: ValueError: injected generator failure (at rlzoo_test_async.py:"),
+    ("raise", "failed before step 3's batch: reward function 'flaky_sorted' raised ValueError: injected generator "
+              "failure"),
     ("kill", "was killed by SIGKILL before step 3's batch"),
 ])
 def test_a_generator_crash_is_one_error_naming_it_and_a_nonzero_exit(tmp_path: Path, how: str,

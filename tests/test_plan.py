@@ -244,11 +244,13 @@ PLAN_DECIDED_KEYS = (
     "kl.controller", "trainer.update_epochs", "trainer.num_mini_batches", "trainer.micro_batch_size",
     "rollout.temperature", "rollout.top_p", "rollout.n", "rollout.max_new_tokens", "rollout.prompts_per_step",
     "rollout.dtype", "rollout.backend", "rollout.staleness", "launcher.nproc", "model.lora.rank", "model.lora.alpha",
-    "model.lora.dropout", "model.lora.target_modules",
+    "model.lora.dropout", "model.lora.target_modules", "rollout.mode", "rollout.weight_sync_every",
+    "rollout.max_staleness", "rollout.stale_batches", "rollout.queue_size",
 )
 """Config keys whose decision the run plan prints: the engine reads them from the plan."""
 
-ENGINE_MODULES = ("trainer", "learner", "sampler", "evaluation", "models", "scoring", "tracking", "lora")
+ENGINE_MODULES = ("trainer", "learner", "sampler", "evaluation", "models", "scoring", "tracking", "lora",
+                  "async_rollout")
 CONFIG_ALIASES = {"trainer_cfg": "trainer", "rollout_cfg": "rollout", "t": "trainer"}
 CONFIG_ROOTS = {"cfg", "trainer_cfg", "rollout_cfg", "t"}
 ALLOWED_READS = {("models", "rollout.max_new_tokens")}
