@@ -43,6 +43,7 @@ import torch
 import torch.multiprocessing as mp
 import yaml
 
+from rlzoo import processes
 from rlzoo.batch import RolloutBatch
 from rlzoo.config import load_config
 from rlzoo.errors import RlzooError, TrainingError
@@ -235,6 +236,8 @@ class _Generator:
         resolved = load_config(build_registry(pm), base=yaml.safe_load(spec.config_yaml), base_label="trainer")
         cfg, plan = resolved.cfg, resolved.plan
         device = torch.device(spec.device)
+        if device.type == "cpu":  # other runs count this process's threads too (the record of a
+            processes.register(torch.get_num_threads())  # killed generator is removed by whoever finds it)
         seed_everything(spec.seed)
         task = resolved.build("task")
         self.policy, tokenizer = build_policy(cfg, task)

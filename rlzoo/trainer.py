@@ -188,7 +188,8 @@ class Trainer:
     def _start_generator(self) -> None:
         """rollout.mode=async: start the generator process from this step's weights and
         prompt position (a resume regenerates the batches that were waiting)."""
-        if self.plan.rollout.mode != "async" or self.generator is not None:
+        if (self.plan.rollout.mode != "async" or self.generator is not None
+                or self.step >= int(self.cfg.trainer.total_steps)):
             return
         if self.dist.enabled:
             raise ConfigError("rollout.mode=async is not supported under torchrun: use rollout.mode=sync")
