@@ -293,7 +293,7 @@ def _object_error(schema: dict[str, Any], value: dict[str, Any], where: str) -> 
     properties = schema.get("properties", {})
     missing = [key for key in schema.get("required", []) if key not in value]
     if missing:
-        return f"{where}: missing required argument(s) {', '.join(map(repr, missing))}"
+        return f"{where + ': ' if where else ''}missing required argument(s) {', '.join(map(repr, missing))}"
     extra = schema.get("additionalProperties", "properties" not in schema)
     for key, item in value.items():
         if key in properties:
@@ -304,7 +304,7 @@ def _object_error(schema: dict[str, Any], value: dict[str, Any], where: str) -> 
                 return error
         elif not extra:
             takes = ", ".join(properties) or "no arguments"
-            return f"{where or 'arguments'}: unexpected argument {key!r}; it takes {takes}"
+            return f"{where + ': ' if where else ''}unexpected argument {key!r}; it takes {takes}"
     return None
 
 

@@ -395,8 +395,8 @@ def _register(**meta):
 def test_a_tool_that_cannot_be_described_is_refused_at_registration(meta: dict, message: str) -> None:
     pm = make_plugin_manager(load_entry_points=False)
     pm.register(_register(**meta), name="bad-plugin")
-    with pytest.raises(PluginError, match=re.escape(message)):
-        build_registry(pm)
+    errors = build_registry(pm).load_errors  # a plugin that fails to register is reported, the rest load
+    assert len(errors) == 1 and isinstance(errors[0], PluginError) and message in str(errors[0]), errors
 
 
 def test_a_registered_tool_object_keeps_its_hand_written_schema() -> None:
