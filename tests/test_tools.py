@@ -239,6 +239,36 @@ def test_tool_call_style_reads_the_chat_template(template: Any, style: str) -> N
     assert tool_call_style(_Tokenizer(template)) == style
 
 
+HERMES_TEMPLATE = (
+    "{%- if tools %}{{- '<|im_start|>system\\n# Tools\\n<tools>' }}{%- for tool in tools %}{{- '\\n' }}"
+    "{{- tool | tojson }}{%- endfor %}{{- '\\n</tools>\\nFor each function call, return a json object with function "
+    "name and arguments within <tool_call></tool_call> XML tags<|im_end|>\\n' }}{%- endif %}"
+    "{%- for message in messages %}{{- '<|im_start|>' + message.role + '\\n' + (message.content or '') }}"
+    "{%- for tool_call in message.tool_calls or [] %}{%- set call = tool_call.function %}"
+    "{{- '<tool_call>\\n{\"name\": \"' + call.name + '\", \"arguments\": ' + (call.arguments | tojson) + '}\\n"
+    "</tool_call>' }}{%- endfor %}{{- '<|im_end|>\\n' }}{%- endfor %}")
+"""A Qwen2.5-style template: the tools' schemas as JSON in the system turn, the assistant's
+calls as ``<tool_call>`` JSON (the structure of Qwen2.5's own template)."""
+
+
+def test_hermes_parser_reads_the_calls_the_template_writes() -> None:
+    from rlzoo.models import build_char_tokenizer
+
+    tokenizer = build_char_tokenizer("0123456789")
+    tokenizer.chat_template = HERMES_TEMPLATE
+    calc = tool_from_callable(calculator)
+    calls = [{"type": "function", "function": {"name": "calculator", "arguments": {"expression": "12*34"}}},
+             {"type": "function", "function": {"name": "calculator", "arguments": {"expression": "5 - 1"}}}]
+    text = tokenizer.apply_chat_template([{"role": "user", "content": "12*34 and 5-1?"},
+                                          {"role": "assistant", "content": "Computing.", "tool_calls": calls}],
+                                         tools=[calc.schema], tokenize=False)
+    assert tool_call_style(tokenizer) == "hermes"
+    assert json.dumps(calc.schema) in text  # the template shows the schema as rlzoo built it
+    assistant = text.split("<|im_start|>assistant\n")[1]
+    assert parse_tool_calls(assistant, "hermes") == [ToolCall("calculator", {"expression": "12*34"}),
+                                                     ToolCall("calculator", {"expression": "5 - 1"})]
+
+
 # --------------------------------------------------------------------------- calling
 
 def _raises(a: int) -> int:
