@@ -14,10 +14,11 @@ from typing import Any, Literal, Optional
 import pytest
 import tool_fns
 
-from rlzoo.errors import PluginError
+from rlzoo.errors import PluginError, UnknownComponentError
 from rlzoo.plugins import build_registry, make_plugin_manager, module_plugin
 from rlzoo.testing import check_component, check_tool
-from rlzoo.tools import Tool, ToolCall, call_tool, parse_tool_calls, tool_call_style, tool_from_callable
+from rlzoo.tools import (Tool, ToolCall, call_tool, parse_tool_calls, registered_tools, tool_call_style,
+                         tool_from_callable)
 from rlzoo_plugins.tools import calculator
 
 ROOT = Path(__file__).parents[1]
@@ -400,6 +401,13 @@ def test_calculator_is_registered_with_its_schema_and_passes_the_kit() -> None:
     check_component(component)
     assert call_tool(tool, ToolCall("calculator", {"expression": "1/0"})) == (
         "error: tool 'calculator' raised ZeroDivisionError: division by zero", True)
+
+
+def test_registered_tools_by_name() -> None:
+    tools = registered_tools(REGISTRY, ["calculator"])
+    assert list(tools) == ["calculator"] and tools["calculator"] is REGISTRY.get("tool", "calculator").meta["tool"]
+    with pytest.raises(UnknownComponentError, match="unknown tool 'calculater'; registered: calculator"):
+        registered_tools(REGISTRY, ["calculater"])
 
 
 def test_rlzoo_list_lists_the_tools(capsys) -> None:
