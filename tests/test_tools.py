@@ -363,6 +363,19 @@ def test_unsafe_tool_whose_process_dies_is_an_observation() -> None:
     assert is_error and observation.startswith("error: tool 'exit_now' crashed (its process ended with exit code 3")
 
 
+def test_unsafe_tool_works_from_a_script_without_a_main_file() -> None:
+    """The child process never re-runs the caller's ``__main__`` (multiprocessing's spawn would,
+    and fails for a script read from stdin or a notebook)."""
+    import subprocess
+    import sys
+
+    script = ("import tool_fns\nfrom rlzoo.tools import ToolCall, call_tool, tool_from_callable\n"
+              "print(call_tool(tool_from_callable(tool_fns.add, unsafe=True), ToolCall('add', {'a': 1, 'b': 2})))\n")
+    done = subprocess.run([sys.executable, "-"], input=script, capture_output=True, text=True, timeout=60,
+                          cwd=Path(__file__).parent)
+    assert done.stdout.strip() == "('3', False)", done.stderr
+
+
 # --------------------------------------------------------------------------- the calculator
 
 @pytest.mark.parametrize("expression, value", [
