@@ -200,6 +200,7 @@ def test_plain_calls_one_per_line() -> None:
                             "mode": None})]
     assert parse_tool_calls("408", "plain") == []
     assert parse_tool_calls("CALL now()", "plain") == [ToolCall("now", {})]
+    assert parse_tool_calls("CALL f(pair=(1, 'a'))", "plain") == [ToolCall("f", {"pair": [1, "a"]})]
 
 
 @pytest.mark.parametrize("text, message", [
@@ -207,6 +208,8 @@ def test_plain_calls_one_per_line() -> None:
     ("CALL calculator(expression=12*", "cannot read the tool call"),
     ("CALL calculator(expression=x)", "argument 'expression' of the tool call"),
     ("CALL math.sqrt(x=2)", "is not a call of a tool by name"),
+    ("CALL f(x={1, 2})", "argument 'x' of the tool call"),
+    ("CALL f(x=1j)", "argument 'x' of the tool call"),
     ('CALL calculator(expression="1")\nCALL 42', "is not a call of a tool by name"),
 ])
 def test_malformed_plain_call_is_an_observation(text: str, message: str) -> None:
@@ -304,6 +307,7 @@ SEARCH = tool_from_callable(search)
     ({"query": "x", "weights": {"a": "b"}}, 'weights.a: expected number, got "b"'),
     ({"query": "x", "pair": [1]}, "pair: expected 2 items, got 1"),
     ({"query": "x", "page": 2}, "unexpected argument 'page'; it takes query, limit, exact"),
+    ({"query": {1, 2}}, "query: expected string, got \"{1, 2}\""),
 ])
 def test_bad_arguments_are_an_error_observation(arguments: dict, message: str) -> None:
     observation, is_error = call_tool(SEARCH, ToolCall("search", arguments))
