@@ -62,6 +62,7 @@ class KLConfig:
     estimator: Any = MISSING
     apply: str = MISSING
     controller: Any = MISSING
+    target: str = MISSING
 
 
 @dataclass
@@ -212,7 +213,7 @@ ADDED_KEYS: dict[str, Any] = {
     "model.lora.target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
     "rollout.staleness": 0, "model.system_prompt": None, "eval.at_start": False, "answer_format": "plain",
     "rm.data": None, "rm.steps": 200, "rm.batch_size": 32, "rm.eval_fraction": 0.1, "rm.eval_every": 50,
-    "rm.chat_template": None, "rm.task_pairs": 2000,
+    "rm.chat_template": None, "rm.task_pairs": 2000, "kl.target": "reference",
 }
 """Keys added after a run may have been saved -> the value such a run ran with (a resumed run
 whose ``config.yaml`` lacks one gets it, and that is no change)."""
@@ -222,6 +223,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "model.dtype": ("float32", "bfloat16"),
     "rollout.dtype": (None, "float32", "bfloat16", "float16"),
     "kl.apply": ("loss", "reward"),
+    "kl.target": ("reference", "teacher"),
     "trainer.lr_schedule": ("constant", "linear", "cosine"),
     "trainer.device": ("cpu", "cuda", "auto"),
     "trainer.precision": ("fp32", "bf16"),
