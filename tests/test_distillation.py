@@ -284,8 +284,8 @@ def test_the_kl_target_changes_the_update_and_a_teacher_equal_to_the_reference_d
             for seed in (0, 1) for target in ("reference", "teacher")}
     kl_ref, weights_ref = runs[(1, "reference")]
     kl_teacher, weights_teacher = runs[(1, "teacher")]
-    assert all(value > 0.05 for value in kl_teacher)                  # another model: far from it at once
-    assert kl_ref[0] < kl_teacher[0]                                  # the reference starts equal to the policy
+    assert min(kl_teacher) > 10 * max(kl_ref), (kl_teacher, kl_ref)  # the reference starts equal to the policy
+    assert kl_teacher[1] < kl_teacher[0]                             # distillation closes the gap (0.0167 -> 0.0109)
     assert any(not torch.equal(weights_ref[k], weights_teacher[k]) for k in weights_ref)
     plan = (tmp_path / "1_teacher" / "plan.txt").read_text()
     assert "teacher_logits: teacher logits in each update micro-batch" in plan
