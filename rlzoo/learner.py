@@ -225,7 +225,7 @@ class Learner:
         token_rewards = torch.zeros_like(mask)
         token_rewards[has_tokens, last[has_tokens]] = batch.rewards[has_tokens]
         if self.plan.kl is not None and self.plan.kl.placement == "reward":
-            kl = self.kl(logp=batch.old_logp, ref_logp=batch.ref_logp)
+            kl = self.kl(logp=batch.old_logp, ref_logp=self._kl_target_logp(batch))
             batch.kl = torch.where(mask.bool(), kl, torch.zeros_like(kl))
             token_rewards = token_rewards - float(self.kl_controller.value) * batch.kl
             sequence_kl = float(masked_mean(batch.kl.sum(-1), has_tokens.float()))
@@ -339,7 +339,7 @@ class Learner:
             means.add(f"policy/{key}", float(value), weight)
         if kl_plan is not None and kl_plan.placement == "loss":
             ref_logits = self._ref_logits(mb) if with_logits else None
-            kl = self.kl(logp=logp, ref_logp=mb.ref_logp, logits=logits, ref_logits=ref_logits)
+            kl = self.kl(logp=logp, ref_logp=self._kl_target_logp(mb), logits=logits, ref_logits=ref_logits)
             loss = loss + float(self.kl_controller.value) * self._term("kl", mb, kl, counts)
             means.add("kl/value", float(masked_mean(kl.detach(), getattr(mb, plan.masks["kl"]))), weight)
         means.add("entropy", float(masked_mean(entropy.detach(), mask)), weight)
@@ -348,9 +348,17 @@ class Learner:
         check_finite(loss, "policy loss", self.names["policy_loss"])
         return loss
 
+    def _kl_target_logp(self, batch: RolloutBatch) -> torch.Tensor | None:
+        """What the KL estimator's ``ref_logp`` is: the reference's log-probs of the sampled
+        tokens, or the teacher's under ``kl.target=teacher`` (the plan's ``KLPlan.target``)."""
+        return batch.teacher_logp if self.plan.kl.target == "teacher" else batch.ref_logp
+
     @torch.no_grad()
     def _ref_logits(self, mb: RolloutBatch) -> torch.Tensor:
-        return self._forward(self.models.reference_forward, mb, with_logits=True)[2]
+        """The KL target's ``(B, T, V)`` tempered logits for ``mb``: the reference's, or the
+        teacher's under ``kl.target=teacher``."""
+        target = self.models.teacher_forward if self.plan.kl.target == "teacher" else self.models.reference_forward
+        return self._forward(target, mb, with_logits=True)[2]
 
     def _critic_step(self, mini: RolloutBatch, means: _WeightedMeans) -> None:
         models, mask = self.models, self.plan.masks["value"]
