@@ -215,6 +215,8 @@ def ranks_failed_message(texts: list[str | None], fallback: str = "") -> str:
     failed = [(rank, text) for rank, text in enumerate(texts) if text is not None]
     if not failed:
         what = f"{fallback} on every rank" if fallback else "an unknown failure"
+    elif len(failed) == len(texts) > 1 and len({text for _, text in failed}) == 1:  # e.g. weights, equal under DDP
+        what = f"{failed[0][1]}, on every rank"
     elif len(failed) == 1:
         what = f"rank {failed[0][0]} of {len(texts)} failed: {failed[0][1]}"
     else:

@@ -217,9 +217,15 @@ from pathlib import Path
 from rlzoo import hookimpl
 from rlzoo.errors import TrainingError
 
+CALLS = {}
+
 def _fire(kind):
-    """True on rank 1 when the test asked for a fault of ``kind``; records when it fired."""
+    """True on rank 1 the second time (step 2) when the test asked for a fault of ``kind``
+    (step 1 runs the agreements with nothing to agree on); records when it fired."""
     if os.environ.get("RANK") != "1" or os.environ.get("RLZOO_TEST_FAULT") != kind:
+        return False
+    CALLS[kind] = CALLS.get(kind, 0) + 1
+    if CALLS[kind] != 2:
         return False
     Path(os.environ["RLZOO_TEST_FIRED"]).write_text(str(time.time()))
     return True
@@ -250,7 +256,7 @@ def rlzoo_step_end(step, metrics, ctx):
 ])
 def test_a_failure_on_one_rank_stops_every_rank_at_once_with_the_rank_named(tmp_path: Path, fault: str,
                                                                              what: str) -> None:
-    """A NaN (or an error) on rank 1 only: rank 0 must not wait in a collective for
+    """A NaN (or an error) on rank 1 only, in step 2: rank 0 must not wait in a collective for
     distributed.timeout_s=300 nor be killed by torchrun: both ranks raise the same one line
     naming rank 1 and what failed, both exit 2, the step-0 checkpoint stays intact."""
     from rlzoo.checkpoint import list_checkpoints, verify_checkpoint
@@ -272,6 +278,7 @@ def test_a_failure_on_one_rank_stops_every_rank_at_once_with_the_rank_named(tmp_
     assert lines[0].startswith(f"rlzoo: error: rank 1 of 2 failed: {what}") and "every rank stopped" in lines[0]
     assert "a collective failed" not in proc.stderr and "[rank0]" not in proc.stderr, proc.stderr[-3000:]
     assert proc.stderr.count("exitcode  : 2 ") == 2, proc.stderr[-3000:]  # neither rank killed by torchrun
-    assert json.loads((run_dir / "status.json").read_text())["status"] == "failed"
+    assert json.loads((run_dir / "status.json").read_text()) | {"time": 0} == {
+        "status": "failed", "step": 2, "total_steps": 3, "time": 0}
     (step, newest), = list_checkpoints(run_dir)
     assert step == 0 and verify_checkpoint(newest) is None

@@ -451,6 +451,7 @@ def test_the_failure_line_names_each_failed_rank_and_what_failed() -> None:
     assert "the newest one stays resumable" in one
     two = ranks_failed_message(["a", None, "b"])
     assert two.startswith("ranks 0, 2 of 3 failed: rank 0: a; rank 2: b; every rank stopped")
+    assert ranks_failed_message(["same", "same"]).startswith("same, on every rank; every rank stopped")
     nobody = ranks_failed_message([None, None], fallback="non-finite value in policy gradient (component 'x')")
     assert nobody.startswith("non-finite value in policy gradient (component 'x') on every rank; every rank stopped")
 
