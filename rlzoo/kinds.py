@@ -218,6 +218,11 @@ KINDS: dict[str, Kind] = {kind.name: kind for kind in (
                                               "policy's weights are whole (a no-op unless FSDP shards them)"),
         }),
     Kind(
+        name='tool', hook='rlzoo_register_tools', title='Tools',
+        config_path=None, output=None,
+        docs='docs/agents.md', tested_in='rlzoo.testing',
+        inputs={}),
+    Kind(
         name='algorithm', hook='rlzoo_register_algorithms', title='Algorithm presets',
         config_path=None, output=None,
         docs='docs/algorithms/presets.md', tested_in='rlzoo.testing',
