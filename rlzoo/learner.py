@@ -61,11 +61,16 @@ def adamw(params: Any, lr: float, betas: tuple[float, float], weight_decay: floa
     return torch.optim.AdamW(params, lr=lr, betas=betas, weight_decay=weight_decay, fused=fused or None)
 
 
+def non_finite(stage: str, component: str) -> str:
+    """What a non-finite value in ``stage`` is called in errors."""
+    return f"non-finite value in {stage} (component {component!r})"
+
+
 def check_finite(value: torch.Tensor, stage: str, component: str) -> None:
     """:raises TrainingError: ``value`` holds NaN or inf (the stage and component named)."""
     if not bool(torch.isfinite(value).all()):
-        raise TrainingError(f"non-finite value in {stage} (component {component!r}); the step "
-                            "was stopped and no checkpoint was written for it")
+        raise TrainingError(f"{non_finite(stage, component)}; the step was stopped and no checkpoint was "
+                            "written for it")
 
 
 def mismatch_metrics(old_logp: torch.Tensor, rollout_logp: torch.Tensor,
@@ -115,11 +120,18 @@ class Learner:
     :param resolved: the resolved config, its components and its plan.
     :param models: the run's models (policy, reference, critic and their wrappers).
     :param dist: this process's place in the job.
+    :ivar failure: under torchrun, the first non-finite value this rank found in the current
+        step (``None``: none). A rank does not raise alone, which would leave the others
+        waiting in a collective: it goes on with a NaN loss, whose gradient the all-reduce
+        carries to every rank, so all of them find the same non-finite gradient norm before
+        the optimizer step and raise together, naming this rank and this value
+        (:meth:`_clip_and_step`); in a single process the value raises where it is found.
     """
 
     def __init__(self, resolved: ResolvedConfig, models: RunModels, dist: distributed.DistInfo) -> None:
         plan = self.plan = resolved.plan
         self.models, self.dist = models, dist
+        self.failure: str | None = None
         t = self.trainer_cfg = resolved.cfg.trainer
         self.names = {path: component.name for path, component in resolved.components.items()}
         self.advantage = resolved.bound("advantage")
@@ -141,6 +153,14 @@ class Learner:
         if models.critic is not None:
             self.critic_optimizer = adamw(models.critic.parameters(), t.critic_lr, tuple(t.betas), t.weight_decay)
             self.critic_scheduler = torch.optim.lr_scheduler.LambdaLR(self.critic_optimizer, factor)
+
+    def _check_finite(self, value: torch.Tensor, stage: str, component: str) -> None:
+        """:func:`check_finite` in a single process; under torchrun, record the first
+        non-finite value as :attr:`failure` and carry on (every rank raises it later)."""
+        if not self.dist.enabled:
+            check_finite(value, stage, component)
+        elif self.failure is None and not bool(torch.isfinite(value).all()):
+            self.failure = non_finite(stage, component)
 
     # ---------------------------------------------------------------- passes and advantages
 
@@ -192,6 +212,7 @@ class Learner:
         """Run the plan's passes, KL in the reward and the advantages; fills ``batch``."""
         plan, models = self.plan, self.models
         metrics: dict[str, float] = {}
+        self.failure = None
         if plan.runs("old_logp"):
             models.policy.eval()
             batch.old_logp, batch.old_entropy, batch.old_sum_pi_squared = self._logp_pass(
@@ -244,7 +265,7 @@ class Learner:
             values=batch.old_values, baseline_scores=batch.baseline_scores, old_logp=batch.old_logp,
             ref_logp=batch.ref_logp, reward_scores=batch.reward_scores, teacher_logp=batch.teacher_logp,
             sum_pi_squared=batch.old_sum_pi_squared, reward_weights=self.reward_weights.to(mask.device))
-        check_finite(advantages, "advantage estimation", self.names["advantage"])
+        self._check_finite(advantages, "advantage estimation", self.names["advantage"])
         batch.advantages, batch.returns = advantages, returns
         metrics["advantages/mean"] = float(masked_mean(advantages, mask))
         if batch.teacher_logp is not None and batch.old_logp is not None:  # what distillation drives to 0
@@ -303,6 +324,8 @@ class Learner:
         for index, rows in enumerate(micro):
             with _sync_context(module, last=index == len(micro) - 1):
                 loss = micro_loss(mini.select(rows))
+                if self.failure is not None:  # NaN gradients on this rank, NaN after the all-reduce on every rank
+                    loss = loss * math.nan
                 (loss * self.dist.world).backward()  # DDP averages over ranks; counts are global
 
     def _clip_and_step(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, stage: str,
@@ -312,6 +335,9 @@ class Learner:
         max_norm = self.trainer_cfg.max_grad_norm
         norm = distributed.local_value(torch.nn.utils.clip_grad_norm_(
             model.parameters(), math.inf if max_norm is None else max_norm))  # null: measure, never clip
+        if self.dist.enabled and not bool(torch.isfinite(norm)):
+            # the gradients were all-reduced: every rank has this non-finite norm and is here
+            distributed.raise_failures(self.failure, self.dist, fallback=non_finite(stage, component))
         check_finite(norm, stage, component)
         optimizer.step()
         return float(norm)
@@ -345,7 +371,7 @@ class Learner:
         means.add("entropy", float(masked_mean(entropy.detach(), mask)), weight)
         if "entropy" in plan.aggregation:
             loss = loss - self.trainer_cfg.entropy_coef * self._term("entropy", mb, entropy, counts)
-        check_finite(loss, "policy loss", self.names["policy_loss"])
+        self._check_finite(loss, "policy loss", self.names["policy_loss"])
         return loss
 
     def _kl_target_logp(self, batch: RolloutBatch) -> torch.Tensor | None:
@@ -371,7 +397,7 @@ class Learner:
             token_loss, value_metrics = self.value_loss(values=values, old_values=mb.old_values,
                                                         returns=mb.returns, response_mask=getattr(mb, mask))
             loss = self._term("value", mb, token_loss, counts)
-            check_finite(loss, "value loss", self.names["value_loss"])
+            self._check_finite(loss, "value loss", self.names["value_loss"])
             weight = float(getattr(mb, mask).sum())
             means.add("value/loss", float(loss.detach()) * counts[mask].tokens / max(weight, 1.0), weight)
             for key, value in value_metrics.items():
