@@ -206,6 +206,16 @@ KINDS: dict[str, Kind] = {kind.name: kind for kind in (
         docs='docs/tasks.md', tested_in='rlzoo.testing',
         inputs={}),
     Kind(
+        name='environment', hook='rlzoo_register_environments', title='Environments (multi-turn)',
+        config_path='env', output=None,
+        docs='docs/agents.md', tested_in='tests/test_episodes.py (masks, chat-template equality, bounds)',
+        inputs={
+            "tools": Input(None, "dict[str, rlzoo.tools.Tool]: every registered tool (kind tool) by name; an "
+                                 "environment offers the ones its parameters name"),
+            "chat": Input(None, "bool: the run renders episodes with the tokenizer's chat template (tool calls "
+                                "in its format, e.g. hermes); False: plain text for a model without one"),
+        }),
+    Kind(
         name='rollout', hook='rlzoo_register_rollout_backends', title='Rollout backends',
         config_path='rollout.backend', output=None,
         docs='docs/design.md', tested_in='tests/test_engine_units.py (log-probs of the sampled tokens, masks, sync)',

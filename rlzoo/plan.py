@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from rlzoo import distributed
+from rlzoo.episodeplan import episode_plan
 from rlzoo.errors import ConfigError
 from rlzoo.kinds import KINDS
 from rlzoo.planrecords import CorrectionStep, KLPlan, LoraPlan, RolloutPlan, RunPlan, UpdatePlan
@@ -79,6 +80,7 @@ def build_plan(resolved: ResolvedConfig) -> RunPlan:
     if "critic" in needs and "value_loss" in comps:
         needs |= comps["value_loss"].needs
     _check_consistency(resolved, needs, kl_on, world)
+    episodes = episode_plan(resolved, needs, kl_on)
 
     lora = _lora_plan(cfg)
     models = {"policy": "trained" if lora is None else f"base weights frozen, rank-{lora.rank} LoRA adapters trained"}
@@ -158,7 +160,8 @@ def build_plan(resolved: ResolvedConfig) -> RunPlan:
                                        staleness=int(cfg.rollout.staleness)),
                    corrections=_correction_steps(resolved), bypass=bypass, record=bool(cfg.rollout.record),
                    correction_in_loss="correction_weights" in comps["policy_loss"].inputs,
-                   precision=str(cfg.trainer.precision), lora=lora)
+                   precision=str(cfg.trainer.precision), lora=lora, episodes=episodes,
+                   sampled_mask="response_mask" if episodes is None else "loss_mask")
     plan.warnings.extend(_inert_choices(resolved, plan))
     return plan
 

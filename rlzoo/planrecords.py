@@ -88,6 +88,31 @@ class RolloutPlan:
 
 
 @dataclass(frozen=True)
+class EpisodePlan:
+    """Multi-turn episodes with an environment (``env``; :mod:`rlzoo.episodes`).
+
+    :ivar env: the environment's name.
+    :ivar max_turns: policy turns per episode at most (``rollout.max_turns``).
+    :ivar max_turn_tokens: tokens per policy turn at most (``rollout.max_turn_tokens``).
+    """
+
+    env: str
+    max_turns: int
+    max_turn_tokens: int
+
+    def lines(self, max_tokens: int) -> list[str]:
+        """What an episode is, for ``plan.txt``."""
+        return [f"episodes: environment {self.env}; at most {self.max_turns} policy turns of at most "
+                f"{self.max_turn_tokens} tokens, {max_tokens} tokens per episode after the prompt (policy and "
+                "environment); an episode stopped by a bound is truncated",
+                "  masks: response_mask = every episode token (attended); loss_mask = the policy's sampled tokens "
+                "only: environment/tool tokens are in no loss, KL, entropy, aggregation count or advantage "
+                "statistic; response_length counts both",
+                "  score: the task's rewards on the final answer (the last policy turn) + the sum of the "
+                "environment's per-turn rewards"]
+
+
+@dataclass(frozen=True)
 class CorrectionStep:
     """One rollout correction of the run, in ``rollout_correction`` order.
 
@@ -155,6 +180,11 @@ class RunPlan:
     :ivar precision: ``trainer.precision``: ``fp32``, or ``bf16`` compute over float32 weights.
     :ivar lora: the policy's LoRA adapters (``model.lora.rank`` > 0), or ``None``: every
         weight is trained.
+    :ivar episodes: multi-turn episodes with an environment, or ``None`` (one completion per
+        sample).
+    :ivar sampled_mask: the batch mask of the tokens the policy sampled: ``response_mask``, or
+        ``loss_mask`` with episodes (environment tokens are in the response but not sampled).
+        The advantage estimator's ``response_mask`` and the rollout-mismatch metrics use it.
     :ivar warnings: choices that cannot act under this plan, in words.
     """
 
@@ -173,6 +203,8 @@ class RunPlan:
     record: bool = False
     precision: str = "fp32"
     lora: LoraPlan | None = None
+    episodes: EpisodePlan | None = None
+    sampled_mask: str = "response_mask"
     warnings: list[str] = field(default_factory=list)
 
     @property
@@ -227,6 +259,7 @@ class RunPlan:
             "old_logp": "rollout (bypass)" if self.bypass else ("pass" if "old_logp" in self.passes else "current"),
             "precision": self.precision,
             "lora": None if self.lora is None else dataclasses.asdict(self.lora),
+            **({} if self.episodes is None else {"episodes": dataclasses.asdict(self.episodes)}),
             "warnings": list(self.warnings),
         }
 
@@ -244,6 +277,8 @@ class RunPlan:
             lines.append(f"  rollout queue: step t trains on the rollouts of the policy of step t-{r.staleness} "
                          f"(steps 1-{r.staleness} on the initial policy's; rollout.staleness)")
         lines += [f"  {name}: {why}" for name, why in self.passes.items()]
+        if self.episodes is not None:
+            lines += self.episodes.lines(r.max_new_tokens)
         if self.bypass:
             lines.append("old log-probs: the rollout's (trainer.old_logp=rollout, bypass): the importance ratio is "
                          "pi/mu and no old-log-prob pass runs")

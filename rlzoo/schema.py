@@ -54,6 +54,8 @@ class RolloutConfig:
     record: bool = MISSING
     backend: Any = MISSING
     staleness: int = MISSING
+    max_turns: int = MISSING
+    max_turn_tokens: int = MISSING
 
 
 @dataclass
@@ -152,6 +154,7 @@ class RunConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     rollout_correction: Any = MISSING
+    env: Any = MISSING
     advantage: Any = MISSING
     policy_loss: Any = MISSING
     loss_agg: Any = MISSING
@@ -213,6 +216,7 @@ ADDED_KEYS: dict[str, Any] = {
     "rollout.staleness": 0, "model.system_prompt": None, "eval.at_start": False, "answer_format": "plain",
     "rm.data": None, "rm.steps": 200, "rm.batch_size": 32, "rm.eval_fraction": 0.1, "rm.eval_every": 50,
     "rm.chat_template": None, "rm.task_pairs": 2000,
+    "env": None, "rollout.max_turns": 4, "rollout.max_turn_tokens": 16,
 }
 """Keys added after a run may have been saved -> the value such a run ran with (a resumed run
 whose ``config.yaml`` lacks one gets it, and that is no change)."""
@@ -243,6 +247,7 @@ POSITIVE: tuple[str, ...] = (
     "trainer.logprob_chunk_size", "model.hidden_size", "model.intermediate_size",
     "model.num_layers", "model.num_heads", "model.num_kv_heads", "logging.log_every",
     "checkpoint.keep", "distributed.timeout_s", "launcher.nproc", "rm.steps", "rm.batch_size", "rm.task_pairs",
+    "rollout.max_turns", "rollout.max_turn_tokens",
 )
 NON_NEGATIVE: tuple[str, ...] = (
     "trainer.lr", "trainer.critic_lr", "trainer.weight_decay", "trainer.warmup_steps",

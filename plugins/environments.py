@@ -1,0 +1,135 @@
+"""Built-in environments (kind ``environment``, config key ``env``).
+
+``tools``: offers the registered tools its ``tools`` parameter names; each policy turn is
+parsed for tool calls (the chat template's ``<tool_call>{json}</tool_call>`` format with a
+chat template, the plain format without: :func:`rlzoo.tools.parse_tool_calls`), the calls
+run (:func:`rlzoo.tools.call_tool`: an exception or timeout becomes an error observation)
+and their results are the next observations; a turn without a call is the final answer.
+
+``calculator``: the same with one built-in tool, ``calculator(expression)`` over integers
+with ``+ - *``, for the ``multiply`` task. Under a chat template it uses the hermes format;
+without one (the embedded tiny model) a turn that is an expression (digits and at least one
+operator) is a call and its observation is ``=<value>;``, so the whole episode stays inside
+the task's small alphabet: ``37*48=`` → policy ``37*48</s>`` → ``=1776;`` → policy ``1776</s>``.
+docs/agents.md walks through both and through writing your own.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from rlzoo import hookimpl
+from rlzoo.environments import Environment, StepResult
+from rlzoo.tools import Tool, ToolCall, call_tool, parse_tool_calls, tool_from_callable
+from rlzoo_plugins.tasks import eval_expression
+
+RLZOO_API_VERSION = "2"
+STYLES = ("auto", "hermes", "plain")
+
+
+@dataclass
+class ToolsEnvParams:
+    tools: list[str] = field(default_factory=list)
+    """Names of registered tools (rlzoo list --kind tool) the policy is offered."""
+    style: str = "auto"
+    """Tool-call format: auto (hermes with a chat template, plain without) | hermes | plain."""
+
+    def __post_init__(self) -> None:
+        if self.style not in STYLES:
+            raise ValueError(f"style must be one of {', '.join(STYLES)}, got {self.style!r}")
+
+
+class ToolsEnv(Environment):
+    """Runs the tool calls of each policy turn; a turn without one ends the episode.
+
+    :param params: the tool names and call format.
+    :param tools: every registered tool by name (the engine's ``tools`` input).
+    :param chat: whether the run renders with a chat template (``style=auto`` picks hermes).
+    """
+
+    def __init__(self, params: ToolsEnvParams, tools: dict[str, Tool], chat: bool) -> None:
+        missing = [name for name in params.tools if name not in tools]
+        if missing:
+            raise ValueError(f"unknown tool(s) {', '.join(missing)}; registered: {', '.join(sorted(tools)) or 'none'}")
+        self.tools = [tools[name] for name in params.tools]
+        self.style = params.style if params.style != "auto" else ("hermes" if chat else "plain")
+
+    def parse(self, completion: str) -> list[ToolCall] | str:
+        """The turn's tool calls (empty: a final answer), or a parse error to show the model."""
+        return parse_tool_calls(completion, self.style)
+
+    def observe(self, text: str) -> str:
+        """The observation content of one tool result."""
+        return text
+
+    def step(self, completion: str) -> StepResult:
+        calls = self.parse(completion)
+        if isinstance(calls, str):
+            return StepResult(observations=[{"role": "tool", "content": self.observe(calls)}], tool_errors=1)
+        if not calls:
+            return StepResult(done=True)
+        by_name = {tool.name: tool for tool in self.tools}
+        observations, errors = [], 0
+        for call in calls:
+            tool = by_name.get(call.name)
+            if tool is None:
+                text, failed = f"error: unknown tool {call.name!r}; tools: {', '.join(by_name)}", True
+            else:
+                text, failed = call_tool(tool, call)
+            errors += int(failed)
+            observations.append({"role": "tool", "content": self.observe(text)})
+        return StepResult(observations=observations, tool_calls=len(calls), tool_errors=errors)
+
+
+def calculator(expression: str) -> str:
+    """Evaluate an integer expression with + - * (usual precedence), e.g. "37*48".
+
+    :param expression: digits and the operators + - * only.
+    """
+    value = eval_expression(expression.replace(" ", ""))
+    if value is None:
+        raise ValueError(f"not an expression of integers with + - *: {expression!r}")
+    return str(value)
+
+
+CALCULATOR = tool_from_callable(calculator, name="calculator")
+_EXPRESSION = re.compile(r"^\d+(?:[+*-]\d+)+$")
+
+
+@dataclass
+class CalculatorEnvParams:
+    style: str = "auto"
+    """Tool-call format: auto (hermes with a chat template, the compact expression format without) | hermes |
+    expression (a turn that is an expression calls the calculator; its result comes back as '=<value>;')."""
+
+    def __post_init__(self) -> None:
+        if self.style not in ("auto", "hermes", "expression"):
+            raise ValueError(f"style must be one of auto, hermes, expression, got {self.style!r}")
+
+
+class CalculatorEnv(ToolsEnv):
+    """:class:`ToolsEnv` with the built-in calculator tool (see the module docstring)."""
+
+    def __init__(self, params: CalculatorEnvParams, chat: bool) -> None:
+        self.tools = [CALCULATOR]
+        self.style = params.style if params.style != "auto" else ("hermes" if chat else "expression")
+
+    def parse(self, completion: str) -> list[ToolCall] | str:
+        if self.style == "hermes":
+            return parse_tool_calls(completion, "hermes")
+        text = completion.strip()
+        return [ToolCall("calculator", {"expression": text})] if _EXPRESSION.match(text) else []
+
+    def observe(self, text: str) -> str:
+        return f"={text};" if self.style == "expression" else text
+
+
+@hookimpl
+def rlzoo_register_environments(register: Any) -> None:
+    register("tools", ToolsEnv, params=ToolsEnvParams,
+             description="offers registered tools; runs each turn's tool calls, a turn without one is the answer")
+    register("calculator", CalculatorEnv, params=CalculatorEnvParams,
+             description="a calculator tool (+ - * over integers) for the multiply task; compact call format "
+                         "for models without a chat template")
