@@ -103,10 +103,15 @@ class CalculatorEnvParams:
     style: str = "auto"
     """Tool-call format: auto (hermes with a chat template, the compact expression format without) | hermes |
     expression (a turn that is an expression calls the calculator; its result comes back as '=<value>;')."""
+    call_reward: float = 0.0
+    """Per-turn reward of the episode's first tool call that runs without error (an exploration bonus; later calls
+    get none), added to the final answer's score."""
 
     def __post_init__(self) -> None:
         if self.style not in ("auto", "hermes", "expression"):
             raise ValueError(f"style must be one of auto, hermes, expression, got {self.style!r}")
+        if not -10.0 <= self.call_reward <= 10.0:
+            raise ValueError(f"call_reward must be in [-10, 10], got {self.call_reward}")
 
 
 class CalculatorEnv(ToolsEnv):
@@ -115,6 +120,13 @@ class CalculatorEnv(ToolsEnv):
     def __init__(self, params: CalculatorEnvParams, chat: bool) -> None:
         self.tools = [CALCULATOR]
         self.style = params.style if params.style != "auto" else ("hermes" if chat else "expression")
+        self.call_reward, self.rewarded = params.call_reward, False
+
+    def step(self, completion: str) -> StepResult:
+        result = super().step(completion)
+        if result.tool_calls > result.tool_errors and not self.rewarded and self.call_reward:
+            result.reward, self.rewarded = self.call_reward, True
+        return result
 
     def parse(self, completion: str) -> list[ToolCall] | str:
         if self.style == "hermes":
