@@ -1,16 +1,17 @@
 """Built-in environments (kind ``environment``, config key ``env``).
 
 ``tools``: offers the registered tools its ``tools`` parameter names; each policy turn is
-parsed for tool calls (the chat template's ``<tool_call>{json}</tool_call>`` format with a
-chat template, the plain format without: :func:`rlzoo.tools.parse_tool_calls`), the calls
-run (:func:`rlzoo.tools.call_tool`: an exception or timeout becomes an error observation)
-and their results are the next observations; a turn without a call is the final answer.
+parsed for tool calls in the format of the run's rendering (``<tool_call>{json}</tool_call>``
+under a Qwen/Hermes chat template, ``CALL name(arg=value)`` lines without one:
+:func:`rlzoo.tools.parse_tool_calls`), the calls run (:func:`rlzoo.tools.call_tool`: an
+exception or timeout becomes an error observation) and their results are the next
+observations; a turn without a call is the final answer.
 
-``calculator``: the same with one built-in tool, ``calculator(expression)`` over integers
-with ``+ - *``, for the ``multiply`` task. Under a chat template it uses the hermes format;
-without one (the embedded tiny model) a turn that is an expression (digits and at least one
-operator) is a call and its observation is ``=<value>;``, so the whole episode stays inside
-the task's small alphabet: ``37*48=`` → policy ``37*48</s>`` → ``=1776;`` → policy ``1776</s>``.
+``calculator``: the same with the registered ``calculator`` tool, for the ``multiply`` task.
+Under a hermes chat template it uses that format; otherwise (the embedded tiny model) a
+turn that is an expression (digits and at least one of ``+ - *``) is a call and its
+observation is ``=<value>;``, so the whole episode stays inside the task's small alphabet:
+``37*48=`` → policy ``37*48</s>`` → ``=1776;`` → policy ``1776</s>``.
 docs/agents.md walks through both and through writing your own.
 """
 
@@ -22,8 +23,7 @@ from typing import Any
 
 from rlzoo import hookimpl
 from rlzoo.environments import Environment, StepResult
-from rlzoo.tools import Tool, ToolCall, call_tool, parse_tool_calls, tool_from_callable
-from rlzoo_plugins.tasks import eval_expression
+from rlzoo.tools import Tool, ToolCall, call_tool, parse_tool_calls
 
 RLZOO_API_VERSION = "2"
 STYLES = ("auto", "hermes", "plain")
@@ -34,7 +34,7 @@ class ToolsEnvParams:
     tools: list[str] = field(default_factory=list)
     """Names of registered tools (rlzoo list --kind tool) the policy is offered."""
     style: str = "auto"
-    """Tool-call format: auto (hermes with a chat template, plain without) | hermes | plain."""
+    """Tool-call format: auto (the run's: hermes under a Qwen/Hermes chat template, else plain) | hermes | plain."""
 
     def __post_init__(self) -> None:
         if self.style not in STYLES:
@@ -46,15 +46,15 @@ class ToolsEnv(Environment):
 
     :param params: the tool names and call format.
     :param tools: every registered tool by name (the engine's ``tools`` input).
-    :param chat: whether the run renders with a chat template (``style=auto`` picks hermes).
+    :param tool_style: the run's tool-call format (``style=auto`` takes it).
     """
 
-    def __init__(self, params: ToolsEnvParams, tools: dict[str, Tool], chat: bool) -> None:
+    def __init__(self, params: ToolsEnvParams, tools: dict[str, Tool], tool_style: str) -> None:
         missing = [name for name in params.tools if name not in tools]
         if missing:
             raise ValueError(f"unknown tool(s) {', '.join(missing)}; registered: {', '.join(sorted(tools)) or 'none'}")
         self.tools = [tools[name] for name in params.tools]
-        self.style = params.style if params.style != "auto" else ("hermes" if chat else "plain")
+        self.style = params.style if params.style != "auto" else tool_style
 
     def parse(self, completion: str) -> list[ToolCall] | str:
         """The turn's tool calls (empty: a final answer), or a parse error to show the model."""
@@ -73,35 +73,19 @@ class ToolsEnv(Environment):
         by_name = {tool.name: tool for tool in self.tools}
         observations, errors = [], 0
         for call in calls:
-            tool = by_name.get(call.name)
-            if tool is None:
-                text, failed = f"error: unknown tool {call.name!r}; tools: {', '.join(by_name)}", True
-            else:
-                text, failed = call_tool(tool, call)
+            text, failed = call_tool(None, call, by_name)
             errors += int(failed)
             observations.append({"role": "tool", "content": self.observe(text)})
         return StepResult(observations=observations, tool_calls=len(calls), tool_errors=errors)
 
 
-def calculator(expression: str) -> str:
-    """Evaluate an integer expression with + - * (usual precedence), e.g. "37*48".
-
-    :param expression: digits and the operators + - * only.
-    """
-    value = eval_expression(expression.replace(" ", ""))
-    if value is None:
-        raise ValueError(f"not an expression of integers with + - *: {expression!r}")
-    return str(value)
-
-
-CALCULATOR = tool_from_callable(calculator, name="calculator")
 _EXPRESSION = re.compile(r"^\d+(?:[+*-]\d+)+$")
 
 
 @dataclass
 class CalculatorEnvParams:
     style: str = "auto"
-    """Tool-call format: auto (hermes with a chat template, the compact expression format without) | hermes |
+    """Tool-call format: auto (hermes under a Qwen/Hermes chat template, else expression) | hermes |
     expression (a turn that is an expression calls the calculator; its result comes back as '=<value>;')."""
     call_reward: float = 0.0
     """Per-turn reward of the episode's first tool call that runs without error (an exploration bonus; later calls
@@ -115,11 +99,11 @@ class CalculatorEnvParams:
 
 
 class CalculatorEnv(ToolsEnv):
-    """:class:`ToolsEnv` with the built-in calculator tool (see the module docstring)."""
+    """:class:`ToolsEnv` with the registered calculator tool (see the module docstring)."""
 
-    def __init__(self, params: CalculatorEnvParams, chat: bool) -> None:
-        self.tools = [CALCULATOR]
-        self.style = params.style if params.style != "auto" else ("hermes" if chat else "expression")
+    def __init__(self, params: CalculatorEnvParams, tools: dict[str, Tool], tool_style: str) -> None:
+        super().__init__(ToolsEnvParams(tools=["calculator"]), tools, tool_style)
+        self.style = params.style if params.style != "auto" else ("hermes" if tool_style == "hermes" else "expression")
         self.call_reward, self.rewarded = params.call_reward, False
 
     def step(self, completion: str) -> StepResult:

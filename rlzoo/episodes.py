@@ -36,11 +36,10 @@ from typing import Any, Callable, Sequence
 import torch
 
 from rlzoo.environments import Environment, Message, tool_schemas
-from rlzoo.kinds import KINDS
 from rlzoo.prompts import PromptFormat
 from rlzoo.resolved import ResolvedConfig
 from rlzoo.tasks import Example
-from rlzoo.tools import Tool, tool_from_callable
+from rlzoo.tools import Tool, tool_call_style, tool_from_component
 
 COUNT_COLUMNS = ("turns", "tool_calls", "tool_errors", "template_drift", "turn_reward")
 """Columns of ``RolloutBatch.episode_counts``: per-episode statistics logged as ``episode/*``."""
@@ -235,29 +234,19 @@ def transcript(fmt: EpisodeFormat, episode: Episode) -> str:
 
 
 def registered_tools(registry: Any) -> dict[str, Tool]:
-    """Every registered tool (kind ``tool``) by name: the ``tools`` input of an environment.
-    A component registered as a plain callable becomes a :class:`rlzoo.tools.Tool` with its
-    registration's meta (``unsafe``, ``timeout_s``, ``memory_mb``)."""
-    if registry is None or "tool" not in KINDS:
+    """Every registered tool (kind ``tool``) by name: the ``tools`` input of an environment."""
+    if registry is None:
         return {}
-    tools = {}
-    for name in registry.names("tool"):
-        component = registry.get("tool", name)
-        if isinstance(component.fn, Tool):
-            tools[name] = component.fn
-        else:
-            options = {k: component.meta[k] for k in ("unsafe", "timeout_s", "memory_mb") if k in component.meta}
-            tools[name] = tool_from_callable(component.fn, name=name, **options)
-    return tools
+    return {name: tool_from_component(registry.get("tool", name)) for name in registry.names("tool")}
 
 
 def environment_factory(resolved: ResolvedConfig, tokenizer: Any,
                         prompt_format: PromptFormat) -> Callable[[], Environment] | None:
     """Builds one environment of the run's ``env`` per episode (``None`` without ``env``),
-    with the inputs it names: ``tools`` (:func:`registered_tools`) and ``chat`` (whether the
-    run renders with the tokenizer's chat template)."""
+    with the inputs it names: ``tools`` (:func:`registered_tools`) and ``tool_style`` (the
+    tool-call format of the run's rendering, :func:`rlzoo.tools.tool_call_style`)."""
     if resolved.components.get("env") is None:
         return None
     tools = registered_tools(resolved.registry)
-    chat = EpisodeFormat(tokenizer, prompt_format).chat
-    return lambda: resolved.build("env", tools=tools, chat=chat)
+    style = tool_call_style(tokenizer) if EpisodeFormat(tokenizer, prompt_format).chat else "plain"
+    return lambda: resolved.build("env", tools=tools, tool_style=style)

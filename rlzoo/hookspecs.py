@@ -2,7 +2,7 @@
 
 rlzoo's engine knows no algorithm. Advantage estimators, policy losses, KL estimators and
 controllers, loss aggregations, value losses, reward functions, tasks, rollout backends,
-algorithm presets and batch extensions are all contributed by plugins through the
+algorithm presets, tools and batch extensions are all contributed by plugins through the
 *registration hooks* below, the built-in ones exactly like a third-party package's: both
 are found through the ``rlzoo`` entry-point group.
 
@@ -259,8 +259,8 @@ def rlzoo_register_environments(register: Register) -> None:
 
     :param register: call ``register(name, factory, params=..., ...)``. The engine builds
         ``factory(params=..., **inputs)`` once per episode, with the inputs it names from
-        ``INPUTS["environment"]`` (``tools``: every registered tool by name; ``chat``: whether
-        the run renders with a chat template), and gets an
+        ``INPUTS["environment"]`` (``tools``: every registered tool by name; ``tool_style``: the
+        tool-call format of the run's rendering, ``hermes`` or ``plain``), and gets an
         :class:`rlzoo.environments.Environment`: ``reset(example) -> list[message]`` (the first
         messages), ``step(completion) -> rlzoo.environments.StepResult`` (observations, a
         per-turn reward or ``None``, ``done``, tool-call counts) and ``tools`` (the tools whose
@@ -293,6 +293,30 @@ def rlzoo_register_rollout_backends(register: Register) -> None:
           whole under FSDP only when called).
 
         See docs/design.md for how a colocated vLLM backend plugs in.
+    """
+
+
+@hookspec
+def rlzoo_register_tools(register: Register) -> None:
+    """Register tools (kind ``tool``): Python callables a policy calls by name in a
+    multi-turn episode, e.g. ``calculator``.
+
+    :param register: call ``register(name, fn, *, unsafe=False, timeout_s=5.0,
+        memory_mb=512, examples=(), description="")``. ``fn``'s parameters are the tool's
+        arguments, written by the model: each needs a type hint (``int``, ``float``,
+        ``str``, ``bool``, ``list[...]``, ``dict[str, ...]``, ``Literal[...]``,
+        ``Optional[...]``), and its Google-style docstring gives the description (first
+        paragraph) and each argument's (``Args:``). The OpenAI function schema is built from
+        them when the tool registers (:func:`rlzoo.tools.tool_from_callable`; a hint JSON
+        cannot express is an error naming the plugin); ``fn`` may also be a ready
+        :class:`rlzoo.tools.Tool` with a hand-written schema. ``fn`` returns the
+        observation: a ``str``, or a value shown as JSON. An exception, a timeout
+        (``timeout_s``) or arguments that do not fit the schema become an error observation
+        the model reads. ``unsafe=True`` (code execution, anything that can hang or exhaust
+        memory) runs each call in a child process, killed after ``timeout_s`` seconds, whose
+        address space may grow by ``memory_mb`` MiB; ``fn`` must then be a module-level
+        function. ``examples`` are argument dicts the testing kit calls the tool with
+        (:func:`rlzoo.testing.check_component`).
     """
 
 

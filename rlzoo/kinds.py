@@ -212,8 +212,9 @@ KINDS: dict[str, Kind] = {kind.name: kind for kind in (
         inputs={
             "tools": Input(None, "dict[str, rlzoo.tools.Tool]: every registered tool (kind tool) by name; an "
                                  "environment offers the ones its parameters name"),
-            "chat": Input(None, "bool: the run renders episodes with the tokenizer's chat template (tool calls "
-                                "in its format, e.g. hermes); False: plain text for a model without one"),
+            "tool_style": Input(None, "str: the tool-call format the run's rendering teaches, for "
+                                      "rlzoo.tools.parse_tool_calls: 'hermes' (a chat template with <tool_call>) "
+                                      "or 'plain' (no chat template, or one without that tool format)"),
         }),
     Kind(
         name='rollout', hook='rlzoo_register_rollout_backends', title='Rollout backends',
@@ -227,6 +228,11 @@ KINDS: dict[str, Kind] = {kind.name: kind for kind in (
             "generation_context": Input(None, "callable returning a context manager within which the "
                                               "policy's weights are whole (a no-op unless FSDP shards them)"),
         }),
+    Kind(
+        name='tool', hook='rlzoo_register_tools', title='Tools',
+        config_path=None, output=None,
+        docs='docs/agents.md', tested_in='rlzoo.testing',
+        inputs={}),
     Kind(
         name='algorithm', hook='rlzoo_register_algorithms', title='Algorithm presets',
         config_path=None, output=None,

@@ -14,6 +14,7 @@ from typing import Any
 from rlzoo.contract import BoundComponent, check_declared_needs, derived_needs, inspect_inputs
 from rlzoo.errors import DuplicateComponentError, PluginError, UnknownComponentError, did_you_mean
 from rlzoo.kinds import KINDS
+from rlzoo.tools import registered_tool
 
 NEEDS = frozenset({"critic", "reference", "groups", "logits", "greedy", "entropy", "old_logp", "teacher",
                    "sum_pi_squared"})
@@ -90,6 +91,18 @@ class Component:
         return self.fn(*args, **kwargs)
 
 
+def _tool_meta(name: str, fn: Any, meta: dict[str, Any], description: str, who: str) -> tuple[dict, str]:
+    """A tool's meta with its :class:`rlzoo.tools.Tool` (``meta["tool"]``) and its listing line.
+
+    :raises PluginError: the schema cannot be built or a limit is bad, naming the plugin.
+    """
+    try:
+        tool = registered_tool(name, fn, meta, description)
+    except (TypeError, ValueError) as exc:
+        raise PluginError(f"plugin {who!r}: {exc}") from exc
+    return {**meta, "tool": tool}, description or tool.schema["function"]["description"]
+
+
 class Registry:
     """Components by kind and name; built by :func:`rlzoo.plugins.build_registry`."""
 
@@ -149,7 +162,9 @@ class Registry:
             raise PluginError(f"plugin {who!r}: {kind} {name!r} params must be a dataclass")
         inputs: tuple[str, ...] = ()
         declared = frozenset(needs)
-        if kind != "algorithm":
+        if kind == "tool":  # its arguments come from the model, described by the schema of its signature
+            meta, description = _tool_meta(name, fn, meta, description, who)
+        elif kind != "algorithm":
             inputs = inspect_inputs(kind, name, fn, params is not None, who)
             check_declared_needs(kind, name, declared, inputs, who)
         for label in (name, *aliases):

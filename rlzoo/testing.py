@@ -27,6 +27,9 @@ with a message naming the broken invariant:
 - reward functions (:func:`check_reward`) return one finite float per completion, for
   empty and odd completions too, the same for the same input, and leave their inputs
   alone;
+- tools (:func:`check_tool`, :mod:`rlzoo.tool_checks`) have a valid OpenAI function
+  schema, answer schema-conforming arguments with an observation (never an exception), the
+  same one twice, succeed on their registered ``examples`` and refuse bad arguments;
 - presets (:func:`check_preset`) resolve into a run plan: every key and component they
   name exists and the combination is consistent.
 """
@@ -51,6 +54,8 @@ from rlzoo.params import build_params
 from rlzoo.plugins import load_registry
 from rlzoo.registry import Component, Registry
 from rlzoo.tasks import Example, Holdout
+from rlzoo.tool_checks import check_tool
+from rlzoo.tools import tool_from_component
 
 B, T = 6, 5
 
@@ -412,6 +417,7 @@ _CHECKS: dict[str, Callable[..., None]] = {
     "task": check_task,
     "reward": check_reward,
     "algorithm": check_preset,
+    "tool": check_tool,
 }
 CHECKED_KINDS = tuple(kind.name for kind in KINDS.values() if kind.tested_in == "rlzoo.testing")
 """The component kinds :func:`check_component` has invariant checks for (the kinds whose
@@ -439,6 +445,9 @@ def check_component(component: Component, params: Any = None, *, registry: Regis
         if registry is None:
             _, registry = load_registry()
         check_preset(component, registry)
+        return
+    if component.kind == "tool":  # called with its registered examples; a tool takes no params
+        check_tool(tool_from_component(component), label, component.meta.get("examples", ()))
         return
     if isinstance(params, dict):
         params = build_params(component, params)

@@ -11,13 +11,14 @@ import torch
 
 from rlzoo.config import load_config
 from rlzoo.environments import Environment, StepResult
-from rlzoo.episodes import EpisodeFormat, EpisodeLimits, episode_tensors, play
+from rlzoo.episodes import EpisodeFormat, EpisodeLimits, episode_tensors, play, registered_tools
 from rlzoo.errors import ConfigError
 from rlzoo.models import build_char_tokenizer
 from rlzoo.plugins import build_registry, make_plugin_manager, module_plugin
 from rlzoo.prompts import PromptFormat
 from rlzoo.rollout import Generation
 from rlzoo.tasks import Example
+from rlzoo.tools import tool_call_style
 from rlzoo.trainer import Trainer
 from rlzoo_plugins.environments import CalculatorEnv, CalculatorEnvParams
 from zoo import TINY
@@ -92,7 +93,8 @@ def test_episode_ids_equal_the_chat_template_of_the_final_conversation() -> None
     assert fmt.chat
     call = '<tool_call>{"name": "calculator", "arguments": {"expression": "37*48"}}</tool_call>'
     backend = ScriptedBackend(tokenizer, [call, "1776"])
-    env = lambda: CalculatorEnv(CalculatorEnvParams(), chat=True)  # noqa: E731
+    assert tool_call_style(tokenizer) == "hermes"
+    env = lambda: CalculatorEnv(CalculatorEnvParams(), registered_tools(REGISTRY), "hermes")  # noqa: E731
     [episode] = play(backend, fmt, env, [Example("37*48=", "1776")], 1, EpisodeLimits(4, 200, 1000),
                      temperature=1.0, top_p=1.0)
     assert episode.done and not episode.truncated and not episode.drift
@@ -141,7 +143,7 @@ def test_plain_episode_masks_bounds_and_group_prefill() -> None:
     fmt = EpisodeFormat(tokenizer, PromptFormat())
     assert not fmt.chat
     backend = ScriptedBackend(tokenizer, ["37*48", "1776"])
-    env = lambda: CalculatorEnv(CalculatorEnvParams(), chat=False)  # noqa: E731
+    env = lambda: CalculatorEnv(CalculatorEnvParams(), registered_tools(REGISTRY), "plain")  # noqa: E731
     episodes = play(backend, fmt, env, [Example("37*48=", "1776")], 2, EpisodeLimits(3, 8, 24),
                     temperature=1.0, top_p=1.0)
     assert backend.calls == [(1, 2, 8), (2, 1, 8)]  # turn 1: one prompt, prefilled once for its group

@@ -14,7 +14,7 @@ ENGINE = ROOT / "rlzoo"
 LAYERS: dict[str, int] = {
     # 0: foundations, importing no other rlzoo module but each other
     "errors": 0, "kinds": 0, "distributed": 0, "masked": 0, "rng": 0, "events": 0, "batch": 0, "stopping": 0,
-    "processes": 0, "plots": 0, "yamlfile": 0,
+    "processes": 0, "plots": 0, "yamlfile": 0, "sandbox": 0, "tools": 0,
     # 1: the plugin contract and its registry
     "contract": 1, "registry": 1, "hookspecs": 1, "__init__": 1, "plugins": 1,
     # 2: configuration and the run plan
@@ -29,7 +29,7 @@ LAYERS: dict[str, int] = {
     "trainer": 4, "sft": 4, "rm": 4, "golden": 4, "ab": 4, "sweep": 4, "compare": 4, "explain": 4, "launcher": 4,
     "export": 4,
     # 5: the interfaces
-    "cli": 5, "testing": 5, "__main__": 5,
+    "cli": 5, "testing": 5, "tool_checks": 5, "__main__": 5,
 }
 """Module of rlzoo/ -> its layer (docs/design.md, "Layers"). A module imports only modules of
 lower layers or of its own; a new module is placed here."""

@@ -1,0 +1,184 @@
+"""Running a tool's function with a time limit: in a thread, or in a child process with a
+memory limit too (tools declared ``unsafe``).
+
+Both return ``(observation, is_error)``: the function's result as the text the model reads
+(:func:`observation_text`), or an error observation saying what went wrong. Nothing a
+tool does (raise, hang, allocate without bound, crash its process) reaches the caller as
+an exception.
+
+The child process is a resource limit, not a security boundary: it shares the file
+system, the network and the user of the training process. It is a fresh interpreter
+(``sys.executable``; no copy of the trainer's memory or CUDA state) that receives the
+function pickled, so the function must be importable by reference (a module-level
+function).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import select
+import subprocess
+import sys
+import threading
+import time
+from typing import Any, Callable
+
+STARTUP_S = 60.0
+"""How long a child process may take to start (interpreter, imports) before the tool's
+own time limit begins; a child that has not started by then is killed."""
+
+
+def observation_text(result: Any) -> str:
+    """The text a tool's return value shows the model: a ``str`` as it is, anything JSON can
+    write as JSON (``3`` -> ``3``, ``True`` -> ``true``, ``{"a": 1}`` -> ``{"a": 1}``),
+    anything else as ``str(result)``."""
+    if isinstance(result, str):
+        return result
+    try:
+        return json.dumps(result, ensure_ascii=False)
+    except (TypeError, ValueError):
+        return str(result)
+
+
+def _raised(name: str, exc: BaseException) -> str:
+    message = str(exc)
+    return f"error: tool {name!r} raised {type(exc).__name__}" + (f": {message}" if message else "")
+
+
+def run_in_thread(name: str, fn: Callable[..., Any], arguments: dict[str, Any],
+                  timeout_s: float) -> tuple[str, bool]:
+    """Call ``fn(**arguments)`` in a daemon thread and wait at most ``timeout_s`` seconds.
+
+    A thread cannot be killed: a call that runs past the limit keeps running in the
+    background (its result is dropped) and the caller gets a timeout observation. A tool
+    that can hang or loop should be declared ``unsafe``, so it runs in a process that is
+    killed.
+    """
+    outcome: list[tuple[str, bool]] = []
+
+    def target() -> None:
+        try:
+            outcome.append((observation_text(fn(**arguments)), False))
+        except BaseException as exc:  # noqa: BLE001 - every failure becomes the model's observation
+            outcome.append((_raised(name, exc), True))
+
+    thread = threading.Thread(target=target, name=f"rlzoo-tool-{name}", daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    if thread.is_alive() or not outcome:
+        return f"error: tool {name!r} timed out after {timeout_s:g} s", True
+    return outcome[0]
+
+
+def _address_space_bytes() -> int | None:
+    """This process's virtual address space (``/proc/self/statm``), ``None`` off Linux."""
+    try:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _limit_memory(memory_mb: int) -> None:
+    try:
+        import resource
+
+        held = _address_space_bytes()
+        if held is not None:
+            limit = held + memory_mb * 2**20
+            resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    except (ImportError, ValueError, OSError):  # no RLIMIT_AS here: the time limit still holds
+        pass
+
+
+def child_main(result_fd: int) -> None:
+    """The child process (``python -c "...; child_main(fd)"``): read the call from stdin (the
+    parent's ``sys.path``, then the pickled function and arguments), cap the address space
+    ``memory_mb`` above what the interpreter and the tool's module hold, write ``b"S"``
+    (started) then the pickled ``(observation, is_error)`` to ``result_fd``."""
+    out = os.fdopen(result_fd, "wb", buffering=0)
+    path, payload = pickle.loads(sys.stdin.buffer.read())
+    sys.path[:] = path
+    name, fn, arguments, memory_mb = pickle.loads(payload)
+    _limit_memory(memory_mb)
+    out.write(b"S")  # started: the tool's time limit runs from here
+    try:
+        result: tuple[str, bool] = (observation_text(fn(**arguments)), False)
+    except MemoryError:
+        result = (f"error: tool {name!r} exceeded its memory limit of {memory_mb} MB", True)
+    except BaseException as exc:  # noqa: BLE001 - every failure becomes the model's observation
+        result = (_raised(name, exc), True)
+    try:
+        data = pickle.dumps(result)
+    except MemoryError:
+        data = pickle.dumps((f"error: tool {name!r} exceeded its memory limit of {memory_mb} MB", True))
+    out.write(data)
+    out.close()
+
+
+def _read_until(fd: int, deadline: float, limit: int | None = None) -> bytes | None:
+    """Bytes from ``fd`` until EOF (or ``limit`` bytes); ``None`` when ``deadline`` passes first."""
+    chunks: list[bytes] = []
+    size = 0
+    while limit is None or size < limit:
+        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+        if not ready:
+            return None
+        chunk = os.read(fd, (limit - size) if limit is not None else 1 << 16)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
+
+
+def run_in_subprocess(name: str, fn: Callable[..., Any], arguments: dict[str, Any], timeout_s: float,
+                      memory_mb: int) -> tuple[str, bool]:
+    """Call ``fn(**arguments)`` in a fresh Python process whose address space may grow by
+    at most ``memory_mb`` MiB (``RLIMIT_AS``, Linux), killed after ``timeout_s`` seconds of
+    wall time. The time counts from the call of ``fn``: the process's start-up (at most
+    :data:`STARTUP_S`) is not part of it. The process inherits stdout and stderr (what the
+    tool prints goes to the run's log), not the caller's ``__main__``."""
+    try:
+        payload = pickle.dumps((list(sys.path), pickle.dumps((name, fn, arguments, memory_mb))))
+    except Exception as exc:  # noqa: BLE001 - pickle raises several types
+        return f"error: tool {name!r} could not be sent to its process ({type(exc).__name__}: {exc})", True
+    read_fd, write_fd = os.pipe()
+    try:
+        process = subprocess.Popen(
+            [sys.executable, "-c", f"from rlzoo.sandbox import child_main; child_main({write_fd})"],
+            stdin=subprocess.PIPE, pass_fds=(write_fd,))
+    except OSError as exc:
+        os.close(read_fd)
+        os.close(write_fd)
+        return f"error: tool {name!r} could not start its process ({exc})", True
+    os.close(write_fd)  # the child holds its copy: EOF here when the child ends
+    try:
+        try:
+            process.stdin.write(payload)
+            process.stdin.close()
+        except BrokenPipeError:
+            pass
+        started = _read_until(read_fd, time.monotonic() + STARTUP_S, limit=1)
+        if started is None:
+            return f"error: tool {name!r} did not start within {STARTUP_S:g} s and was killed", True
+        result = _read_until(read_fd, time.monotonic() + timeout_s) if started == b"S" else b""
+        if result is None:
+            return f"error: tool {name!r} timed out after {timeout_s:g} s and was killed", True
+        try:
+            return pickle.loads(result)
+        except Exception:  # noqa: BLE001 - nothing (or half a result) came: the process died
+            try:
+                code = process.wait(timeout=5.0)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                code = process.wait()
+            return (f"error: tool {name!r} crashed (its process ended with exit code {code}; "
+                    f"memory limit {memory_mb} MB)"), True
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait()
+        os.close(read_fd)
