@@ -209,3 +209,20 @@ def test_no_gradient_reaches_an_environment_token(tmp_path: Path) -> None:
     policy = _learn(tmp_path, "policy", "policy")
     assert all(torch.equal(base[k], env[k]) for k in base)
     assert not all(torch.equal(base[k], policy[k]) for k in base)
+
+
+def test_a_run_trains_and_evaluates_on_episodes(tmp_path: Path) -> None:
+    resolved = load_config(REGISTRY, [*TINY_ENV, "env=feedback_test", f"run_dir={tmp_path / 'run'}", "eval.size=4",
+                                      "eval.n=2"])
+    trainer = Trainer(resolved, PM)
+    try:
+        metrics = trainer.train_step()
+        assert 1 <= metrics["episode/turns"] <= 3 and metrics["episode/env_tokens"] > 0
+        assert 0 < metrics["episode/turn_reward"] <= 0.5 * metrics["episode/turns"]  # 0.5 per answered turn
+        assert metrics["response_length/mean"] == pytest.approx(metrics["episode/policy_tokens"]
+                                                                + metrics["episode/env_tokens"])
+        assert any("=;" in sample.completion for sample in trainer.last_samples)  # the samples show whole episodes
+        evaluation = trainer.evaluator.run(1)
+        assert 0.0 <= evaluation["eval/greedy_accuracy"] <= 1.0 and "eval/pass@2" in evaluation
+    finally:
+        trainer.close()
