@@ -67,7 +67,8 @@ class ToolsEnv(Environment):
     def step(self, completion: str) -> StepResult:
         calls = self.parse(completion)
         if isinstance(calls, str):
-            return StepResult(observations=[{"role": "tool", "content": self.observe(calls)}], tool_errors=1)
+            return StepResult(observations=[{"role": "tool", "content": self.observe(calls)}], tool_calls=1,
+                              tool_errors=1)  # a malformed call counts as a failed one
         if not calls:
             return StepResult(done=True)
         by_name = {tool.name: tool for tool in self.tools}

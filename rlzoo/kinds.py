@@ -208,7 +208,7 @@ KINDS: dict[str, Kind] = {kind.name: kind for kind in (
     Kind(
         name='environment', hook='rlzoo_register_environments', title='Environments (multi-turn)',
         config_path='env', output=None,
-        docs='docs/agents.md', tested_in='tests/test_episodes.py (masks, chat-template equality, bounds)',
+        docs='docs/agents.md', tested_in='rlzoo.testing',
         inputs={
             "tools": Input(None, "dict[str, rlzoo.tools.Tool]: every registered tool (kind tool) by name; an "
                                  "environment offers the ones its parameters name"),

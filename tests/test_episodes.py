@@ -226,3 +226,24 @@ def test_a_run_trains_and_evaluates_on_episodes(tmp_path: Path) -> None:
         assert 0.0 <= evaluation["eval/greedy_accuracy"] <= 1.0 and "eval/pass@2" in evaluation
     finally:
         trainer.close()
+
+
+def test_the_kit_checks_environments() -> None:
+    from rlzoo.testing import check_component, check_environment
+
+    for name in ("tools", "calculator", "feedback_test"):
+        check_component(REGISTRY.get("environment", name), registry=REGISTRY)
+    check_component(REGISTRY.get("environment", "tools"), {"tools": ["calculator"]}, registry=REGISTRY)
+
+    class Random(Feedback):
+        def step(self, completion: str) -> StepResult:
+            return StepResult(observations=[{"role": "user", "content": str(torch.rand(1).item())}])
+
+    class Silent(Feedback):
+        def step(self, completion: str) -> StepResult:
+            return StepResult(observations=[{"role": "robot", "content": "?"}])
+
+    with pytest.raises(AssertionError, match="answered differently"):
+        check_environment(Random, "random")
+    with pytest.raises(AssertionError, match="'robot'"):
+        check_environment(Silent, "silent")

@@ -29,7 +29,7 @@ LAYERS: dict[str, int] = {
     "trainer": 4, "sft": 4, "rm": 4, "golden": 4, "ab": 4, "sweep": 4, "compare": 4, "explain": 4, "launcher": 4,
     "export": 4,
     # 5: the interfaces
-    "cli": 5, "testing": 5, "tool_checks": 5, "__main__": 5,
+    "cli": 5, "testing": 5, "tool_checks": 5, "env_checks": 5, "__main__": 5,
 }
 """Module of rlzoo/ -> its layer (docs/design.md, "Layers"). A module imports only modules of
 lower layers or of its own; a new module is placed here."""
