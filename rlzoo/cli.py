@@ -82,6 +82,8 @@ def _parser() -> argparse.ArgumentParser:
     compare.add_argument("--window", type=int, default=25, help="moving-average window (steps)")
     compare.add_argument("--out", metavar="DIR", help="where to write compare.png/.md "
                          "(default: the first path)")
+    compare.add_argument("--x", metavar="KEY", help="also plot the final reward and accuracy against this "
+                         "numeric key (one that separates the groups, e.g. rollout.staleness): compare_KEY.png")
 
     config = sub.add_parser("config", help="print the fully resolved config (or its run plan) and exit",
                             description="Resolve and check the config exactly as `rlzoo train` would, "
@@ -322,7 +324,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
 def _cmd_compare(args: argparse.Namespace) -> int:
     from rlzoo.compare import compare
 
-    text, png, report = compare(args.paths, args.out, args.threshold, args.window)
+    text, png, report = compare(args.paths, args.out, args.threshold, args.window, args.x)
     print(text)
     print(f"\nwrote {png} and {report}")
     return 0

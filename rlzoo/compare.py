@@ -7,6 +7,7 @@ that text is the legend printed under the table and written into ``compare.md``.
 
 from __future__ import annotations
 
+import ast
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,9 @@ from rlzoo.errors import RlzooError
 from rlzoo.events import read_events
 from rlzoo.tracking import NOT_HPARAMS, flatten_config, matches
 
+MAX_INSET_LEGEND = 8
+"""More groups than this: the curve figure's legend goes below the panels, in columns."""
+
 GROUPING_IGNORES = ("seed", "trainer.threads", "eval.every")
 """Hyperparameters that do not separate groups: the seed, and keys that change how fast a
 run goes or how often it is evaluated but not what it trains."""
@@ -26,7 +30,8 @@ run goes or how often it is evaluated but not what it trains."""
 COLUMNS: list[tuple[str, str]] = [
     ("group", "runs whose hyperparameters (as TensorBoard's HParams shows them) are equal except for "
               "`seed`, `trainer.threads` and `eval.every`; labelled by the keys that differ between groups "
-              "(keys an algorithm preset sets are folded into `algo=`)"),
+              "(a component by its name, a list of components by their names, a component's parameters only "
+              "where they differ for the same component; keys an algorithm preset sets are folded into `algo=`)"),
     ("seeds", "runs in the group; every other cell is their mean ± standard deviation (n−1 denominator)"),
     ("eval acc", "`eval/greedy_accuracy` at the last evaluation (after the last step): share of the held-out "
                  "prompts whose greedy completion scores at least `eval.threshold`"),
@@ -79,6 +84,8 @@ class RunSummary:
 class Group:
     label: str
     runs: list[RunSummary]
+    values: dict[str, str | None] = field(default_factory=dict)
+    """The label's keys and values (what separates this group from the others)."""
 
 
 def is_run(path: Path) -> bool:
@@ -140,28 +147,72 @@ def summarise(run_dir: Path, threshold: float, window: int, tag: str = "reward/m
     )
 
 
+def _component_value(key: dict[str, str], root: str) -> str | None:
+    """How a component knob reads in a label: its ``name``, or for a list of components (such as
+    ``rollout_correction=[rejection, tis]``) the names of its items in order."""
+    name = key.get(f"{root}.name")
+    if name not in (None, "None"):
+        return name
+    raw = key.get(root)
+    try:
+        items = ast.literal_eval(raw) if raw is not None else None
+    except (ValueError, SyntaxError):
+        return raw
+    if isinstance(items, list):
+        return "[" + ", ".join(str(i.get("name", i)) if isinstance(i, dict) else str(i) for i in items) + "]"
+    return raw
+
+
+def _shown(key: dict[str, str], roots: set[str]) -> dict[str, str | None]:
+    """A group's hyperparameters as labels show them: a component (a key with a ``.name``, or a
+    list of components) by its name; its parameters under their own keys."""
+    shown: dict[str, str | None] = {}
+    for name, value in key.items():
+        if name in roots or (name.endswith(".name") and name[:-5] in roots):
+            root = name if name in roots else name[:-5]
+            shown[root] = _component_value(key, root)
+        else:
+            shown[name] = value
+    return shown
+
+
+def _implied(shown: list[dict[str, str | None]], name: str, by: str) -> bool:
+    """Whether ``name`` takes one value for each value of ``by`` (so ``by`` alone tells it)."""
+    seen: dict[Any, Any] = {}
+    return all(seen.setdefault(key.get(by), key.get(name)) == key.get(name) for key in shown)
+
+
 def group_runs(summaries: list[RunSummary]) -> list[Group]:
     """Group runs (see the ``group`` column of :data:`COLUMNS`) and label each group."""
     keyed: dict[tuple, list[RunSummary]] = {}
     for summary in summaries:
         key = tuple(sorted((k, str(v)) for k, v in summary.hparams.items() if not matches(k, GROUPING_IGNORES)))
         keyed.setdefault(key, []).append(summary)
-    keys = [dict(key) for key in keyed]
-    all_names = sorted({name for key in keys for name in key})
-    differing = [name for name in all_names if len({key.get(name) for key in keys}) > 1]
+    names = {name for key in keyed for name, _ in key}
+    roots = {name[:-5] for name in names if name.endswith(".name")}
+    shown = [_shown(dict(key), roots) for key in keyed]
+    all_names = sorted({name for key in shown for name in key})
+    differing = [name for name in all_names if len({key.get(name) for key in shown}) > 1]
+    # a component's parameters follow from its name when every group of that component sets them
+    # alike (tis's cap, icepop's bounds); keys a preset sets follow from `algo`
+    differing = [name for name in differing
+                 if not any(name.startswith(f"{root}.") and root in differing and _implied(shown, name, root)
+                            for root in roots)]
     if "algo" in differing:
-        # keys a preset sets follow from `algo`; show only what varies beyond it
-        def implied(name: str) -> bool:
-            seen: dict[Any, Any] = {}
-            return all(seen.setdefault(key.get("algo"), key.get(name)) == key.get(name) for key in keys)
-
-        differing = ["algo"] + [name for name in differing if name != "algo" and not implied(name)]
+        differing = ["algo"] + [name for name in differing if name != "algo" and not _implied(shown, name, "algo")]
     groups = []
-    for key, members in zip(keys, keyed.values()):
-        label = ", ".join(f"{name.removesuffix('.name')}={key.get(name)}" for name in differing) \
-            or members[0].run_dir.name
-        groups.append(Group(label=label, runs=members))
-    return sorted(groups, key=lambda g: g.label)
+    for key, members in zip(shown, keyed.values()):
+        label = ", ".join(f"{name}={key.get(name)}" for name in differing) or members[0].run_dir.name
+        groups.append(Group(label=label, runs=members, values={name: key.get(name) for name in differing}))
+    return sorted(groups, key=lambda g: [_sort_key(g.values[name]) for name in differing] or [g.label])
+
+
+def _sort_key(value: str | None) -> tuple[int, float, str]:
+    """Numbers in numeric order (staleness 2 before 10), then text."""
+    try:
+        return 0, float(value), ""           # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return 1, 0.0, str(value)
 
 
 def _mean_std(values: list[float | None], digits: int = 3) -> str:
@@ -249,8 +300,64 @@ def plot(groups: list[Group], out: Path, window: int, title: str) -> Path:
     for ax in axes[0]:
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
-        ax.legend(loc="lower right", fontsize=8)
+        if len(groups) <= MAX_INSET_LEGEND:
+            ax.legend(loc="lower right", fontsize=8)
     fig.suptitle(title)
+    if len(groups) > MAX_INSET_LEGEND:   # one legend below both panels, in columns
+        columns = 3 if len(groups) > 2 * MAX_INSET_LEGEND else 2
+        rows = -(-len(groups) // columns)
+        fig.set_figheight(4.5 + 0.22 * rows)
+        fig.legend(*reward_ax.get_legend_handles_labels(), loc="lower center", ncol=columns, fontsize=7)
+        fig.tight_layout(rect=(0, 0.22 * rows / (4.5 + 0.22 * rows) + 0.02, 1, 1))
+    else:
+        fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out)
+    plt.close(fig)
+    return out
+
+
+def plot_against(groups: list[Group], key: str, out: Path, title: str) -> Path:
+    """Final smoothed training reward (left) and final held-out greedy accuracy (right) against the
+    numeric hyperparameter ``key``, one line per value of the other label keys; mean ± 1 std over
+    seeds as error bars.
+
+    :raises RlzooError: ``key`` does not separate the groups, or a value of it is not a number.
+    """
+    if not groups or key not in groups[0].values:
+        choices = ", ".join(groups[0].values) if groups else "none"
+        raise RlzooError(f"--x {key!r} is not a key that separates the groups; they differ in: {choices}")
+    series: dict[str, list[tuple[float, Group]]] = {}
+    for group in groups:
+        try:
+            x = float(group.values[key])  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            raise RlzooError(f"--x {key!r} needs numbers; group {group.label!r} has {group.values[key]!r}") from None
+        rest = ", ".join(f"{k}={v}" for k, v in group.values.items() if k != key) or "runs"
+        series.setdefault(rest, []).append((x, group))
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(13, 4.8), dpi=110)
+    panels = [(axes[0], "reward final (smoothed training reward at the last step)",
+               lambda r: r.reward_final),
+              (axes[1], "eval/greedy_accuracy at the last evaluation",
+               lambda r: r.final_eval("eval/greedy_accuracy"))]
+    for ax, ylabel, metric in panels:
+        for rest, points in series.items():
+            points.sort(key=lambda p: p[0])
+            xs, means, stds = [], [], []
+            for x, group in points:
+                values = [v for v in (metric(r) for r in group.runs) if v is not None]
+                if values:
+                    xs.append(x)
+                    means.append(float(np.mean(values)))
+                    stds.append(float(np.std(values, ddof=1)) if len(values) > 1 else 0.0)
+            if xs:
+                ax.errorbar(xs, means, yerr=stds, label=rest, marker="o", capsize=3, linewidth=1.5)
+        ax.set_xlabel(key)
+        ax.set_ylabel(ylabel, fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(f"{title}: mean ± std over seeds")
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out)
@@ -266,9 +373,10 @@ def default_out(paths: list[str | Path]) -> Path:
 
 
 def compare(paths: list[str | Path], out_dir: str | Path | None = None, threshold: float = 0.5,
-            window: int = 25) -> tuple[str, Path, Path]:
+            window: int = 25, x: str | None = None) -> tuple[str, Path, Path]:
     """Summarise runs; write ``compare.png`` and ``compare.md`` into ``out_dir`` (default:
-    :func:`default_out`). Returns ``(table and legend, png, report)``.
+    :func:`default_out`), and with ``x`` (a numeric key that separates the groups) also
+    ``compare_<x>.png``, the final numbers against it. Returns ``(table and legend, png, report)``.
 
     :raises RlzooError: no runs, a run without ``reward/mean``, an out directory that is a
         run, a window below 1, or no matplotlib.
@@ -283,8 +391,13 @@ def compare(paths: list[str | Path], out_dir: str | Path | None = None, threshol
     groups = group_runs([summarise(run, threshold, window) for run in runs])
     text = table(groups, threshold)
     notes = legend(threshold, window)
-    png = plot(groups, out / "compare.png", window, f"{len(runs)} runs in {len(groups)} groups")
+    title = f"{len(runs)} runs in {len(groups)} groups"
+    figures = ""
+    if x is not None:
+        against = plot_against(groups, x, out / f"compare_{x}.png", title)
+        figures = f"![final numbers against {x}]({against.name})\n\n"
+    png = plot(groups, out / "compare.png", window, title)
     report = out / "compare.md"
     run_list = "\n".join(f"- `{r}`" for r in runs)
-    report.write_text(f"# Comparison\n\n{text}\n\n{notes}\n\n![curves](compare.png)\n\nRuns:\n{run_list}\n")
+    report.write_text(f"# Comparison\n\n{text}\n\n{notes}\n\n{figures}![curves](compare.png)\n\nRuns:\n{run_list}\n")
     return f"{text}\n\n{notes}", png, report

@@ -9,6 +9,7 @@ rollout backend returns.
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -99,6 +100,21 @@ def _preallocate(past: object, capacity: int) -> None:
 
 SAMPLE_BLOCK = 256
 """Vocabulary entries per block of :func:`sample_categorical`'s two-level search."""
+
+
+def _cache_kwarg(model: PreTrainedModel) -> str:
+    """The forward's KV-cache argument: ``cache`` (transformers >= 5.2x) or ``past_key_values``."""
+    try:
+        parameters = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return "past_key_values"
+    return "cache" if "cache" in parameters else "past_key_values"
+
+
+def _returned_cache(out: object) -> object:
+    """The KV cache a forward returned, under either name (``cache`` is newer)."""
+    cache = getattr(out, "cache", None)
+    return cache if cache is not None else out.past_key_values
 
 
 def sample_categorical(probs: torch.Tensor) -> torch.Tensor:
@@ -192,7 +208,8 @@ def generate(
     positions = position_ids_from_mask(attention)
     out = model(input_ids=prompt_ids, attention_mask=attention, position_ids=positions,
                 use_cache=use_cache, logits_to_keep=1)
-    past = out.past_key_values if use_cache else None
+    past = _returned_cache(out) if use_cache else None
+    cache_kwarg = _cache_kwarg(model)
     next_logits = out.logits[:, -1]
     sequence = prompt_ids
     if prefill_once and num_samples > 1:
@@ -227,8 +244,8 @@ def generate(
                         use_cache=False, logits_to_keep=1)
         else:
             out = model(input_ids=token[:, None], attention_mask=attention,
-                        position_ids=last_position[:, None], past_key_values=past, use_cache=True)
-            past = out.past_key_values
+                        position_ids=last_position[:, None], use_cache=True, **{cache_kwarg: past})
+            past = _returned_cache(out)
         next_logits = out.logits[:, -1]
     tokens = tokens[:, :steps]
     response_mask = (torch.arange(steps, device=device)[None, :] < length[:, None]).float()

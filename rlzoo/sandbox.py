@@ -149,7 +149,8 @@ def run_in_subprocess(name: str, fn: Callable[..., Any], arguments: dict[str, An
     try:
         process = subprocess.Popen(
             [sys.executable, "-c", f"from rlzoo.sandbox import child_main; child_main({write_fd})"],
-            stdin=subprocess.PIPE, pass_fds=(write_fd,))
+            stdin=subprocess.PIPE, pass_fds=(write_fd,),
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)})  # rlzoo itself too
     except OSError as exc:
         os.close(read_fd)
         os.close(write_fd)

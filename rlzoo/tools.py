@@ -256,6 +256,10 @@ _PY_TYPES: dict[str, Callable[[Any], bool]] = {
 }
 
 
+def _show(value: Any) -> str:
+    return json.dumps(value, default=repr)
+
+
 def _type_error(schema: dict[str, Any], value: Any, where: str) -> str | None:
     """Why ``value`` does not fit ``schema`` (a JSON-schema subset: type, enum, nullable,
     anyOf, items, prefixItems, properties, required, additionalProperties), or ``None``."""
@@ -263,15 +267,15 @@ def _type_error(schema: dict[str, Any], value: Any, where: str) -> str | None:
         return None
     if "anyOf" in schema:
         if all(_type_error(option, value, where) for option in schema["anyOf"]):
-            return f"{where}: {json.dumps(value)} fits none of {json.dumps(schema['anyOf'])}"
+            return f"{where}: {_show(value)} fits none of {json.dumps(schema['anyOf'])}"
         return None
     expected = schema.get("type")
     if expected is not None:
         names = expected if isinstance(expected, list) else [expected]
         if not any(_PY_TYPES.get(n, lambda v: True)(value) for n in names):
-            return f"{where}: expected {' or '.join(names)}, got {json.dumps(value)}"
+            return f"{where}: expected {' or '.join(names)}, got {_show(value)}"
     if "enum" in schema and value not in schema["enum"]:
-        return f"{where}: {json.dumps(value)} is not one of {json.dumps(schema['enum'])}"
+        return f"{where}: {_show(value)} is not one of {json.dumps(schema['enum'])}"
     if isinstance(value, list):
         if "prefixItems" in schema:
             items = schema["prefixItems"]
@@ -312,7 +316,7 @@ def argument_error(tool: Tool, arguments: Any) -> str | None:
     """Why ``arguments`` do not fit ``tool``'s schema (missing required argument, unknown
     argument, wrong type, value outside an enum), or ``None`` when they do."""
     if not isinstance(arguments, dict):
-        return f"arguments must be a JSON object, got {json.dumps(arguments)}"
+        return f"arguments must be a JSON object, got {_show(arguments)}"
     return _object_error(tool.schema["function"].get("parameters", {}), arguments, "")
 
 
@@ -384,8 +388,8 @@ def _plain_call(line: str) -> ToolCall | str:
     arguments = {}
     for keyword in node.keywords:
         try:
-            arguments[keyword.arg] = _literal(keyword.value)
-        except (ValueError, TypeError, SyntaxError):
+            arguments[keyword.arg] = json.loads(json.dumps(_literal(keyword.value)))  # tuples -> lists
+        except (ValueError, TypeError, SyntaxError, RecursionError):
             return (f"error: argument {keyword.arg!r} of the tool call {line[:200]!r} is not a literal value "
                     f"(a string, number, true/false, null, list or dict)")
     return ToolCall(node.func.id, arguments)
@@ -477,3 +481,10 @@ def tool_from_component(component: Any) -> Tool:
     """The :class:`Tool` of a registered component of kind ``tool``
     (``registry.get("tool", name)``)."""
     return component.meta["tool"]
+
+
+def registered_tools(registry: Any, names: list[str]) -> dict[str, Tool]:
+    """Name -> :class:`Tool` for the registered tools ``names`` (aliases resolved); an
+    unknown name raises the registry's error listing the tools there are."""
+    tools = [tool_from_component(registry.get("tool", name)) for name in names]
+    return {tool.name: tool for tool in tools}

@@ -14,10 +14,11 @@ from typing import Any, Literal, Optional
 import pytest
 import tool_fns
 
-from rlzoo.errors import PluginError
+from rlzoo.errors import PluginError, UnknownComponentError
 from rlzoo.plugins import build_registry, make_plugin_manager, module_plugin
 from rlzoo.testing import check_component, check_tool
-from rlzoo.tools import Tool, ToolCall, call_tool, parse_tool_calls, tool_call_style, tool_from_callable
+from rlzoo.tools import (Tool, ToolCall, call_tool, parse_tool_calls, registered_tools, tool_call_style,
+                         tool_from_callable)
 from rlzoo_plugins.tools import calculator
 
 ROOT = Path(__file__).parents[1]
@@ -199,6 +200,7 @@ def test_plain_calls_one_per_line() -> None:
                             "mode": None})]
     assert parse_tool_calls("408", "plain") == []
     assert parse_tool_calls("CALL now()", "plain") == [ToolCall("now", {})]
+    assert parse_tool_calls("CALL f(pair=(1, 'a'))", "plain") == [ToolCall("f", {"pair": [1, "a"]})]
 
 
 @pytest.mark.parametrize("text, message", [
@@ -206,6 +208,8 @@ def test_plain_calls_one_per_line() -> None:
     ("CALL calculator(expression=12*", "cannot read the tool call"),
     ("CALL calculator(expression=x)", "argument 'expression' of the tool call"),
     ("CALL math.sqrt(x=2)", "is not a call of a tool by name"),
+    ("CALL f(x={1, 2})", "argument 'x' of the tool call"),
+    ("CALL f(x=1j)", "argument 'x' of the tool call"),
     ('CALL calculator(expression="1")\nCALL 42', "is not a call of a tool by name"),
 ])
 def test_malformed_plain_call_is_an_observation(text: str, message: str) -> None:
@@ -237,6 +241,36 @@ class _Tokenizer:
 ])
 def test_tool_call_style_reads_the_chat_template(template: Any, style: str) -> None:
     assert tool_call_style(_Tokenizer(template)) == style
+
+
+HERMES_TEMPLATE = (
+    "{%- if tools %}{{- '<|im_start|>system\\n# Tools\\n<tools>' }}{%- for tool in tools %}{{- '\\n' }}"
+    "{{- tool | tojson }}{%- endfor %}{{- '\\n</tools>\\nFor each function call, return a json object with function "
+    "name and arguments within <tool_call></tool_call> XML tags<|im_end|>\\n' }}{%- endif %}"
+    "{%- for message in messages %}{{- '<|im_start|>' + message.role + '\\n' + (message.content or '') }}"
+    "{%- for tool_call in message.tool_calls or [] %}{%- set call = tool_call.function %}"
+    "{{- '<tool_call>\\n{\"name\": \"' + call.name + '\", \"arguments\": ' + (call.arguments | tojson) + '}\\n"
+    "</tool_call>' }}{%- endfor %}{{- '<|im_end|>\\n' }}{%- endfor %}")
+"""A Qwen2.5-style template: the tools' schemas as JSON in the system turn, the assistant's
+calls as ``<tool_call>`` JSON (the structure of Qwen2.5's own template)."""
+
+
+def test_hermes_parser_reads_the_calls_the_template_writes() -> None:
+    from rlzoo.models import build_char_tokenizer
+
+    tokenizer = build_char_tokenizer("0123456789")
+    tokenizer.chat_template = HERMES_TEMPLATE
+    calc = tool_from_callable(calculator)
+    calls = [{"type": "function", "function": {"name": "calculator", "arguments": {"expression": "12*34"}}},
+             {"type": "function", "function": {"name": "calculator", "arguments": {"expression": "5 - 1"}}}]
+    text = tokenizer.apply_chat_template([{"role": "user", "content": "12*34 and 5-1?"},
+                                          {"role": "assistant", "content": "Computing.", "tool_calls": calls}],
+                                         tools=[calc.schema], tokenize=False)
+    assert tool_call_style(tokenizer) == "hermes"
+    assert json.dumps(calc.schema) in text  # the template shows the schema as rlzoo built it
+    assistant = text.split("<|im_start|>assistant\n")[1]
+    assert parse_tool_calls(assistant, "hermes") == [ToolCall("calculator", {"expression": "12*34"}),
+                                                     ToolCall("calculator", {"expression": "5 - 1"})]
 
 
 # --------------------------------------------------------------------------- calling
@@ -273,6 +307,7 @@ SEARCH = tool_from_callable(search)
     ({"query": "x", "weights": {"a": "b"}}, 'weights.a: expected number, got "b"'),
     ({"query": "x", "pair": [1]}, "pair: expected 2 items, got 1"),
     ({"query": "x", "page": 2}, "unexpected argument 'page'; it takes query, limit, exact"),
+    ({"query": {1, 2}}, "query: expected string, got \"{1, 2}\""),
 ])
 def test_bad_arguments_are_an_error_observation(arguments: dict, message: str) -> None:
     observation, is_error = call_tool(SEARCH, ToolCall("search", arguments))
@@ -332,6 +367,19 @@ def test_unsafe_tool_whose_process_dies_is_an_observation() -> None:
     assert is_error and observation.startswith("error: tool 'exit_now' crashed (its process ended with exit code 3")
 
 
+def test_unsafe_tool_works_from_a_script_without_a_main_file() -> None:
+    """The child process never re-runs the caller's ``__main__`` (multiprocessing's spawn would,
+    and fails for a script read from stdin or a notebook)."""
+    import subprocess
+    import sys
+
+    script = ("import tool_fns\nfrom rlzoo.tools import ToolCall, call_tool, tool_from_callable\n"
+              "print(call_tool(tool_from_callable(tool_fns.add, unsafe=True), ToolCall('add', {'a': 1, 'b': 2})))\n")
+    done = subprocess.run([sys.executable, "-"], input=script, capture_output=True, text=True, timeout=60,
+                          cwd=Path(__file__).parent)
+    assert done.stdout.strip() == "('3', False)", done.stderr
+
+
 # --------------------------------------------------------------------------- the calculator
 
 @pytest.mark.parametrize("expression, value", [
@@ -370,6 +418,13 @@ def test_calculator_is_registered_with_its_schema_and_passes_the_kit() -> None:
     check_component(component)
     assert call_tool(tool, ToolCall("calculator", {"expression": "1/0"})) == (
         "error: tool 'calculator' raised ZeroDivisionError: division by zero", True)
+
+
+def test_registered_tools_by_name() -> None:
+    tools = registered_tools(REGISTRY, ["calculator"])
+    assert list(tools) == ["calculator"] and tools["calculator"] is REGISTRY.get("tool", "calculator").meta["tool"]
+    with pytest.raises(UnknownComponentError, match="unknown tool 'calculater'; registered: calculator"):
+        registered_tools(REGISTRY, ["calculater"])
 
 
 def test_rlzoo_list_lists_the_tools(capsys) -> None:
