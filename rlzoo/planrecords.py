@@ -270,7 +270,8 @@ class RunPlan:
         lines += [f"  {name}: {why}" for name, why in self.models.items()]
         lines.append("passes each step:")
         r = self.rollout
-        lines.append(f"  rollout: {r.backend} backend, {u.sequences} sequences ({r.dtype}): {r.n} completions of "
+        samples = "completions" if self.episodes is None else "episodes"
+        lines.append(f"  rollout: {r.backend} backend, {u.sequences} sequences ({r.dtype}): {r.n} {samples} of "
                      f"at most {r.max_new_tokens} tokens per prompt, temperature {r.temperature:g}"
                      f"{f', top_p {r.top_p:g}' if r.top_p < 1 else ''}")
         if r.staleness:
