@@ -247,3 +247,14 @@ def test_the_kit_checks_environments() -> None:
         check_environment(Random, "random")
     with pytest.raises(AssertionError, match="'robot'"):
         check_environment(Silent, "silent")
+
+
+def test_an_episode_run_resumes_bit_exactly(tmp_path: Path) -> None:
+    from rlzoo.cli import main
+
+    weights = "checkpoints/step_000002/policy/model.safetensors"
+    common = [*TINY_ENV, "eval.size=0", "checkpoint.every=1"]
+    assert main(["train", *common, f"run_dir={tmp_path / 'whole'}", "trainer.total_steps=2"]) == 0
+    assert main(["train", *common, f"run_dir={tmp_path / 'cut'}", "trainer.total_steps=1"]) == 0
+    assert main(["train", f"resume={tmp_path / 'cut'}", "trainer.total_steps=2"]) == 0
+    assert (tmp_path / "whole" / weights).read_bytes() == (tmp_path / "cut" / weights).read_bytes()
