@@ -12,6 +12,9 @@ Under a hermes chat template it uses that format; otherwise (the embedded tiny m
 turn that is an expression (digits and at least one of ``+ - *``) is a call and its
 observation is ``=<value>;``, so the whole episode stays inside the task's small alphabet:
 ``37*48=`` → policy ``37*48</s>`` → ``=1776;`` → policy ``1776</s>``.
+
+``guess``: a multi-turn guessing game on any task with an integer answer: ``+;`` / ``-;``
+after a wrong guess (higher / lower), a per-turn penalty, done when right.
 docs/agents.md walks through both and through writing your own.
 """
 
@@ -123,6 +126,38 @@ class CalculatorEnv(ToolsEnv):
         return f"={text};" if self.style == "expression" else text
 
 
+@dataclass
+class GuessParams:
+    turn_penalty: float = 0.1
+    """Per-turn reward of every wrong guess is minus this (fewer turns score more)."""
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.turn_penalty <= 10.0:
+            raise ValueError(f"turn_penalty must be in [0, 10], got {self.turn_penalty}")
+
+
+class GuessEnv(Environment):
+    """Higher/lower feedback on an integer answer (any task whose reference is an integer,
+    e.g. ``multiply``): a right guess ends the episode, a wrong one is answered ``+;`` (the
+    answer is higher) or ``-;`` (lower), a turn that is not an integer ``=;``, each costing
+    ``turn_penalty``; ``rollout.max_turns`` bounds the guesses."""
+
+    def __init__(self, params: GuessParams) -> None:
+        self.penalty, self.target = params.turn_penalty, None
+
+    def reset(self, example: Any) -> list[dict[str, str]]:
+        self.target = int(str(example.reference))
+        return super().reset(example)
+
+    def step(self, completion: str) -> StepResult:
+        text = completion.strip()
+        guess = int(text) if re.fullmatch(r"-?\d{1,30}", text) else None
+        if guess == self.target:
+            return StepResult(done=True)
+        hint = "=;" if guess is None else ("+;" if guess < self.target else "-;")
+        return StepResult(observations=[{"role": "user", "content": hint}], reward=-self.penalty)
+
+
 @hookimpl
 def rlzoo_register_environments(register: Any) -> None:
     register("tools", ToolsEnv, params=ToolsEnvParams,
@@ -130,3 +165,5 @@ def rlzoo_register_environments(register: Any) -> None:
     register("calculator", CalculatorEnv, params=CalculatorEnvParams,
              description="a calculator tool (+ - * over integers) for the multiply task; compact call format "
                          "for models without a chat template")
+    register("guess", GuessEnv, params=GuessParams,
+             description="higher/lower feedback on an integer answer until it is right; a penalty per wrong guess")

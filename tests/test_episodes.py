@@ -258,3 +258,16 @@ def test_an_episode_run_resumes_bit_exactly(tmp_path: Path) -> None:
     assert main(["train", *common, f"run_dir={tmp_path / 'cut'}", "trainer.total_steps=1"]) == 0
     assert main(["train", f"resume={tmp_path / 'cut'}", "trainer.total_steps=2"]) == 0
     assert (tmp_path / "whole" / weights).read_bytes() == (tmp_path / "cut" / weights).read_bytes()
+
+
+def test_the_guessing_game_answers_higher_or_lower_and_charges_each_wrong_guess() -> None:
+    from rlzoo_plugins.environments import GuessEnv, GuessParams
+
+    tokenizer = build_char_tokenizer("0123456789+-*=;")
+    fmt = EpisodeFormat(tokenizer, PromptFormat())
+    backend = ScriptedBackend(tokenizer, ["1000", "2000", "x", "1776"])
+    [episode] = play(backend, fmt, lambda: GuessEnv(GuessParams(turn_penalty=0.25)), [Example("37*48=", "1776")], 1,
+                     EpisodeLimits(5, 6, 40), temperature=1.0, top_p=1.0)
+    assert episode.done and not episode.truncated and episode.answer == "1776"
+    assert [m["content"] for m in episode.messages if m["role"] == "user"][1:] == ["+;", "-;", "=;"]
+    assert (episode.turns, episode.turn_reward) == (4, -0.75)
