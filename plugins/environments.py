@@ -14,7 +14,8 @@ observation is ``=<value>;``, so the whole episode stays inside the task's small
 ``37*48=`` → policy ``37*48</s>`` → ``=1776;`` → policy ``1776</s>``.
 
 ``guess``: a multi-turn guessing game on any task with an integer answer: ``+;`` / ``-;``
-after a wrong guess (higher / lower), a per-turn penalty, done when right.
+after a wrong guess (higher / lower), done when right; the right answer's reward is
+reduced by a penalty per wrong guess before it.
 docs/agents.md walks through both and through writing your own.
 """
 
@@ -129,7 +130,7 @@ class CalculatorEnv(ToolsEnv):
 @dataclass
 class GuessParams:
     turn_penalty: float = 0.1
-    """Per-turn reward of every wrong guess is minus this (fewer turns score more)."""
+    """A right answer after k wrong guesses earns a per-turn reward of -k times this (fewer turns score more)."""
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.turn_penalty <= 10.0:
@@ -139,11 +140,13 @@ class GuessParams:
 class GuessEnv(Environment):
     """Higher/lower feedback on an integer answer (any task whose reference is an integer,
     e.g. ``multiply``): a right guess ends the episode, a wrong one is answered ``+;`` (the
-    answer is higher) or ``-;`` (lower), a turn that is not an integer ``=;``, each costing
-    ``turn_penalty``; ``rollout.max_turns`` bounds the guesses."""
+    answer is higher) or ``-;`` (lower), a turn that is not an integer ``=;``;
+    ``rollout.max_turns`` bounds the guesses. The right answer after k wrong guesses earns
+    −k·``turn_penalty`` with it: charged only on success, so an episode that never answers
+    (or runs out of turns) cannot score above one that answers late."""
 
     def __init__(self, params: GuessParams) -> None:
-        self.penalty, self.target = params.turn_penalty, None
+        self.penalty, self.target, self.wrong = params.turn_penalty, None, 0
 
     def reset(self, example: Any) -> list[dict[str, str]]:
         self.target = int(str(example.reference))
@@ -153,9 +156,10 @@ class GuessEnv(Environment):
         text = completion.strip()
         guess = int(text) if re.fullmatch(r"-?\d{1,30}", text) else None
         if guess == self.target:
-            return StepResult(done=True)
+            return StepResult(done=True, reward=-self.penalty * self.wrong)
+        self.wrong += 1
         hint = "=;" if guess is None else ("+;" if guess < self.target else "-;")
-        return StepResult(observations=[{"role": "user", "content": hint}], reward=-self.penalty)
+        return StepResult(observations=[{"role": "user", "content": hint}])
 
 
 @hookimpl

@@ -270,4 +270,7 @@ def test_the_guessing_game_answers_higher_or_lower_and_charges_each_wrong_guess(
                      EpisodeLimits(5, 6, 40), temperature=1.0, top_p=1.0)
     assert episode.done and not episode.truncated and episode.answer == "1776"
     assert [m["content"] for m in episode.messages if m["role"] == "user"][1:] == ["+;", "-;", "=;"]
-    assert (episode.turns, episode.turn_reward) == (4, -0.75)
+    assert (episode.turns, episode.turn_reward) == (4, -0.75)  # three wrong guesses, charged on success
+    [failed] = play(ScriptedBackend(tokenizer, ["1000", "2000"]), fmt, lambda: GuessEnv(GuessParams(turn_penalty=0.25)),
+                    [Example("37*48=", "1776")], 1, EpisodeLimits(2, 6, 40), temperature=1.0, top_p=1.0)
+    assert failed.truncated and failed.turn_reward == 0.0  # never below an episode that answers
