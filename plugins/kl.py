@@ -7,6 +7,9 @@ Notation: ``x = logp − ref_logp`` per sampled token, all tensors ``(B, T)``.
 The estimators are elementwise, so a padded position can never influence a valid one; the
 engine multiplies by the mask (reward path) or aggregates with it (loss path). Gradient
 flows into the policy side only (``logp`` / ``logits``), never into the reference.
+"The reference" is the KL's target: the frozen initial policy, or under ``kl.target=teacher``
+the teacher model (on-policy distillation; the engine passes the teacher's log-probs and
+logits as ``ref_logp`` / ``ref_logits``, the estimators are the same functions).
 """
 
 from __future__ import annotations
@@ -204,7 +207,9 @@ def kl_forward_topk(
     :return: ``(B, T)``, float32 (float64 for float64 logits).
 
     Chunked and checkpointed like :func:`kl_full`. Sources: GKD (Agarwal et al. 2024,
-    arXiv:2306.13649) with the forward KL; verl ``trainer/distillation`` (verl 0.9.1).
+    arXiv:2306.13649) with the forward KL; verl ``trainer/distillation`` (verl 0.9.1). With
+    ``kl.target=teacher`` ``ref_logits`` are the teacher's: verl's distillation loss itself
+    (the teacher's top-K log-probs not renormalised, as verl; docs/algorithms/kl.md).
     """
     params = params or ForwardTopKParams()
     return _chunked_rows(_forward_topk_rows, logits, ref_logits, params.chunk_size, params.topk)
@@ -328,7 +333,8 @@ def rlzoo_register_kl_estimators(register) -> None:
     register("full", kl_full, params=FullKLParams,
              description="exact KL over the vocabulary from both models' logits (chunked)")
     register("forward_topk", kl_forward_topk, params=ForwardTopKParams, paper="arXiv:2306.13649",
-             description="forward KL(π_ref‖π) over the reference's top-k tokens, clamped at 0 (verl's)")
+             description="forward KL(π_ref‖π) over the target's top-k tokens, clamped at 0 (verl's "
+                         "forward_kl_topk; with kl.target=teacher: on-policy distillation, GKD)")
 
 
 @hookimpl

@@ -16,7 +16,11 @@ What is sharded and what is reduced (docs/scaling.md):
   the loss is multiplied by ``world`` to undo DDP's gradient averaging, so N ranks
   produce the gradient of the single-process global batch;
 - logs and checkpoints: rank 0 only; every rank's RNG state is gathered into the
-  checkpoint so a resumed run (same N) continues exactly.
+  checkpoint so a resumed run (same N) continues exactly;
+- failures: a rank that fails alone (a reward function raising or returning NaN, a
+  non-finite loss) must not leave the others waiting in a collective. The ranks agree on
+  it at fixed points (:func:`failing_together`, :func:`raise_failures`) and every rank
+  raises the same :class:`TrainingError` naming the failed rank(s) and what failed.
 """
 
 from __future__ import annotations
@@ -25,12 +29,12 @@ import contextlib
 import os
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Iterator
+from typing import Any, Iterator, NoReturn
 
 import torch
 import torch.distributed as dist
 
-from rlzoo.errors import ConfigError, TrainingError
+from rlzoo.errors import ConfigError, RlzooError, TrainingError
 
 
 @dataclass(frozen=True)
@@ -101,9 +105,11 @@ def check_collective_failure(exc: RuntimeError) -> None:
     while tb is not None:
         frames.append(tb.tb_frame.f_code.co_filename.replace(os.sep, "/"))
         tb = tb.tb_next
+    text = str(exc)
     if not launched_by_torchrun() or not (isinstance(exc, dist.DistError)
-                                          or any("torch/distributed/" in name for name in frames)):
-        return
+                                          or any("torch/distributed/" in name for name in frames)
+                                          or "third_party/gloo/" in text or "ProcessGroupNCCL" in text):
+        return  # (the last two: a collective inside DDP's backward, raised from C++ code)
     first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
     raise TrainingError(f"rank {os.environ.get('RANK', '?')}: a collective failed, so another process of the job "
                         f"died or stopped answering ({first}); the newest checkpoint stays resumable") from exc
@@ -188,6 +194,69 @@ def barrier(info: DistInfo) -> None:
     """Wait for every rank (no-op in a single process)."""
     if info.enabled:
         dist.barrier()
+
+
+# ----------------------------------------------------------------------------- failures
+
+
+def failure_text(failure: BaseException | str) -> str:
+    """One line saying what failed: an rlzoo error's message, otherwise (a bug) the exception's
+    type and message."""
+    if isinstance(failure, str):
+        return failure
+    text = str(failure).strip().splitlines()[0] if str(failure).strip() else ""
+    return text if isinstance(failure, RlzooError) else f"{type(failure).__name__}: {text}".rstrip(": ")
+
+
+def ranks_failed_message(texts: list[str | None], fallback: str = "") -> str:
+    """The one line every rank raises: which ranks failed (``texts[rank]`` is what failed
+    there, ``None`` where nothing did) and what; ``fallback`` when no rank names a failure
+    (a non-finite gradient after the all-reduce, say)."""
+    failed = [(rank, text) for rank, text in enumerate(texts) if text is not None]
+    if not failed:
+        what = f"{fallback} on every rank" if fallback else "an unknown failure"
+    elif len(failed) == len(texts) > 1 and len({text for _, text in failed}) == 1:  # e.g. weights, equal under DDP
+        what = f"{failed[0][1]}, on every rank"
+    elif len(failed) == 1:
+        what = f"rank {failed[0][0]} of {len(texts)} failed: {failed[0][1]}"
+    else:
+        what = (f"ranks {', '.join(str(rank) for rank, _ in failed)} of {len(texts)} failed: "
+                + "; ".join(f"rank {rank}: {text}" for rank, text in failed))
+    return f"{what}; every rank stopped, no checkpoint of this step was written, the newest one stays resumable"
+
+
+def raise_failures(failure: BaseException | str | None, info: DistInfo, fallback: str = "") -> NoReturn:
+    """Raise the same :class:`TrainingError` on every rank, naming each rank's ``failure``
+    (``None``: this rank did not fail). A collective (a gather of the messages): every rank
+    calls it, once all of them know that some rank failed. An exception that is not an
+    rlzoo error (a bug) is re-raised as it is on its own rank, traceback and all."""
+    texts = gather_objects(None if failure is None else failure_text(failure), info)
+    error = TrainingError(ranks_failed_message(texts, fallback))
+    if isinstance(failure, BaseException):
+        if not isinstance(failure, RlzooError):
+            raise failure
+        raise error from failure
+    raise error
+
+
+@contextlib.contextmanager
+def failing_together(info: DistInfo) -> Iterator[None]:
+    """Run a stage that one rank may fail alone (rollout and scoring: a reward function that
+    raises or returns NaN on one rank's completions). On leaving it the ranks agree whether
+    any of them failed, with one all-reduce of one number, and if one did every rank raises
+    the same :class:`TrainingError` (:func:`raise_failures`), at once, instead of the others
+    waiting in their next collective for ``distributed.timeout_s``. Nothing in a single
+    process: an exception propagates as it is."""
+    if not info.enabled:
+        yield
+        return
+    failure: Exception | None = None
+    try:
+        yield
+    except Exception as exc:  # noqa: BLE001 - every rank learns of it below, then it is raised
+        failure = exc
+    if all_reduce_floats({"failed": float(failure is not None)}, info, "max")["failed"]:
+        raise_failures(failure, info)
 
 
 # ----------------------------------------------------------------------------- FSDP2

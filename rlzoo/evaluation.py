@@ -153,9 +153,17 @@ class Evaluator:
         per_rank = -(-len(self.examples) // world)
         # equal shares, so every rank calls the backend equally often (FSDP gathers weights)
         padded = mine + [0] * (per_rank - len(mine))
-        answers = self._answer([self.examples[i] for i in padded], seed=1_000_003 * step + rank)[:len(mine)]
-        parts = distributed.gather_objects(list(zip(mine, answers)), self.dist)
-        results = dict(item for part in parts for item in part)
+        failure: Exception | None = None
+        try:
+            answers = self._answer([self.examples[i] for i in padded], seed=1_000_003 * step + rank)[:len(mine)]
+        except Exception as exc:  # noqa: BLE001 - a reward failing on one rank: the ranks agree on it below
+            if not self.dist.enabled:
+                raise
+            failure, answers = exc, []
+        parts = distributed.gather_objects((failure is not None, list(zip(mine, answers))), self.dist)
+        if any(failed for failed, _ in parts):  # every rank raises the same error (the same gather, no extra one)
+            distributed.raise_failures(failure, self.dist)
+        results = dict(item for _, part in parts for item in part)
         greedy = np.array([results[i][0] for i in range(len(self.examples))])
         strict = (greedy >= self.threshold) & np.array([results[i][3] for i in range(len(self.examples))])
         lenient = strict | (np.array([results[i][4] for i in range(len(self.examples))]) >= self.threshold)

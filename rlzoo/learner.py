@@ -61,11 +61,16 @@ def adamw(params: Any, lr: float, betas: tuple[float, float], weight_decay: floa
     return torch.optim.AdamW(params, lr=lr, betas=betas, weight_decay=weight_decay, fused=fused or None)
 
 
+def non_finite(stage: str, component: str) -> str:
+    """What a non-finite value in ``stage`` is called in errors."""
+    return f"non-finite value in {stage} (component {component!r})"
+
+
 def check_finite(value: torch.Tensor, stage: str, component: str) -> None:
     """:raises TrainingError: ``value`` holds NaN or inf (the stage and component named)."""
     if not bool(torch.isfinite(value).all()):
-        raise TrainingError(f"non-finite value in {stage} (component {component!r}); the step "
-                            "was stopped and no checkpoint was written for it")
+        raise TrainingError(f"{non_finite(stage, component)}; the step was stopped and no checkpoint was "
+                            "written for it")
 
 
 def mismatch_metrics(old_logp: torch.Tensor, rollout_logp: torch.Tensor,
@@ -115,11 +120,18 @@ class Learner:
     :param resolved: the resolved config, its components and its plan.
     :param models: the run's models (policy, reference, critic and their wrappers).
     :param dist: this process's place in the job.
+    :ivar failure: under torchrun, the first non-finite value this rank found in the current
+        step (``None``: none). A rank does not raise alone, which would leave the others
+        waiting in a collective: it goes on with a NaN loss, whose gradient the all-reduce
+        carries to every rank, so all of them find the same non-finite gradient norm before
+        the optimizer step and raise together, naming this rank and this value
+        (:meth:`_clip_and_step`); in a single process the value raises where it is found.
     """
 
     def __init__(self, resolved: ResolvedConfig, models: RunModels, dist: distributed.DistInfo) -> None:
         plan = self.plan = resolved.plan
         self.models, self.dist = models, dist
+        self.failure: str | None = None
         t = self.trainer_cfg = resolved.cfg.trainer
         self.names = {path: component.name for path, component in resolved.components.items()}
         self.advantage = resolved.bound("advantage")
@@ -141,6 +153,14 @@ class Learner:
         if models.critic is not None:
             self.critic_optimizer = adamw(models.critic.parameters(), t.critic_lr, tuple(t.betas), t.weight_decay)
             self.critic_scheduler = torch.optim.lr_scheduler.LambdaLR(self.critic_optimizer, factor)
+
+    def _check_finite(self, value: torch.Tensor, stage: str, component: str) -> None:
+        """:func:`check_finite` in a single process; under torchrun, record the first
+        non-finite value as :attr:`failure` and carry on (every rank raises it later)."""
+        if not self.dist.enabled:
+            check_finite(value, stage, component)
+        elif self.failure is None and not bool(torch.isfinite(value).all()):
+            self.failure = non_finite(stage, component)
 
     # ---------------------------------------------------------------- passes and advantages
 
@@ -192,6 +212,7 @@ class Learner:
         """Run the plan's passes, KL in the reward and the advantages; fills ``batch``."""
         plan, models = self.plan, self.models
         metrics: dict[str, float] = {}
+        self.failure = None
         if plan.runs("old_logp"):
             models.policy.eval()
             batch.old_logp, batch.old_entropy, batch.old_sum_pi_squared = self._logp_pass(
@@ -226,7 +247,7 @@ class Learner:
         token_rewards = torch.zeros_like(mask)
         token_rewards[has_tokens, last[has_tokens]] = batch.rewards[has_tokens]
         if self.plan.kl is not None and self.plan.kl.placement == "reward":
-            kl = self.kl(logp=batch.old_logp, ref_logp=batch.ref_logp)
+            kl = self.kl(logp=batch.old_logp, ref_logp=self._kl_target_logp(batch))
             batch.kl = torch.where(mask.bool(), kl, torch.zeros_like(kl))
             token_rewards = token_rewards - float(self.kl_controller.value) * batch.kl
             sequence_kl = float(masked_mean(batch.kl.sum(-1), has_tokens.float()))
@@ -245,7 +266,7 @@ class Learner:
             values=batch.old_values, baseline_scores=batch.baseline_scores, old_logp=batch.old_logp,
             ref_logp=batch.ref_logp, reward_scores=batch.reward_scores, teacher_logp=batch.teacher_logp,
             sum_pi_squared=batch.old_sum_pi_squared, reward_weights=self.reward_weights.to(mask.device))
-        check_finite(advantages, "advantage estimation", self.names["advantage"])
+        self._check_finite(advantages, "advantage estimation", self.names["advantage"])
         batch.advantages, batch.returns = advantages, returns
         metrics["advantages/mean"] = float(masked_mean(advantages, mask))
         if batch.teacher_logp is not None and batch.old_logp is not None:  # what distillation drives to 0
@@ -304,6 +325,8 @@ class Learner:
         for index, rows in enumerate(micro):
             with _sync_context(module, last=index == len(micro) - 1):
                 loss = micro_loss(mini.select(rows))
+                if self.failure is not None:  # NaN gradients on this rank, NaN after the all-reduce on every rank
+                    loss = loss * math.nan
                 (loss * self.dist.world).backward()  # DDP averages over ranks; counts are global
 
     def _clip_and_step(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, stage: str,
@@ -313,6 +336,9 @@ class Learner:
         max_norm = self.trainer_cfg.max_grad_norm
         norm = distributed.local_value(torch.nn.utils.clip_grad_norm_(
             model.parameters(), math.inf if max_norm is None else max_norm))  # null: measure, never clip
+        if self.dist.enabled and not bool(torch.isfinite(norm)):
+            # the gradients were all-reduced: every rank has this non-finite norm and is here
+            distributed.raise_failures(self.failure, self.dist, fallback=non_finite(stage, component))
         check_finite(norm, stage, component)
         optimizer.step()
         return float(norm)
@@ -340,18 +366,26 @@ class Learner:
             means.add(f"policy/{key}", float(value), weight)
         if kl_plan is not None and kl_plan.placement == "loss":
             ref_logits = self._ref_logits(mb) if with_logits else None
-            kl = self.kl(logp=logp, ref_logp=mb.ref_logp, logits=logits, ref_logits=ref_logits)
+            kl = self.kl(logp=logp, ref_logp=self._kl_target_logp(mb), logits=logits, ref_logits=ref_logits)
             loss = loss + float(self.kl_controller.value) * self._term("kl", mb, kl, counts)
             means.add("kl/value", float(masked_mean(kl.detach(), getattr(mb, plan.masks["kl"]))), weight)
         means.add("entropy", float(masked_mean(entropy.detach(), mask)), weight)
         if "entropy" in plan.aggregation:
             loss = loss - self.trainer_cfg.entropy_coef * self._term("entropy", mb, entropy, counts)
-        check_finite(loss, "policy loss", self.names["policy_loss"])
+        self._check_finite(loss, "policy loss", self.names["policy_loss"])
         return loss
+
+    def _kl_target_logp(self, batch: RolloutBatch) -> torch.Tensor | None:
+        """What the KL estimator's ``ref_logp`` is: the reference's log-probs of the sampled
+        tokens, or the teacher's under ``kl.target=teacher`` (the plan's ``KLPlan.target``)."""
+        return batch.teacher_logp if self.plan.kl.target == "teacher" else batch.ref_logp
 
     @torch.no_grad()
     def _ref_logits(self, mb: RolloutBatch) -> torch.Tensor:
-        return self._forward(self.models.reference_forward, mb, with_logits=True)[2]
+        """The KL target's ``(B, T, V)`` tempered logits for ``mb``: the reference's, or the
+        teacher's under ``kl.target=teacher``."""
+        target = self.models.teacher_forward if self.plan.kl.target == "teacher" else self.models.reference_forward
+        return self._forward(target, mb, with_logits=True)[2]
 
     def _critic_step(self, mini: RolloutBatch, means: _WeightedMeans) -> None:
         models, mask = self.models, self.plan.masks["value"]
@@ -364,7 +398,7 @@ class Learner:
             token_loss, value_metrics = self.value_loss(values=values, old_values=mb.old_values,
                                                         returns=mb.returns, response_mask=getattr(mb, mask))
             loss = self._term("value", mb, token_loss, counts)
-            check_finite(loss, "value loss", self.names["value_loss"])
+            self._check_finite(loss, "value loss", self.names["value_loss"])
             weight = float(getattr(mb, mask).sum())
             means.add("value/loss", float(loss.detach()) * counts[mask].tokens / max(weight, 1.0), weight)
             for key, value in value_metrics.items():

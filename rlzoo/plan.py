@@ -70,13 +70,15 @@ def build_plan(resolved: ResolvedConfig) -> RunPlan:
     comps = resolved.components
     world = _world(cfg)
     kl_on = float(cfg.kl.coef) > 0
+    to_teacher = kl_on and cfg.kl.target == "teacher"
     acting = [c for path, c in comps.items()
               if not (path.startswith("kl.") and not kl_on) and path not in ("value_loss", "rollout_correction")]
     acting += [c for c, _ in resolved.corrections]
     acting += [c for c, _ in resolved.extensions]
     needs: set[str] = set()
     for component in acting:
-        needs |= component.needs
+        is_kl_to_teacher = to_teacher and component is comps["kl.estimator"]
+        needs |= _target_needs(component.needs) if is_kl_to_teacher else component.needs
     if "critic" in needs and "value_loss" in comps:
         needs |= comps["value_loss"].needs
     _check_consistency(resolved, needs, kl_on, world)
@@ -119,7 +121,7 @@ def build_plan(resolved: ResolvedConfig) -> RunPlan:
         uses_logits = "logits" in estimator.needs
         kl = KLPlan(placement=str(cfg.kl.apply), estimator=estimator.name, controller=controller.name,
                     coef=float(cfg.kl.coef), uses_logits=uses_logits,
-                    controller_updates=controller.name != "fixed")
+                    controller_updates=controller.name != "fixed", target=str(cfg.kl.target))
     if "reference" in needs or "logits" in needs:
         readers = _names(acting, 'reference') or _names(acting, 'logits')
         models["reference"] = (f"frozen initial policy, for {readers}" if lora is None else
@@ -129,9 +131,14 @@ def build_plan(resolved: ResolvedConfig) -> RunPlan:
             passes["ref_logp"] = f"reference log-probs of the sampled tokens ({_names(acting, 'reference')})"
         if "logits" in needs:
             passes["ref_logits"] = f"reference logits in each update micro-batch ({_names(acting, 'logits')})"
-    if "teacher" in needs:
-        models["teacher"] = f"frozen teacher {cfg.teacher.path} ({_names(acting, 'teacher')})"
-        passes["teacher_logp"] = f"teacher log-probs of the sampled tokens ({_names(acting, 'teacher')})"
+    if "teacher" in needs or "teacher_logits" in needs:
+        models["teacher"] = f"frozen teacher {cfg.teacher.path} ({_teacher_readers(resolved, acting)})"
+        if "teacher" in needs:
+            passes["teacher_logp"] = (f"teacher log-probs of the sampled tokens "
+                                      f"({_teacher_readers(resolved, acting, 'teacher')})")
+        if "teacher_logits" in needs:
+            passes["teacher_logits"] = (f"teacher logits in each update micro-batch "
+                                        f"({_teacher_readers(resolved, acting, 'teacher_logits')})")
     if "critic" in needs:
         models["critic"] = (f"value model initialised from the policy ({_names(acting, 'critic')})"
                             + ("; all its weights are trained (LoRA adapts the policy only)" if lora else ""))
@@ -164,6 +171,31 @@ def build_plan(resolved: ResolvedConfig) -> RunPlan:
                    sampled_mask="response_mask" if episodes is None else "loss_mask")
     plan.warnings.extend(_inert_choices(resolved, plan))
     return plan
+
+
+TARGET_NEEDS = {"reference": "teacher", "logits": "teacher_logits"}
+"""What the KL estimator's needs become under ``kl.target=teacher``: its ``ref_logp`` input is
+the teacher's log-probs of the sampled tokens (the ``teacher_logp`` pass), its ``ref_logits``
+the teacher's logits (a teacher forward in each update micro-batch)."""
+
+
+def _target_needs(needs: frozenset[str]) -> set[str]:
+    """The KL estimator's ``needs`` with the teacher in place of the reference (:data:`TARGET_NEEDS`)."""
+    return {TARGET_NEEDS.get(need, need) for need in needs}
+
+
+def _teacher_readers(resolved: ResolvedConfig, acting: list[Any], need: str = "") -> str:
+    """Who reads the teacher (for ``need``: ``teacher`` log-probs or ``teacher_logits``; both when
+    empty): the components whose inputs name it, and the KL estimator when ``kl.target=teacher``."""
+    readers = [_names(acting, "teacher")] if need in ("", "teacher") else []
+    cfg = resolved.cfg
+    if float(cfg.kl.coef) > 0 and cfg.kl.target == "teacher":
+        estimator = resolved.components["kl.estimator"]
+        kl_needs = _target_needs(estimator.needs)
+        if (need in kl_needs) if need else bool(kl_needs & {"teacher", "teacher_logits"}):
+            inputs = "ref_logits" if "teacher_logits" in kl_needs else "ref_logp"
+            readers.append(f"kl_estimator {estimator.name} via its input {inputs} (kl.target=teacher)")
+    return ", ".join(r for r in readers if r)
 
 
 def _lora_plan(cfg: Any) -> LoraPlan | None:
@@ -249,11 +281,12 @@ def _check_consistency(resolved: ResolvedConfig, needs: set[str], kl_on: bool, w
                           f"(it registers so); loss_agg is {comps['loss_agg'].name} (from {source}): set "
                           f"loss_agg={required}")
     _check_reward_inputs(resolved, kl_on)
-    if "teacher" in needs:
+    if "teacher" in needs or "teacher_logits" in needs:
         teacher = cfg.teacher.path
         if not teacher:
-            raise ConfigError(f"{_names(acting, 'teacher')} distil(s) from a teacher model: set teacher.path to a "
-                              "local model directory (written by save_pretrained; its tokenizer must be the policy's)")
+            raise ConfigError(f"{_teacher_readers(resolved, acting)} distil(s) from a teacher model: set "
+                              "teacher.path to a local model directory (written by save_pretrained; its tokenizer "
+                              "must be the policy's)")
         if not (Path(str(teacher)) / "config.json").is_file():
             raise ConfigError(f"teacher.path {str(teacher)!r} is not a local model directory (no config.json); "
                               "rlzoo never downloads models")
@@ -317,7 +350,7 @@ def _inert_choices(resolved: ResolvedConfig, plan: RunPlan) -> list[str]:
             f"exactly 1, so {loss.name}'s clip ranges and caps never act (ppo_clip, cispo and vanilla_pg give "
             "identical updates); raise trainer.num_mini_batches or trainer.update_epochs for off-policy steps")
     if plan.kl is None:
-        set_by_user = [key for key in ("kl.estimator.name", "kl.controller.name", "kl.apply")
+        set_by_user = [key for key in ("kl.estimator.name", "kl.controller.name", "kl.apply", "kl.target")
                        if resolved.sources.get(key) == "command line"]
         if set_by_user:
             warnings.append(f"kl.coef=0: KL is off, so {', '.join(k.removesuffix('.name') for k in set_by_user)} "
@@ -336,9 +369,9 @@ def _inert_choices(resolved: ResolvedConfig, plan: RunPlan) -> list[str]:
         warnings.append(f"advantage {advantage.name} normalises each of several reward functions separately; with "
                         f"one ({resolved.rewards[0][0].name}) that is a group normalisation followed by a batch "
                         "whitening: list the reward functions with reward=[{name: a, weight: 1.0}, ...]")
-    if cfg.teacher.path and "teacher" not in plan.needs:
+    if cfg.teacher.path and "teacher" not in plan.models:
         warnings.append(f"teacher.path is set but no component reads the teacher (teacher_logp): {cfg.teacher.path} "
-                        "is not loaded; distil with advantage=opd")
+                        "is not loaded; distil with advantage=opd or kl.target=teacher (with kl.coef > 0)")
     if plan.lora is None:
         set_lora = [key for key in ("model.lora.alpha", "model.lora.dropout", "model.lora.target_modules")
                     if resolved.sources.get(key) == "command line"]

@@ -13,7 +13,7 @@ from typing import Any
 
 @dataclass(frozen=True)
 class KLPlan:
-    """Where KL to the reference acts.
+    """Where KL to the reference (or the teacher) acts.
 
     :ivar placement: ``"reward"`` (β·KL_t subtracted from the token rewards) or ``"loss"``
         (β·agg(KL) added to the policy loss).
@@ -22,6 +22,9 @@ class KLPlan:
     :ivar coef: the initial β.
     :ivar uses_logits: the estimator reads full-vocabulary logits (computed in the update).
     :ivar controller_updates: the controller is fed the batch's KL every step.
+    :ivar target: what the KL pulls towards (``kl.target``): ``"reference"``, the frozen initial
+        policy, or ``"teacher"``, the model at ``teacher.path`` (on-policy distillation: the
+        estimator's ``ref_logp`` / ``ref_logits`` are the teacher's).
     """
 
     placement: str
@@ -30,6 +33,7 @@ class KLPlan:
     coef: float
     uses_logits: bool
     controller_updates: bool
+    target: str = "reference"
 
 
 @dataclass(frozen=True)
@@ -247,7 +251,7 @@ class RunPlan:
             "kl": None if self.kl is None else {
                 "placement": self.kl.placement, "estimator": self.kl.estimator,
                 "controller": self.kl.controller, "coef": self.kl.coef,
-                "controller_updates": self.kl.controller_updates},
+                "controller_updates": self.kl.controller_updates, "target": self.kl.target},
             "aggregation": {term: f"{mode} over {self.masks[term]}" for term, mode in self.aggregation.items()},
             "update": {
                 "sequences_per_step": self.update.sequences, "per_process": self.update.sequences_per_process,
@@ -300,7 +304,9 @@ class RunPlan:
             k = self.kl
             where = ("in the reward: r_t -= beta * KL_t" if k.placement == "reward"
                      else f"as a loss term: loss += beta * {self.aggregation['kl']}(KL)")
-            lines.append(f"kl: {k.estimator} {where}; beta {k.coef} ({k.controller}"
+            towards = (" towards the teacher (kl.target=teacher: its log-probs/logits replace the reference's)"
+                       if k.target == "teacher" else "")
+            lines.append(f"kl: {k.estimator}{towards} {where}; beta {k.coef} ({k.controller}"
                          f"{', updated each step' if k.controller_updates else ''}); "
                          "kl/value logs nats per token")
         lines.append("aggregation:")

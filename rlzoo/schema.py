@@ -64,6 +64,7 @@ class KLConfig:
     estimator: Any = MISSING
     apply: str = MISSING
     controller: Any = MISSING
+    target: str = MISSING
 
 
 @dataclass
@@ -215,7 +216,7 @@ ADDED_KEYS: dict[str, Any] = {
     "model.lora.target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
     "rollout.staleness": 0, "model.system_prompt": None, "eval.at_start": False, "answer_format": "plain",
     "rm.data": None, "rm.steps": 200, "rm.batch_size": 32, "rm.eval_fraction": 0.1, "rm.eval_every": 50,
-    "rm.chat_template": None, "rm.task_pairs": 2000,
+    "rm.chat_template": None, "rm.task_pairs": 2000, "kl.target": "reference",
     "env": None, "rollout.max_turns": 4, "rollout.max_turn_tokens": 16,
 }
 """Keys added after a run may have been saved -> the value such a run ran with (a resumed run
@@ -226,6 +227,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "model.dtype": ("float32", "bfloat16"),
     "rollout.dtype": (None, "float32", "bfloat16", "float16"),
     "kl.apply": ("loss", "reward"),
+    "kl.target": ("reference", "teacher"),
     "trainer.lr_schedule": ("constant", "linear", "cosine"),
     "trainer.device": ("cpu", "cuda", "auto"),
     "trainer.precision": ("fp32", "bf16"),

@@ -38,11 +38,15 @@ class StopRequest:
     signals cannot be caught) it does nothing.
 
     :param announce: print the notice (rank 0 only, under torchrun).
+    :ivar exiting: set when the run is ending with an error under torchrun: SIGTERM stays
+        ignored after the exit too, as after a stop (torchrun sends it to every rank once
+        the first one exits, while the others are still writing their error and status).
     """
 
     def __init__(self, announce: bool) -> None:
         self.announce = announce
         self.requested = False
+        self.exiting = False
         self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> "StopRequest":
@@ -55,7 +59,8 @@ class StopRequest:
 
     def __exit__(self, *exc: Any) -> None:
         for sig, handler in self._previous.items():
-            signal.signal(sig, signal.SIG_IGN if self.requested and sig == signal.SIGTERM else handler)
+            keep_ignored = (self.requested or self.exiting) and sig == signal.SIGTERM
+            signal.signal(sig, signal.SIG_IGN if keep_ignored else handler)
         self._previous = {}
 
     def _handle(self, signum: int, frame: Any) -> None:

@@ -99,7 +99,7 @@ def inert_prefixes(plan: RunPlan) -> tuple[str, ...]:
     off (``kl.coef`` itself stays), the critic's when there is no critic."""
     prefixes: list[str] = []
     if plan.kl is None:
-        prefixes += ["kl.estimator", "kl.apply", "kl.controller"]
+        prefixes += ["kl.estimator", "kl.apply", "kl.controller", "kl.target"]
     if "critic" not in plan.models:
         prefixes += ["value_loss", "trainer.critic_lr"]
     return tuple(prefixes)

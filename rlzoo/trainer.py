@@ -130,7 +130,8 @@ class Trainer:
         self.ctx.step = self.step
         self.ctx.metrics, self.ctx.counts = {}, {}
         start = time.perf_counter()
-        batch, staleness = self.queue.next(self.step, int(self.cfg.trainer.total_steps), self._produce)
+        with distributed.failing_together(self.dist):  # a reward or rollout failing on one rank stops them all
+            batch, staleness = self.queue.next(self.step, int(self.cfg.trainer.total_steps), self._produce)
         batch = batch.to(self.device)
         rollout_s = time.perf_counter() - start
         if self.plan.record:
@@ -176,12 +177,17 @@ class Trainer:
         return metrics
 
     def _check_weights(self) -> None:
-        """:raises TrainingError: the update left a NaN or inf weight (on any rank)."""
+        """:raises TrainingError: the update left a NaN or inf weight, or a rank's learner
+        found a non-finite value the gradient check let through (on any rank: one all-reduce)."""
         trained = {"policy": self.models.policy, "critic": self.models.critic}
         bad = first_non_finite({name: model for name, model in trained.items() if model is not None})
-        if distributed.all_reduce_floats({"bad": float(bad is not None)}, self.dist, "max")["bad"]:
-            raise TrainingError(f"non-finite weights after the update of step {self.step} ({bad or 'on another rank'})"
-                                "; the run stopped before any checkpoint of this step, the newest one stays resumable")
+        failure = self.learner.failure or (f"non-finite weights after the update of step {self.step} ({bad})"
+                                           if bad is not None else None)
+        if not self.dist.enabled and failure is not None:
+            raise TrainingError(f"{failure}; the run stopped before any checkpoint of this step, the newest one stays "
+                                "resumable")
+        if distributed.all_reduce_floats({"bad": float(failure is not None)}, self.dist, "max")["bad"]:
+            distributed.raise_failures(failure, self.dist)
 
     # ---------------------------------------------------------------- checkpoints
 
@@ -259,18 +265,18 @@ class Trainer:
                 last = self.step == cfg.trainer.total_steps
                 if self.evaluator is not None and self.evaluator.due(self.step, last):
                     metrics.update(self.evaluator.run(self.step))
-                    if tracker is not None:
-                        tracker.log_samples(self.step, self.evaluator.samples, tag="eval_samples")
-                self.pm.hook.rlzoo_step_end(step=self.step, metrics=metrics, ctx=self.ctx)
-                if tracker is not None:
-                    on_grid = self.step % cfg.logging.log_every == 0 or last
-                    tracker.log_scalars(self.step, metrics if on_grid else eval_only(metrics))
-                if tracker is not None and cfg.logging.sample_every and self.step % cfg.logging.sample_every == 0:
-                    tracker.log_samples(self.step, self.last_samples)
-                if progress is not None:
-                    progress.update(self.step, metrics)
-                if self.dist.enabled:  # every rank stops at the same step (signals reach them apart)
-                    flag = distributed.all_reduce_floats({"stop": float(stop.requested)}, self.dist, "max")
+                failure = None
+                try:
+                    self._step_end(metrics, tracker, progress, last)
+                except Exception as exc:  # noqa: BLE001 - under torchrun the ranks agree on it below
+                    if not self.dist.enabled:
+                        raise
+                    failure = exc
+                if self.dist.enabled:  # every rank stops at the same step (signals reach them apart), or fails
+                    flag = distributed.all_reduce_floats({"stop": float(stop.requested),
+                                                          "failed": float(failure is not None)}, self.dist, "max")
+                    if flag["failed"]:
+                        distributed.raise_failures(failure, self.dist)
                     stop.requested = flag["stop"] > 0
                 every = cfg.checkpoint.every
                 if stop.requested or (every and self.step % every == 0) or last:
@@ -284,6 +290,7 @@ class Trainer:
                 status = "completed"
         except BaseException:
             failing = True  # its error is what the user sees, not a status file that failed too
+            stop.exiting = self.dist.enabled  # torchrun SIGTERMs the other ranks when one exits: finish exiting
             raise
         finally:
             if progress is not None:
@@ -301,6 +308,21 @@ class Trainer:
             print(summary_line(self.run_dir.path), flush=True)
             print(next_steps(self.run_dir.path, self.step), flush=True)
         return metrics
+
+    def _step_end(self, metrics: dict[str, float], tracker: Tracker | None, progress: Progress | None,
+                  last: bool) -> None:
+        """After a step: ``rlzoo_step_end`` and, on rank 0, the logs and the progress bar."""
+        cfg = self.cfg
+        if tracker is not None and self.evaluator is not None and self.evaluator.due(self.step, last):
+            tracker.log_samples(self.step, self.evaluator.samples, tag="eval_samples")
+        self.pm.hook.rlzoo_step_end(step=self.step, metrics=metrics, ctx=self.ctx)
+        if tracker is not None:
+            on_grid = self.step % cfg.logging.log_every == 0 or last
+            tracker.log_scalars(self.step, metrics if on_grid else eval_only(metrics))
+        if tracker is not None and cfg.logging.sample_every and self.step % cfg.logging.sample_every == 0:
+            tracker.log_samples(self.step, self.last_samples)
+        if progress is not None:
+            progress.update(self.step, metrics)
 
     def close(self) -> None:
         """Unregister the run's extensions and release the run directory (idempotent)."""

@@ -209,3 +209,85 @@ def test_a_killed_rank_ends_the_job_with_the_rank_named(tmp_path: Path) -> None:
     assert elapsed < 60
     assert "rank" in err and "SIGKILL" in err, err[-3000:]
     assert f"pid: {victim}" in err or f"PID {victim}" in err, err[-3000:]
+
+
+FAULT_PLUGIN = '''
+import atexit, math, os, time
+from pathlib import Path
+from rlzoo import hookimpl
+from rlzoo.errors import TrainingError
+
+if os.environ.get("RANK") == "0":
+    atexit.register(lambda: Path(os.environ["RLZOO_TEST_FIRED"] + ".rank0").write_text(str(time.time())))
+elif os.environ.get("RLZOO_TEST_LINGER"):  # rank 1 keeps its connections open after its error, as a peer
+    atexit.register(time.sleep, float(os.environ["RLZOO_TEST_LINGER"]))  # that NCCL does not see leave
+
+CALLS = {}
+
+def _fire(kind):
+    """True on rank 1 the second time (step 2) when the test asked for a fault of ``kind``
+    (step 1 runs the agreements with nothing to agree on); records when it fired."""
+    if os.environ.get("RANK") != "1" or os.environ.get("RLZOO_TEST_FAULT") != kind:
+        return False
+    CALLS[kind] = CALLS.get(kind, 0) + 1
+    if CALLS[kind] != 2:
+        return False
+    Path(os.environ["RLZOO_TEST_FIRED"]).write_text(str(time.time()))
+    return True
+
+def nan_on_rank_1(prompts, completions, references):
+    return [math.nan if _fire("reward") else 0.5] * len(completions)
+
+@hookimpl
+def rlzoo_register_reward_functions(register):
+    register("nan_on_rank_1", nan_on_rank_1)
+
+@hookimpl
+def rlzoo_before_update(batch, ctx):
+    if _fire("advantage"):
+        batch.advantages[0, 0] = math.nan
+
+@hookimpl
+def rlzoo_step_end(step, metrics, ctx):
+    if _fire("step_end"):
+        raise TrainingError("step_end plugin failed on purpose")
+'''
+
+
+@pytest.mark.parametrize("fault, what", [
+    ("reward", "reward function 'nan_on_rank_1' returned nan (non-finite)"),  # rollout and scoring
+    ("advantage", "non-finite value in policy loss (component 'ppo_clip')"),  # the update (DDP's all-reduce)
+    ("step_end", "step_end plugin failed on purpose"),                       # after the update
+])
+def test_a_failure_on_one_rank_stops_every_rank_at_once_with_the_rank_named(tmp_path: Path, fault: str,
+                                                                             what: str) -> None:
+    """A NaN (or an error) on rank 1 only, in step 2: rank 0 must not wait in a collective for
+    distributed.timeout_s=300 nor be killed by torchrun: both ranks raise the same one line
+    naming rank 1 and what failed, both exit 2, the step-0 checkpoint stays intact. With the
+    NaN reward, rank 1 also lingers 90 s after its error with its connections open (as NCCL
+    does not notice a peer leave; gloo does at once): rank 0 still ends within seconds."""
+    from rlzoo.checkpoint import list_checkpoints, verify_checkpoint
+
+    (tmp_path / "rlzoo_test_rank_fault.py").write_text(FAULT_PLUGIN)
+    fired, run_dir = tmp_path / "fired", tmp_path / "run"
+    env = {**_env(), "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+           "RLZOO_TEST_FAULT": fault, "RLZOO_TEST_FIRED": str(fired), "RLZOO_TEST_LINGER": "90" * (fault == "reward")}
+    reward = ["reward=nan_on_rank_1"] if fault == "reward" else []
+    proc = subprocess.run([*TORCHRUN, "-m", "rlzoo", "train", *COMMON, "model.num_layers=1", "trainer.threads=1",
+                           "plugins=[rlzoo_test_rank_fault]", *reward, "trainer.total_steps=3", "checkpoint.every=0",
+                           f"run_dir={run_dir}", "distributed.timeout_s=300"],
+                          capture_output=True, text=True, env=env, timeout=600)
+    ended = time.time()
+    assert proc.returncode != 0 and fired.exists(), proc.stderr[-3000:]
+    rank0_ended = float(Path(f"{fired}.rank0").read_text())
+    assert rank0_ended - float(fired.read_text()) < 60, proc.stderr[-3000:]  # not distributed.timeout_s
+    assert ended - float(fired.read_text()) < 90, proc.stderr[-3000:]        # (+30 s: torchrun kills a lingerer)
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("rlzoo: error: ")]
+    assert len(lines) == 2 and lines[0] == lines[1], proc.stderr[-3000:]  # rank 0 says what rank 1 says
+    assert lines[0].startswith(f"rlzoo: error: rank 1 of 2 failed: {what}") and "every rank stopped" in lines[0]
+    assert "a collective failed" not in proc.stderr and "[rank0]" not in proc.stderr, proc.stderr[-3000:]
+    assert proc.stderr.count("exitcode  : 2 ") == 2 - (fault == "reward"), proc.stderr[-3000:]  # rank 0 not killed
+    assert json.loads((run_dir / "status.json").read_text()) | {"time": 0} == {
+        "status": "failed", "step": 2, "total_steps": 3, "time": 0}
+    (step, newest), = list_checkpoints(run_dir)
+    assert step == 0 and verify_checkpoint(newest) is None

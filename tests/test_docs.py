@@ -63,10 +63,6 @@ NOT_CHECKED: dict[str, str] = {
         "needs the checkpoint the training above it writes (teacher.path is checked at load)",
     "rlzoo train resume=runs/r trainer.lr=0.01 algo=ppo": "an error example; needs a run in runs/r",
     "rlzoo compare runs/algos --threshold 0.5": "needs the sweep above it to have run",
-    "rlzoo sweep --name staleness --jobs 2 rollout.staleness=0,1,2,4,8 "
-    "'rollout_correction=none,tis,icepop,seq_is_mask,opmask,[rejection,tis]' seed=0,1,2 "
-    "trainer.num_mini_batches=2 trainer.total_steps=400 trainer.threads=1":
-        "90 runs, about an hour on 2 cores (tests/test_sweep_compare.py runs a small sweep)",
     "rlzoo compare runs/staleness --x rollout.staleness": "needs the staleness sweep above it to have run",
     "rlzoo train model.path=$GGUF task=arithmetic reward=numeric_match rollout.prompts_per_step=2 rollout.n=4 "
     "rollout.max_new_tokens=32 trainer.total_steps=2 eval.size=8 trainer.threads=1 run_dir=runs/smollm2":

@@ -438,3 +438,51 @@ def test_masked_whiten_is_verls_formula_eps_inside_the_root() -> None:
     out = masked_whiten(values, mask)
     assert torch.allclose(out[0, :3], expected, atol=1e-12) and out[0, 3] == 0
     assert not torch.allclose(out[0, :3], (valid - mean) / (var.sqrt() + 1e-8), atol=1e-3)
+
+
+# ------------------------------------------------------------------ one rank failing alone (rlzoo.distributed)
+
+
+def test_the_failure_line_names_each_failed_rank_and_what_failed() -> None:
+    from rlzoo.distributed import ranks_failed_message
+
+    one = ranks_failed_message([None, "reward function 'r' returned nan (non-finite)"])
+    assert one.startswith("rank 1 of 2 failed: reward function 'r' returned nan (non-finite); every rank stopped")
+    assert "the newest one stays resumable" in one
+    two = ranks_failed_message(["a", None, "b"])
+    assert two.startswith("ranks 0, 2 of 3 failed: rank 0: a; rank 2: b; every rank stopped")
+    assert ranks_failed_message(["same", "same"]).startswith("same, on every rank; every rank stopped")
+    nobody = ranks_failed_message([None, None], fallback="non-finite value in policy gradient (component 'x')")
+    assert nobody.startswith("non-finite value in policy gradient (component 'x') on every rank; every rank stopped")
+
+
+def test_failure_text_is_the_message_of_an_rlzoo_error_and_type_and_message_of_a_bug() -> None:
+    from rlzoo.distributed import failure_text
+    from rlzoo.errors import TrainingError
+
+    assert failure_text(TrainingError("reward function 'r' raised\nmore")) == "reward function 'r' raised"
+    assert failure_text(ValueError("bad shape")) == "ValueError: bad shape"
+    assert failure_text(KeyError()) == "KeyError"
+
+
+def test_in_one_process_a_failure_raises_unchanged_and_no_collective_runs() -> None:
+    from rlzoo.distributed import SINGLE, failing_together
+    from rlzoo.errors import TrainingError
+
+    with pytest.raises(TrainingError, match="^as it was$"):
+        with failing_together(SINGLE):
+            raise TrainingError("as it was")
+    with failing_together(SINGLE):  # nothing failed: nothing happens (no process group exists here)
+        pass
+
+
+def test_a_gloo_error_from_ddps_backward_is_recognised_as_a_collective_failure(monkeypatch) -> None:
+    from rlzoo.distributed import check_collective_failure
+    from rlzoo.errors import TrainingError
+
+    error = RuntimeError("[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(TrainingError, match="rank 0: a collective failed"):
+        check_collective_failure(error)
+    check_collective_failure(RuntimeError("shape mismatch"))  # this process's own error: left as it is

@@ -240,7 +240,7 @@ def test_the_engine_reads_precision_correction_and_recording_from_the_plan(tmp_p
 
 PLAN_DECIDED_KEYS = (
     "trainer.precision", "trainer.old_logp", "rollout.record", "rollout_correction",
-    "loss_agg", "kl.coef", "kl.apply", "kl.estimator",
+    "loss_agg", "kl.coef", "kl.apply", "kl.estimator", "kl.target",
     "kl.controller", "trainer.update_epochs", "trainer.num_mini_batches", "trainer.micro_batch_size",
     "rollout.temperature", "rollout.top_p", "rollout.n", "rollout.max_new_tokens", "rollout.prompts_per_step",
     "rollout.dtype", "rollout.backend", "rollout.staleness", "launcher.nproc", "model.lora.rank", "model.lora.alpha",
