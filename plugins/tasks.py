@@ -137,6 +137,35 @@ class Countdown(Task):
         return "".join(str(x) + rng.choice("+-*") for x in numbers[:-1]) + str(numbers[-1])
 
 
+@dataclass
+class MultiplyParams:
+    digits: int = 2
+    """Digits of each operand (1..6): operands are drawn from [10^(digits-1), 10^digits - 1]."""
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.digits <= 6:
+            raise ValueError(f"digits must be in [1, 6], got {self.digits}")
+
+
+class Multiply(Task):
+    """``"37*48="`` → ``"1776"``: multi-digit multiplication, the task of the ``calculator``
+    environment (its alphabet holds the calculator's compact call format, ``=`` and ``;``)."""
+
+    alphabet = DIGITS + "+-*=;"
+
+    def __init__(self, params: MultiplyParams) -> None:
+        self.digits = params.digits
+        self.max_new_tokens = 2 * params.digits + 1
+
+    def sample(self, n: int, rng: random.Random) -> list[Example]:
+        low, high = 10 ** (self.digits - 1), 10 ** self.digits - 1
+        out = []
+        for _ in range(n):
+            a, b = rng.randint(low, high), rng.randint(low, high)
+            out.append(Example(prompt=f"{a}*{b}=", reference=str(a * b)))
+        return out
+
+
 def eval_expression(expr: str) -> Optional[int]:
     """Value of an expression of non-negative integers with ``+ - *`` (usual precedence),
     or ``None`` if it is not one. No ``eval``."""
@@ -193,6 +222,8 @@ def rlzoo_register_tasks(register) -> None:
     register("countdown", Countdown, params=CountdownParams, reward="countdown",
              description="reach the target with + - * over the given numbers",
              paper="TinyZero countdown")
+    register("multiply", Multiply, params=MultiplyParams, reward="exact_match",
+             description="multi-digit multiplication (the calculator environment's task); exact-match reward")
     register("file", _file_task, params=FileTaskParams, reward="exact_match",
              description="prompts (text or chat messages) + reference answers from a JSONL/Parquet file or a "
                          "datasets directory, in shuffled epochs")

@@ -35,7 +35,7 @@ def _pad_to(t: torch.Tensor, width: int, value: float, left: bool) -> torch.Tens
     return torch.cat([pad, t], 1) if left else torch.cat([t, pad], 1)
 
 
-UNPADDED = ("reward_scores",)
+UNPADDED = ("reward_scores", "episode_counts")
 """2-D fields whose second dimension is not a token position (never padded by concat)."""
 
 
@@ -56,6 +56,13 @@ class RolloutBatch:
     weighted sum; :mod:`rlzoo.scoring`). ``correction_weights`` ``(B, T)`` are the product of
     the rollout corrections computed over the whole batch before the update
     (:mod:`rlzoo.correcting`), ``None`` without any.
+
+    A multi-turn batch (``env`` set; :mod:`rlzoo.episodes`) holds one episode per row:
+    ``response_mask`` covers every token after the prompt (policy and environment, all
+    attended), ``loss_mask`` only the policy's tokens, ``rollout_logp`` is 0 on environment
+    tokens, ``completions`` are the final answers the rewards scored, ``transcripts`` the
+    whole episodes as text and ``episode_counts`` ``(B, K)`` their statistics
+    (:data:`rlzoo.episodes.COUNT_COLUMNS`). Single-turn batches leave the last two ``None``.
 
     Lifecycle hooks change a batch in place (:meth:`keep`, :meth:`extend`,
     :meth:`copy_from`), so the next hook and the engine see the result.
@@ -87,6 +94,8 @@ class RolloutBatch:
     reward_scores: torch.Tensor | None = None
     teacher_logp: torch.Tensor | None = None
     correction_weights: torch.Tensor | None = None
+    episode_counts: torch.Tensor | None = None
+    transcripts: list[str] | None = None
 
     def __post_init__(self) -> None:
         if self.loss_mask is None:
@@ -149,6 +158,8 @@ class RolloutBatch:
             items = [getattr(b, f.name) for b in batches]
             if all(v is None for v in items):
                 values[f.name] = None
+            elif any(v is None for v in items) and f.name == "transcripts":
+                raise ValueError("cannot concatenate batches: transcripts is set in only some")
             elif isinstance(items[0], list):
                 values[f.name] = [x for item in items for x in item]
             elif any(v is None for v in items):

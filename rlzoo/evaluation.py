@@ -114,18 +114,14 @@ class Evaluator:
     def _generate(self, examples: list[Example], samples: int) -> tuple[list[float], list[str]]:
         """Scores and completions of ``samples`` completions per example (one greedy one
         when 0), example-major, in calls of at most ``self.sequences`` sequences."""
-        sampler, rollout = self.sampler, self.rollout
+        sampler = self.sampler
         per_example = max(1, samples)
         per_call = max(1, self.sequences // per_example)
         scores: list[float] = []
         completions: list[str] = []
         for start in range(0, len(examples), per_call):
             part = examples[start:start + per_call]
-            gen = sampler.backend.generate(sampler.encode_prompts(part),
-                                           num_samples=per_example, max_new_tokens=rollout.max_new_tokens,
-                                           temperature=rollout.temperature, top_p=rollout.top_p,
-                                           greedy=samples == 0)
-            texts = sampler.decode(gen.response_ids, gen.response_mask)
+            texts = sampler.complete(part, per_example, greedy=samples == 0)
             repeat = lambda items: [x for x in items for _ in range(per_example)]  # noqa: E731
             scores += sampler.score(repeat([e.prompt for e in part]), texts, repeat([e.reference for e in part]),
                                     repeat([dict(e.row) for e in part])).tolist()

@@ -21,7 +21,7 @@ from rlzoo.resolved import ResolvedConfig
 from rlzoo.presets import Preset, load_preset
 from rlzoo.registry import Registry
 
-SECTIONS = ("algo", "seed", "task", "reward", "model.path", "rollout", "rollout_correction", "advantage",
+SECTIONS = ("algo", "seed", "task", "reward", "model.path", "rollout", "env", "rollout_correction", "advantage",
             "policy_loss", "loss_agg", "value_loss", "kl", "trainer", "extensions", "eval")
 """The config keys (and subtrees) that define what a run does algorithmically."""
 

@@ -253,6 +253,23 @@ def rlzoo_register_tasks(register: Register) -> None:
 
 
 @hookspec
+def rlzoo_register_environments(register: Register) -> None:
+    """Register environments (kind ``environment``, config key ``env``): the other side of
+    multi-turn episodes (docs/agents.md).
+
+    :param register: call ``register(name, factory, params=..., ...)``. The engine builds
+        ``factory(params=..., **inputs)`` once per episode, with the inputs it names from
+        ``INPUTS["environment"]`` (``tools``: every registered tool by name; ``tool_style``: the
+        tool-call format of the run's rendering, ``hermes`` or ``plain``), and gets an
+        :class:`rlzoo.environments.Environment`: ``reset(example) -> list[message]`` (the first
+        messages), ``step(completion) -> rlzoo.environments.StepResult`` (observations, a
+        per-turn reward or ``None``, ``done``, tool-call counts) and ``tools`` (the tools whose
+        schemas the chat template shows). The engine owns tokens and masks: environment
+        tokens never enter a loss.
+    """
+
+
+@hookspec
 def rlzoo_register_rollout_backends(register: Register) -> None:
     """Register rollout backends (kind ``rollout``, config key ``rollout.backend``).
 

@@ -206,6 +206,17 @@ KINDS: dict[str, Kind] = {kind.name: kind for kind in (
         docs='docs/tasks.md', tested_in='rlzoo.testing',
         inputs={}),
     Kind(
+        name='environment', hook='rlzoo_register_environments', title='Environments (multi-turn)',
+        config_path='env', output=None,
+        docs='docs/agents.md', tested_in='rlzoo.testing',
+        inputs={
+            "tools": Input(None, "dict[str, rlzoo.tools.Tool]: every registered tool (kind tool) by name; an "
+                                 "environment offers the ones its parameters name"),
+            "tool_style": Input(None, "str: the tool-call format the run's rendering teaches, for "
+                                      "rlzoo.tools.parse_tool_calls: 'hermes' (a chat template with <tool_call>) "
+                                      "or 'plain' (no chat template, or one without that tool format)"),
+        }),
+    Kind(
         name='rollout', hook='rlzoo_register_rollout_backends', title='Rollout backends',
         config_path='rollout.backend', output=None,
         docs='docs/design.md', tested_in='tests/test_engine_units.py (log-probs of the sampled tokens, masks, sync)',

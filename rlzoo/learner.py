@@ -230,17 +230,18 @@ class Learner:
                                               for rows in self._micro_rows(len(batch))])
         with distributed.batch_statistics(self.dist.enabled):
             if plan.runs("old_logp"):
-                found = mismatch_metrics(batch.old_logp, batch.rollout_logp, batch.response_mask)
+                sampled = getattr(batch, plan.sampled_mask)
+                found = mismatch_metrics(batch.old_logp, batch.rollout_logp, sampled)
                 metrics["rollout/mismatch_k3"] = float(found["mismatch_k3"])
                 metrics.update({"rollout/max_abs_log_ratio": distributed.all_reduce_floats(
                     {"m": float(found["max_abs_log_ratio"])}, self.dist, "max")["m"]})
                 metrics.update({f"rollout/{key}": float(value) for key, value in
-                                offpolicy_metrics(batch.old_logp, batch.rollout_logp, batch.response_mask).items()})
+                                offpolicy_metrics(batch.old_logp, batch.rollout_logp, sampled).items()})
             self._advantages(batch, metrics)
         return metrics
 
     def _advantages(self, batch: RolloutBatch, metrics: dict[str, float]) -> None:
-        mask = batch.response_mask
+        mask = getattr(batch, self.plan.sampled_mask)  # an episode's environment tokens are not sampled
         has_tokens = batch.response_lengths > 0
         last = (batch.response_lengths.long() - 1).clamp(min=0)
         token_rewards = torch.zeros_like(mask)

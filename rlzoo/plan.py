@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from rlzoo import distributed
+from rlzoo.episodeplan import episode_plan
 from rlzoo.errors import ConfigError
 from rlzoo.kinds import KINDS
 from rlzoo.planrecords import CorrectionStep, KLPlan, LoraPlan, RolloutPlan, RunPlan, UpdatePlan
@@ -82,6 +83,7 @@ def build_plan(resolved: ResolvedConfig) -> RunPlan:
         needs |= comps["value_loss"].needs
     _check_consistency(resolved, needs, kl_on, world)
     _check_async(resolved, world)
+    episodes = episode_plan(resolved, needs, kl_on)
 
     lora = _lora_plan(cfg)
     models = {"policy": "trained" if lora is None else f"base weights frozen, rank-{lora.rank} LoRA adapters trained"}
@@ -170,7 +172,8 @@ def build_plan(resolved: ResolvedConfig) -> RunPlan:
                                        queue_size=int(cfg.rollout.queue_size)),
                    corrections=_correction_steps(resolved), bypass=bypass, record=bool(cfg.rollout.record),
                    correction_in_loss="correction_weights" in comps["policy_loss"].inputs,
-                   precision=str(cfg.trainer.precision), lora=lora)
+                   precision=str(cfg.trainer.precision), lora=lora, episodes=episodes,
+                   sampled_mask="response_mask" if episodes is None else "loss_mask")
     plan.warnings.extend(_inert_choices(resolved, plan))
     return plan
 
@@ -240,6 +243,9 @@ def _check_async(resolved: ResolvedConfig, world: int) -> None:
     if world > 1:
         raise ConfigError(f"rollout.mode=async runs one generator process beside one trainer; under torchrun "
                           f"({world} processes) it is not supported: use rollout.mode=sync (or launcher.nproc=1)")
+    if cfg.get("env") is not None:
+        raise ConfigError("rollout.mode=async with env (multi-turn episodes) is not supported yet (untested: the "
+                          "generator process has not been checked to play episodes): use rollout.mode=sync")
     if int(cfg.model.lora.rank):
         raise ConfigError("rollout.mode=async with model.lora.rank > 0 is not supported (the generator's copy of "
                           "the policy has no adapters): use rollout.mode=sync")

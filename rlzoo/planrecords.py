@@ -112,6 +112,31 @@ class RolloutPlan:
 
 
 @dataclass(frozen=True)
+class EpisodePlan:
+    """Multi-turn episodes with an environment (``env``; :mod:`rlzoo.episodes`).
+
+    :ivar env: the environment's name.
+    :ivar max_turns: policy turns per episode at most (``rollout.max_turns``).
+    :ivar max_turn_tokens: tokens per policy turn at most (``rollout.max_turn_tokens``).
+    """
+
+    env: str
+    max_turns: int
+    max_turn_tokens: int
+
+    def lines(self, max_tokens: int) -> list[str]:
+        """What an episode is, for ``plan.txt``."""
+        return [f"episodes: environment {self.env}; at most {self.max_turns} policy turns of at most "
+                f"{self.max_turn_tokens} tokens, {max_tokens} tokens per episode after the prompt (policy and "
+                "environment); an episode stopped by a bound is truncated",
+                "  masks: response_mask = every episode token (attended); loss_mask = the policy's sampled tokens "
+                "only: environment/tool tokens are in no loss, KL, entropy, aggregation count or advantage "
+                "statistic; response_length counts both",
+                "  score: the task's rewards on the final answer (the last policy turn) + the sum of the "
+                "environment's per-turn rewards"]
+
+
+@dataclass(frozen=True)
 class CorrectionStep:
     """One rollout correction of the run, in ``rollout_correction`` order.
 
@@ -179,6 +204,11 @@ class RunPlan:
     :ivar precision: ``trainer.precision``: ``fp32``, or ``bf16`` compute over float32 weights.
     :ivar lora: the policy's LoRA adapters (``model.lora.rank`` > 0), or ``None``: every
         weight is trained.
+    :ivar episodes: multi-turn episodes with an environment, or ``None`` (one completion per
+        sample).
+    :ivar sampled_mask: the batch mask of the tokens the policy sampled: ``response_mask``, or
+        ``loss_mask`` with episodes (environment tokens are in the response but not sampled).
+        The advantage estimator's ``response_mask`` and the rollout-mismatch metrics use it.
     :ivar warnings: choices that cannot act under this plan, in words.
     """
 
@@ -197,6 +227,8 @@ class RunPlan:
     record: bool = False
     precision: str = "fp32"
     lora: LoraPlan | None = None
+    episodes: EpisodePlan | None = None
+    sampled_mask: str = "response_mask"
     warnings: list[str] = field(default_factory=list)
 
     @property
@@ -251,6 +283,7 @@ class RunPlan:
             "old_logp": "rollout (bypass)" if self.bypass else ("pass" if "old_logp" in self.passes else "current"),
             "precision": self.precision,
             "lora": None if self.lora is None else dataclasses.asdict(self.lora),
+            **({} if self.episodes is None else {"episodes": dataclasses.asdict(self.episodes)}),
             "warnings": list(self.warnings),
         }
 
@@ -277,7 +310,8 @@ class RunPlan:
         lines += [f"  {name}: {why}" for name, why in self.models.items()]
         lines.append("passes each step:")
         r = self.rollout
-        lines.append(f"  rollout: {r.backend} backend, {u.sequences} sequences ({r.dtype}): {r.n} completions of "
+        samples = "completions" if self.episodes is None else "episodes"
+        lines.append(f"  rollout: {r.backend} backend, {u.sequences} sequences ({r.dtype}): {r.n} {samples} of "
                      f"at most {r.max_new_tokens} tokens per prompt, temperature {r.temperature:g}"
                      f"{f', top_p {r.top_p:g}' if r.top_p < 1 else ''}")
         if r.staleness:
@@ -286,6 +320,8 @@ class RunPlan:
         if r.mode == "async":
             lines += self._async_lines()
         lines += [f"  {name}: {why}" for name, why in self.passes.items()]
+        if self.episodes is not None:
+            lines += self.episodes.lines(r.max_new_tokens)
         if self.bypass:
             lines.append("old log-probs: the rollout's (trainer.old_logp=rollout, bypass): the importance ratio is "
                          "pi/mu and no old-log-prob pass runs")

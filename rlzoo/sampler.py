@@ -4,17 +4,20 @@
 prompts with the task's own seeded RNG, formats and tokenises each once, has the rollout
 backend generate ``rollout.n`` completions per prompt (with their rollout log-probs),
 decodes and scores them (:mod:`rlzoo.scoring`), and adds the greedy baseline when the plan runs one. It is public
-because extensions refill batches with it (``ctx.resample``).
+because extensions refill batches with it (``ctx.resample``). With an environment (``env``)
+each completion is a multi-turn episode (:mod:`rlzoo.episodes`), scored on its final answer.
 """
 
 from __future__ import annotations
 
 import random
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
 from rlzoo.batch import RolloutBatch
+from rlzoo.environments import Environment
+from rlzoo.episodes import EpisodeFormat, EpisodeLimits, episode_tensors, play, transcript
 from rlzoo.plan import RunPlan
 from rlzoo.prompts import PromptFormat
 from rlzoo.rollout import left_pad
@@ -35,11 +38,14 @@ class Sampler:
     :param device: where the batch's tensors go.
     :param seed: seeds the prompt RNG (a string makes each process's stream its own).
     :param prompt_format: instruction, system prompt and chat template (:mod:`rlzoo.prompts`).
+    :param environment: builds one environment per episode (the run's ``env``); ``None``
+        samples single completions.
     """
 
     def __init__(self, task: Task, rewards: Rewards, tokenizer: Any, backend: Any, cfg: Any,
                  plan: RunPlan, device: torch.device, seed: int | str,
-                 prompt_format: PromptFormat | None = None) -> None:
+                 prompt_format: PromptFormat | None = None,
+                 environment: Callable[[], Environment] | None = None) -> None:
         self.task, self.rewards, self.tokenizer, self.backend = task, rewards, tokenizer, backend
         self.prompt_format = prompt_format or PromptFormat.from_config(cfg)
         self.plan, self.device = plan, device
@@ -47,6 +53,8 @@ class Sampler:
         self.holdout = Holdout(float(cfg.eval.holdout))
         self.next_group = 0
         self.prompt_format.check(tokenizer)
+        self.environment = environment
+        self.episode_format = EpisodeFormat(tokenizer, self.prompt_format) if environment is not None else None
 
     def format_prompt(self, prompt: Example | str) -> str:
         """The prompt as the model sees it (:meth:`rlzoo.prompts.PromptFormat.render`)."""
@@ -63,6 +71,8 @@ class Sampler:
         examples = self.task.sample_train(n_prompts, self.rng, self.holdout)
         group_ids = torch.arange(self.next_group, self.next_group + n_prompts).repeat_interleave(rollout.n)
         self.next_group += n_prompts
+        if self.environment is not None:
+            return self._sample_episodes(examples, group_ids)
         texts = [e.prompt for e in examples]
         token_lists = self.encode_prompts(examples)
         gen = self.backend.generate(token_lists, num_samples=rollout.n, max_new_tokens=rollout.max_new_tokens,
@@ -88,6 +98,47 @@ class Sampler:
             group_ids=group_ids.to(device), scores=scores.to(device), truncated=gen.truncated.to(device),
             prompts=prompts, completions=completions, references=references,
             rollout_logp=gen.logp.to(device), baseline_scores=baseline, reward_scores=reward_scores.to(device))
+
+    def _sample_episodes(self, examples: list[Example], group_ids: torch.Tensor) -> RolloutBatch:
+        """``rollout.n`` episodes of each example, scored on their final answers plus the sum
+        of their per-turn rewards."""
+        rollout, n, fmt = self.plan.rollout, self.plan.rollout.n, self.episode_format
+        episodes = play(self.backend, fmt, self.environment, examples, n, self.limits,
+                        temperature=rollout.temperature, top_p=rollout.top_p)
+        prompts = [e.prompt for e in examples for _ in range(n)]
+        references = [e.reference for e in examples for _ in range(n)]
+        rows = [dict(e.row) for e in examples for _ in range(n)]
+        answers = [e.answer for e in episodes]
+        scores, reward_scores = self.rewards.score(prompts, answers, references, rows, training=True)
+        tensors = episode_tensors(episodes, self.tokenizer.pad_token_id)
+        scores = scores + tensors["episode_counts"][:, -1]  # the summed per-turn rewards
+        prompt_ids, prompt_mask = left_pad([e.prompt_ids for e in episodes], self.tokenizer.pad_token_id)
+        device = self.device
+        return RolloutBatch(
+            prompt_ids=prompt_ids.to(device), prompt_mask=prompt_mask.to(device), group_ids=group_ids.to(device),
+            scores=scores.to(device), prompts=prompts, completions=answers, references=references,
+            reward_scores=reward_scores.to(device), transcripts=[transcript(fmt, e) for e in episodes],
+            **{name: value.to(device) for name, value in tensors.items()})
+
+    @property
+    def limits(self) -> EpisodeLimits:
+        """The episode bounds of the plan."""
+        episodes = self.plan.episodes
+        return EpisodeLimits(max_turns=episodes.max_turns, max_turn_tokens=episodes.max_turn_tokens,
+                             max_tokens=self.plan.rollout.max_new_tokens)
+
+    def complete(self, examples: list[Example], num_samples: int, greedy: bool) -> list[str]:
+        """``num_samples`` completions of each example (example-major), as text: the
+        final answers of episodes with an environment. What evaluation scores."""
+        rollout = self.plan.rollout
+        if self.environment is not None:
+            return [e.answer for e in play(self.backend, self.episode_format, self.environment, examples,
+                                           num_samples, self.limits, temperature=rollout.temperature,
+                                           top_p=rollout.top_p, greedy=greedy)]
+        gen = self.backend.generate(self.encode_prompts(examples), num_samples=num_samples,
+                                    max_new_tokens=rollout.max_new_tokens, temperature=rollout.temperature,
+                                    top_p=rollout.top_p, greedy=greedy)
+        return self.decode(gen.response_ids, gen.response_mask)
 
     def decode(self, response_ids: torch.Tensor, response_mask: torch.Tensor) -> list[str]:
         """The completions' text (special tokens such as EOS dropped)."""

@@ -59,6 +59,8 @@ class RolloutConfig:
     max_staleness: int = MISSING
     stale_batches: str = MISSING
     queue_size: int = MISSING
+    max_turns: int = MISSING
+    max_turn_tokens: int = MISSING
 
 
 @dataclass
@@ -158,6 +160,7 @@ class RunConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     rollout_correction: Any = MISSING
+    env: Any = MISSING
     advantage: Any = MISSING
     policy_loss: Any = MISSING
     loss_agg: Any = MISSING
@@ -221,6 +224,7 @@ ADDED_KEYS: dict[str, Any] = {
     "rm.chat_template": None, "rm.task_pairs": 2000, "kl.target": "reference",
     "rollout.mode": "sync", "rollout.weight_sync_every": 1, "rollout.max_staleness": 2,
     "rollout.stale_batches": "drop", "rollout.queue_size": 1,
+    "env": None, "rollout.max_turns": 4, "rollout.max_turn_tokens": 16,
 }
 """Keys added after a run may have been saved -> the value such a run ran with (a resumed run
 whose ``config.yaml`` lacks one gets it, and that is no change)."""
@@ -255,6 +259,7 @@ POSITIVE: tuple[str, ...] = (
     "model.num_layers", "model.num_heads", "model.num_kv_heads", "logging.log_every",
     "checkpoint.keep", "distributed.timeout_s", "launcher.nproc", "rm.steps", "rm.batch_size", "rm.task_pairs",
     "rollout.weight_sync_every", "rollout.queue_size",
+    "rollout.max_turns", "rollout.max_turn_tokens",
 )
 NON_NEGATIVE: tuple[str, ...] = (
     "trainer.lr", "trainer.critic_lr", "trainer.weight_decay", "trainer.warmup_steps",

@@ -30,6 +30,9 @@ with a message naming the broken invariant:
 - tools (:func:`check_tool`, :mod:`rlzoo.tool_checks`) have a valid OpenAI function
   schema, answer schema-conforming arguments with an observation (never an exception), the
   same one twice, succeed on their registered ``examples`` and refuse bad arguments;
+- environments (:func:`check_environment`, :mod:`rlzoo.env_checks`) return chat messages and
+  well-formed step results, answer the same turns the same way, and keep an episode's
+  tokens right (policy tokens as sampled, environment tokens out of the loss mask);
 - presets (:func:`check_preset`) resolve into a run plan: every key and component they
   name exists and the combination is consistent.
 """
@@ -54,6 +57,8 @@ from rlzoo.params import build_params
 from rlzoo.plugins import load_registry
 from rlzoo.registry import Component, Registry
 from rlzoo.tasks import Example, Holdout
+from rlzoo.env_checks import check_environment
+from rlzoo.episodes import registered_tools
 from rlzoo.tool_checks import check_tool
 from rlzoo.tools import tool_from_component
 
@@ -418,6 +423,7 @@ _CHECKS: dict[str, Callable[..., None]] = {
     "reward": check_reward,
     "algorithm": check_preset,
     "tool": check_tool,
+    "environment": check_environment,
 }
 CHECKED_KINDS = tuple(kind.name for kind in KINDS.values() if kind.tested_in == "rlzoo.testing")
 """The component kinds :func:`check_component` has invariant checks for (the kinds whose
@@ -452,6 +458,11 @@ def check_component(component: Component, params: Any = None, *, registry: Regis
     if isinstance(params, dict):
         params = build_params(component, params)
     fn = component.bind(params)
+    if component.kind == "environment":  # built as a run builds it, once per episode, in the plain format
+        tools = registered_tools(registry if registry is not None else load_registry()[1])
+        examples = task.sample(3, random.Random(0)) if task is not None else ()
+        check_environment(lambda: fn(tools=tools, tool_style="plain"), label, examples)
+        return
     if component.kind == "task":
         check_task(fn(), label)
     elif component.kind == "reward":

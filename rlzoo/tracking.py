@@ -39,6 +39,7 @@ from rlzoo.kinds import COMPONENT_FIELDS
 
 from rlzoo import distributed
 from rlzoo.batch import RolloutBatch
+from rlzoo.episodes import COUNT_COLUMNS
 from rlzoo.plan import RunPlan
 
 NOT_HPARAMS = ("run_name", "run_dir", "resume", "logging.", "checkpoint.")
@@ -209,6 +210,8 @@ def batch_metrics(batch: RolloutBatch, reward_names: list[str], dist: distribute
                "response_length/truncated_frac": float(truncated.float().mean())}
     if not torch.equal(rewards, scores):
         metrics["reward/shaped_mean"] = float(rewards.mean())
+    if batch.episode_counts is not None:
+        metrics.update(episode_metrics(batch, dist))
     if len(reward_names) > 1:
         metrics.update({f"reward/{name}": float(column.mean()) for name, column in zip(reward_names, per_reward.T)})
         zero = [k for k, w in enumerate(reward_weights or []) if w == 0]
@@ -216,6 +219,20 @@ def batch_metrics(batch: RolloutBatch, reward_names: list[str], dist: distribute
             metrics["reward/proxy"] = metrics["reward/mean"]
             metrics["reward/gold"] = float(per_reward[:, zero[0]].mean())
     return metrics
+
+
+def episode_metrics(batch: RolloutBatch, dist: distributed.DistInfo) -> dict[str, float]:
+    """Per-episode means over the global batch of a multi-turn run: ``episode/turns``,
+    ``/tool_calls``, ``/tool_errors``, ``/template_drift`` (share of episodes ended by
+    retokenisation drift), ``/turn_reward`` (summed per-turn rewards), ``/truncated_frac``
+    (stopped by a bound), ``/policy_tokens`` and ``/env_tokens``: ``response_length`` counts
+    both, the losses only the policy's."""
+    local = torch.cat([batch.episode_counts.cpu(), batch.truncated.cpu().float()[:, None],
+                       batch.loss_mask.sum(-1).cpu()[:, None],
+                       (batch.response_mask - batch.loss_mask).sum(-1).cpu()[:, None]], 1)
+    rows = torch.cat(distributed.gather_objects(local, dist))
+    names = (*COUNT_COLUMNS, "truncated_frac", "policy_tokens", "env_tokens")
+    return {f"episode/{name}": float(column.mean()) for name, column in zip(names, rows.T)}
 
 
 def group_samples(batch: RolloutBatch, groups: int = 4, per_group: int = 4) -> list[Sample]:
@@ -227,7 +244,8 @@ def group_samples(batch: RolloutBatch, groups: int = 4, per_group: int = 4) -> l
             continue
         seen[group] = seen.get(group, 0) + 1
         if seen[group] <= per_group:
-            out.append(Sample(batch.prompts[i], batch.references[i], batch.completions[i], float(batch.scores[i])))
+            text = batch.transcripts[i] if batch.transcripts is not None else batch.completions[i]
+            out.append(Sample(batch.prompts[i], batch.references[i], text, float(batch.scores[i])))
     return out
 
 

@@ -27,6 +27,7 @@ from rlzoo.batch import RolloutBatch
 from rlzoo.resolved import ResolvedConfig
 from rlzoo.checkpoint import CHECKPOINT_DIR, STATE_FILE, check_optimizer_fits, checkpoint_name, first_non_finite
 from rlzoo.context import RunContext
+from rlzoo.episodes import environment_factory
 from rlzoo.errors import ConfigError, TrainingError
 from rlzoo.evaluation import Evaluator, eval_only
 from rlzoo.learner import Learner
@@ -103,8 +104,9 @@ class Trainer:
         # rank 0 draws the prompts a single process draws; other ranks their own streams
         stream = cfg.seed if self.dist.rank == 0 else f"{cfg.seed}/rank{self.dist.rank}"
         rewards = Rewards.for_run(resolved, device=self.device, tokenizer=self.models.tokenizer)
-        self.sampler = Sampler(task, rewards, self.models.tokenizer, backend, cfg,
-                               self.plan, self.device, stream, PromptFormat.for_run(resolved))
+        prompt_format = PromptFormat.for_run(resolved)
+        self.sampler = Sampler(task, rewards, self.models.tokenizer, backend, cfg, self.plan, self.device, stream,
+                               prompt_format, environment_factory(resolved, self.models.tokenizer, prompt_format))
         task_name = resolved.components["task"].name
         for warning in check_encodable(task, task_name, self.models.tokenizer, self.sampler.holdout):
             if self.dist.is_main:

@@ -49,6 +49,7 @@ def test_kept_stale_batches_name_the_correction_that_weights_them() -> None:
     (["rollout.staleness=2"], "rollout.staleness=2 is the synchronous, reproducible queue"),
     (["launcher.nproc=2"], "under torchrun (2 processes) it is not supported"),
     (["model.lora.rank=4"], "with model.lora.rank > 0 is not supported"),
+    (["env=calculator", "task=multiply"], "with env (multi-turn episodes) is not supported yet"),
     (["rollout.weight_sync_every=4", "rollout.max_staleness=2"], "set rollout.max_staleness >= 3"),
     (["extensions=[dynamic_sampling]"], "extension dynamic_sampling acts after each rollout"),
     (["rollout.mode=overlap"], "rollout.mode"),

@@ -19,16 +19,17 @@ LAYERS: dict[str, int] = {
     "contract": 1, "registry": 1, "hookspecs": 1, "__init__": 1, "plugins": 1,
     # 2: configuration and the run plan
     "schema": 2, "params": 2, "introspect": 2, "presets": 2, "resolved": 2, "planrecords": 2, "plan": 2, "config": 2,
+    "episodeplan": 2,
     # 3: the engine's parts
     "head": 3, "rollout": 3, "logprobs": 3, "model_check": 3, "models": 3, "rewardmodel": 3, "tasks": 3,
     "prompts": 3, "scoring": 3, "sampler": 3, "recording": 3,
     "checkpoint": 3, "rundir": 3, "resume": 3, "tracking": 3, "evaluation": 3, "learner": 3, "context": 3,
-    "rollout_queue": 3, "correcting": 3, "lora": 3, "async_rollout": 3,
+    "rollout_queue": 3, "correcting": 3, "lora": 3, "async_rollout": 3, "environments": 3, "episodes": 3,
     # 4: what runs a job
     "trainer": 4, "sft": 4, "rm": 4, "golden": 4, "ab": 4, "sweep": 4, "compare": 4, "explain": 4, "launcher": 4,
     "export": 4,
     # 5: the interfaces
-    "cli": 5, "testing": 5, "tool_checks": 5, "__main__": 5,
+    "cli": 5, "testing": 5, "tool_checks": 5, "env_checks": 5, "__main__": 5,
 }
 """Module of rlzoo/ -> its layer (docs/design.md, "Layers"). A module imports only modules of
 lower layers or of its own; a new module is placed here."""

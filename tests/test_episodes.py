@@ -1,0 +1,276 @@
+"""Multi-turn episodes: token ids equal the chat template's, masks keep environment tokens
+out of every loss, bounds, the plan's refusals, and a short training run (issue 22)."""
+
+from __future__ import annotations
+
+import string
+from pathlib import Path
+
+import pytest
+import torch
+
+from rlzoo.config import load_config
+from rlzoo.environments import Environment, StepResult
+from rlzoo.episodes import EpisodeFormat, EpisodeLimits, episode_tensors, play, registered_tools
+from rlzoo.errors import ConfigError
+from rlzoo.models import build_char_tokenizer
+from rlzoo.plugins import build_registry, make_plugin_manager, module_plugin
+from rlzoo.prompts import PromptFormat
+from rlzoo.rollout import Generation
+from rlzoo.tasks import Example
+from rlzoo.tools import tool_call_style
+from rlzoo.trainer import Trainer
+from rlzoo_plugins.environments import CalculatorEnv, CalculatorEnvParams
+from zoo import TINY
+
+
+class Feedback(Environment):
+    """Answers every turn with the observation ``=;`` (a user turn) and ends after the third."""
+
+    def __init__(self) -> None:
+        self.turns = 0
+
+    def step(self, completion: str) -> StepResult:
+        self.turns += 1
+        return StepResult(observations=[{"role": "user", "content": "=;"}], reward=0.5, done=self.turns == 3)
+
+
+def _register(register) -> None:
+    register("feedback_test", Feedback, description="test: feedback after every turn")
+
+
+PM = make_plugin_manager()
+PM.register(module_plugin(rlzoo_register_environments=_register), name="episodes_test")
+REGISTRY = build_registry(PM)
+ENV = ["env=calculator", "task=multiply", "rollout.max_new_tokens=24", "rollout.max_turn_tokens=8",
+       "rollout.max_turns=3"]
+TINY_ENV = [o for o in TINY if not o.startswith(("task.", "rollout.max_new_tokens"))] + ENV
+
+# A Qwen2.5/Hermes-style template: tool schemas in a system turn, tool results grouped in a
+# user turn of <tool_response> blocks, <|im_end|> ends every turn.
+QWEN_STYLE = (
+    "{% if tools %}<|im_start|>system\nYou may call functions.\n<tools>\n"
+    "{% for t in tools %}{{ t | tojson }}\n{% endfor %}</tools>\n"
+    "Call one as <tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call><|im_end|>\n{% endif %}"
+    "{% for m in messages %}"
+    "{% if m.role == 'tool' %}"
+    "{% if loop.first or messages[loop.index0 - 1].role != 'tool' %}<|im_start|>user{% endif %}"
+    "\n<tool_response>\n{{ m.content }}\n</tool_response>"
+    "{% if loop.last or messages[loop.index0 + 1].role != 'tool' %}<|im_end|>\n{% endif %}"
+    "{% else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def chat_tokenizer():
+    """A character tokenizer with ChatML specials and :data:`QWEN_STYLE` (no download)."""
+    tokenizer = build_char_tokenizer(string.printable)
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    tokenizer.eos_token = "<|im_end|>"
+    tokenizer.chat_template = QWEN_STYLE
+    return tokenizer
+
+
+class ScriptedBackend:
+    """A rollout backend that "samples" scripted turns (ids of the text + EOS), log-prob -1 each."""
+
+    def __init__(self, tokenizer, turns: list[str]) -> None:
+        self.tokenizer, self.turns, self.calls = tokenizer, list(turns), []
+
+    def generate(self, prompt_ids, *, num_samples, max_new_tokens, temperature, top_p, greedy=False):
+        self.calls.append((len(prompt_ids), num_samples, max_new_tokens))
+        text = self.turns.pop(0)
+        ids = self.tokenizer(text, add_special_tokens=False).input_ids + [self.tokenizer.eos_token_id]
+        rows = len(prompt_ids) * num_samples
+        tokens = torch.tensor([ids] * rows)
+        return Generation(response_ids=tokens, response_mask=torch.ones(tokens.shape),
+                          truncated=torch.zeros(rows, dtype=torch.bool), logp=-torch.ones(tokens.shape))
+
+
+def test_episode_ids_equal_the_chat_template_of_the_final_conversation() -> None:
+    tokenizer = chat_tokenizer()
+    fmt = EpisodeFormat(tokenizer, PromptFormat())
+    assert fmt.chat
+    call = '<tool_call>{"name": "calculator", "arguments": {"expression": "37*48"}}</tool_call>'
+    backend = ScriptedBackend(tokenizer, [call, "1776"])
+    assert tool_call_style(tokenizer) == "hermes"
+    env = lambda: CalculatorEnv(CalculatorEnvParams(), registered_tools(REGISTRY), "hermes")  # noqa: E731
+    [episode] = play(backend, fmt, env, [Example("37*48=", "1776")], 1, EpisodeLimits(4, 200, 1000),
+                     temperature=1.0, top_p=1.0)
+    assert episode.done and not episode.truncated and not episode.drift
+    assert (episode.turns, episode.tool_calls, episode.tool_errors, episode.answer) == (2, 1, 0, "1776")
+    assert [m["role"] for m in episode.messages] == ["user", "assistant", "tool", "assistant"]
+    assert episode.messages[2]["content"] == "1776"
+    text = tokenizer.apply_chat_template(episode.messages, tools=[t.schema for t in env().tools], tokenize=False)
+    expected = tokenizer(text, add_special_tokens=False).input_ids
+    ids = episode.prompt_ids + episode.tokens
+    assert expected[:len(ids)] == ids
+    assert tokenizer.decode(expected[len(ids):]) == "\n"  # the template's newline after the last <|im_end|>
+    # the policy's tokens are exactly the two sampled turns, the rest is the template's tool turn
+    policy = [t for t, p in zip(episode.tokens, episode.policy) if p]
+    sampled = [tokenizer(t, add_special_tokens=False).input_ids + [tokenizer.eos_token_id] for t in (call, "1776")]
+    assert policy == sampled[0] + sampled[1]
+    environment = tokenizer.decode([t for t, p in zip(episode.tokens, episode.policy) if not p])
+    assert environment.startswith("\n<|im_start|>user") and environment.endswith("<|im_start|>assistant\n")
+    assert "<tool_response>\n1776\n</tool_response><|im_end|>" in environment
+    assert episode.logp == [-1.0 if p else 0.0 for p in episode.policy]
+
+
+def test_retokenisation_drift_ends_the_episode_and_is_counted(capsys) -> None:
+    tokenizer = chat_tokenizer()
+    fmt = EpisodeFormat(tokenizer, PromptFormat())
+
+    class Rewriting(Environment):
+        """Rewrites the policy's last message: the template no longer extends the sampled ids."""
+
+        def step(self, completion: str) -> StepResult:
+            return StepResult(observations=[{"role": "user", "content": "again"}])
+
+    backend = ScriptedBackend(tokenizer, ["x"] * 4)
+    [episode] = play(backend, fmt, Rewriting, [Example("q", "a")], 1, EpisodeLimits(4, 20, 100),
+                     temperature=1.0, top_p=1.0)
+    assert not episode.drift and episode.turns == 4 and episode.truncated  # stopped by max_turns
+    backend = ScriptedBackend(tokenizer, ["x"])
+    fmt.tokenizer.chat_template = QWEN_STYLE.replace("{{ m.content }}<|im_end|>", "{{ m.content | upper }}<|im_end|>")
+    [episode] = play(backend, fmt, Rewriting, [Example("q", "a")], 1, EpisodeLimits(4, 20, 100),
+                     temperature=1.0, top_p=1.0)
+    assert episode.drift and episode.truncated and episode.done and episode.turns == 1
+    assert "retokenisation drift" in capsys.readouterr().err
+
+
+def test_plain_episode_masks_bounds_and_group_prefill() -> None:
+    tokenizer = build_char_tokenizer("0123456789+-*=;")
+    fmt = EpisodeFormat(tokenizer, PromptFormat())
+    assert not fmt.chat
+    backend = ScriptedBackend(tokenizer, ["37*48", "1776"])
+    env = lambda: CalculatorEnv(CalculatorEnvParams(), registered_tools(REGISTRY), "plain")  # noqa: E731
+    episodes = play(backend, fmt, env, [Example("37*48=", "1776")], 2, EpisodeLimits(3, 8, 24),
+                    temperature=1.0, top_p=1.0)
+    assert backend.calls == [(1, 2, 8), (2, 1, 8)]  # turn 1: one prompt, prefilled once for its group
+    e = episodes[0]
+    assert tokenizer.decode(e.tokens) == "37*48</s>=1776;1776</s>"
+    assert e.policy == [1] * 6 + [0] * 6 + [1] * 5
+    tensors = episode_tensors(episodes, tokenizer.pad_token_id)
+    assert torch.equal(tensors["loss_mask"][0], torch.tensor(e.policy, dtype=torch.float32))
+    assert tensors["response_mask"][0].sum() == len(e.tokens)
+    assert tensors["episode_counts"][0].tolist() == [2, 1, 0, 0, 0]
+    # bounds: one turn allowed -> truncated after the call; an observation over the episode budget -> truncated
+    for limits in (EpisodeLimits(1, 8, 24), EpisodeLimits(3, 8, 12)):
+        [short] = play(ScriptedBackend(tokenizer, ["37*48"]), fmt, env, [Example("37*48=", "1776")], 1, limits,
+                       temperature=1.0, top_p=1.0)
+        assert short.truncated and short.turns == 1 and short.policy == [1] * 6
+
+
+@pytest.mark.parametrize("overrides, fragment", [
+    (["advantage=gae"], "critic"),
+    (["algo=remax"], "greedy baseline"),
+    (["kl.coef=0.1", "kl.apply=reward"], "kl.apply=reward"),
+    (["rollout.max_turn_tokens=40"], "exceeds rollout.max_new_tokens"),
+])
+def test_plan_refuses_what_cannot_work_over_episodes(overrides: list[str], fragment: str) -> None:
+    with pytest.raises(ConfigError, match=fragment):
+        load_config(REGISTRY, [*ENV, *overrides])
+
+
+def test_plan_names_the_masks_of_an_episode_run() -> None:
+    plan = load_config(REGISTRY, ENV).plan
+    assert plan.episodes is not None and plan.sampled_mask == "loss_mask"
+    assert set(plan.masks.values()) == {"loss_mask"}
+    assert "loss_mask = the policy's sampled tokens only" in plan.render()
+    assert load_config(REGISTRY, []).plan.episodes is None
+
+
+def _learn(tmp_path: Path, name: str, perturb: str | None) -> dict[str, torch.Tensor]:
+    """The weights after one update on the first episode batch, with the rollout log-probs of
+    the environment (or policy) tokens shifted by 3 nats; old log-probs are the rollout's and two
+    mini-batches make the ratio and its clip act."""
+    resolved = load_config(REGISTRY, [*TINY_ENV, "env=feedback_test", f"run_dir={tmp_path / name}", "eval.size=0",
+                                      "trainer.old_logp=rollout", "trainer.num_mini_batches=2", "kl.coef=0.1",
+                                      "trainer.entropy_coef=0.01", "rollout_correction=opmask"])
+    trainer = Trainer(resolved, PM)
+    try:
+        torch.manual_seed(0)
+        batch = trainer.sampler.sample(trainer.ctx.prompts)
+        env_tokens = (batch.response_mask - batch.loss_mask).bool()
+        assert env_tokens.sum() >= len(batch)  # every episode has observations
+        if perturb == "env":
+            batch.rollout_logp[env_tokens] += 3.0
+        elif perturb == "policy":
+            batch.rollout_logp[batch.loss_mask.bool()] += 3.0
+        trainer.learn(batch)
+        return {k: v.clone() for k, v in trainer.models.policy.state_dict().items()}
+    finally:
+        trainer.close()
+
+
+def test_no_gradient_reaches_an_environment_token(tmp_path: Path) -> None:
+    base = _learn(tmp_path, "base", None)
+    env = _learn(tmp_path, "env", "env")
+    policy = _learn(tmp_path, "policy", "policy")
+    assert all(torch.equal(base[k], env[k]) for k in base)
+    assert not all(torch.equal(base[k], policy[k]) for k in base)
+
+
+def test_a_run_trains_and_evaluates_on_episodes(tmp_path: Path) -> None:
+    resolved = load_config(REGISTRY, [*TINY_ENV, "env=feedback_test", f"run_dir={tmp_path / 'run'}", "eval.size=4",
+                                      "eval.n=2"])
+    trainer = Trainer(resolved, PM)
+    try:
+        metrics = trainer.train_step()
+        assert 1 <= metrics["episode/turns"] <= 3 and metrics["episode/env_tokens"] > 0
+        assert 0 < metrics["episode/turn_reward"] <= 0.5 * metrics["episode/turns"]  # 0.5 per answered turn
+        assert metrics["response_length/mean"] == pytest.approx(metrics["episode/policy_tokens"]
+                                                                + metrics["episode/env_tokens"])
+        assert any("=;" in sample.completion for sample in trainer.last_samples)  # the samples show whole episodes
+        evaluation = trainer.evaluator.run(1)
+        assert 0.0 <= evaluation["eval/greedy_accuracy"] <= 1.0 and "eval/pass@2" in evaluation
+    finally:
+        trainer.close()
+
+
+def test_the_kit_checks_environments() -> None:
+    from rlzoo.testing import check_component, check_environment
+
+    for name in ("tools", "calculator", "feedback_test"):
+        check_component(REGISTRY.get("environment", name), registry=REGISTRY)
+    check_component(REGISTRY.get("environment", "tools"), {"tools": ["calculator"]}, registry=REGISTRY)
+
+    class Random(Feedback):
+        def step(self, completion: str) -> StepResult:
+            return StepResult(observations=[{"role": "user", "content": str(torch.rand(1).item())}])
+
+    class Silent(Feedback):
+        def step(self, completion: str) -> StepResult:
+            return StepResult(observations=[{"role": "robot", "content": "?"}])
+
+    with pytest.raises(AssertionError, match="answered differently"):
+        check_environment(Random, "random")
+    with pytest.raises(AssertionError, match="'robot'"):
+        check_environment(Silent, "silent")
+
+
+def test_an_episode_run_resumes_bit_exactly(tmp_path: Path) -> None:
+    from rlzoo.cli import main
+
+    weights = "checkpoints/step_000002/policy/model.safetensors"
+    common = [*TINY_ENV, "eval.size=0", "checkpoint.every=1"]
+    assert main(["train", *common, f"run_dir={tmp_path / 'whole'}", "trainer.total_steps=2"]) == 0
+    assert main(["train", *common, f"run_dir={tmp_path / 'cut'}", "trainer.total_steps=1"]) == 0
+    assert main(["train", f"resume={tmp_path / 'cut'}", "trainer.total_steps=2"]) == 0
+    assert (tmp_path / "whole" / weights).read_bytes() == (tmp_path / "cut" / weights).read_bytes()
+
+
+def test_the_guessing_game_answers_higher_or_lower_and_charges_each_wrong_guess() -> None:
+    from rlzoo_plugins.environments import GuessEnv, GuessParams
+
+    tokenizer = build_char_tokenizer("0123456789+-*=;")
+    fmt = EpisodeFormat(tokenizer, PromptFormat())
+    backend = ScriptedBackend(tokenizer, ["1000", "2000", "x", "1776"])
+    [episode] = play(backend, fmt, lambda: GuessEnv(GuessParams(turn_penalty=0.25)), [Example("37*48=", "1776")], 1,
+                     EpisodeLimits(5, 6, 40), temperature=1.0, top_p=1.0)
+    assert episode.done and not episode.truncated and episode.answer == "1776"
+    assert [m["content"] for m in episode.messages if m["role"] == "user"][1:] == ["+;", "-;", "=;"]
+    assert (episode.turns, episode.turn_reward) == (4, -0.75)  # three wrong guesses, charged on success
+    [failed] = play(ScriptedBackend(tokenizer, ["1000", "2000"]), fmt, lambda: GuessEnv(GuessParams(turn_penalty=0.25)),
+                    [Example("37*48=", "1776")], 1, EpisodeLimits(2, 6, 40), temperature=1.0, top_p=1.0)
+    assert failed.truncated and failed.turn_reward == 0.0  # never below an episode that answers
