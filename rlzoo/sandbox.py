@@ -9,15 +9,17 @@ an exception.
 The child process is a resource limit, not a security boundary: it shares the file
 system, the network and the user of the training process. It is a fresh interpreter
 (``sys.executable``; no copy of the trainer's memory or CUDA state) that receives the
-function pickled, so the function must be importable by reference (a module-level
-function).
+function by reference (its module and qualified name, so it must be a module-level
+function) and the arguments as JSON, and answers in JSON: nothing either side reads can
+run code (no pickle), so a tool that writes crafted bytes to its result pipe gets at most
+a wrong observation.
 """
 
 from __future__ import annotations
 
 import json
+import importlib
 import os
-import pickle
 import select
 import subprocess
 import sys
@@ -93,29 +95,61 @@ def _limit_memory(memory_mb: int) -> None:
         pass
 
 
+def _resolve(module: str, qualname: str) -> Callable[..., Any]:
+    """The function ``qualname`` of ``module``, imported."""
+    target: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        target = getattr(target, part)
+    return target
+
+
+def _result_bytes(observation: str, is_error: bool) -> bytes:
+    return json.dumps({"observation": observation, "is_error": is_error}).encode()
+
+
 def child_main(result_fd: int) -> None:
-    """The child process (``python -c "...; child_main(fd)"``): read the call from stdin (the
-    parent's ``sys.path``, then the pickled function and arguments), cap the address space
-    ``memory_mb`` above what the interpreter and the tool's module hold, write ``b"S"``
-    (started) then the pickled ``(observation, is_error)`` to ``result_fd``."""
+    """The child process (``python -c "...; child_main(fd)"``): read the call from stdin as
+    JSON (the parent's ``sys.path``, the function's module and qualified name, its
+    arguments, ``memory_mb``), import the function, cap the address space ``memory_mb``
+    above what the interpreter and the tool's module hold, write ``b"S"`` (started) then
+    ``{"observation": ..., "is_error": ...}`` as JSON to ``result_fd``."""
     out = os.fdopen(result_fd, "wb", buffering=0)
-    path, payload = pickle.loads(sys.stdin.buffer.read())
-    sys.path[:] = path
-    name, fn, arguments, memory_mb = pickle.loads(payload)
+    call = json.loads(sys.stdin.buffer.read())
+    sys.path[:] = call["path"]
+    name, memory_mb = call["name"], call["memory_mb"]
+    try:
+        fn = _resolve(call["module"], call["qualname"])
+    except Exception as exc:  # noqa: BLE001 - the model sees why the tool could not run
+        out.write(b"S" + _result_bytes(f"error: tool {name!r} could not be imported in its process "
+                                       f"({type(exc).__name__}: {exc})", True))
+        out.close()
+        return
     _limit_memory(memory_mb)
     out.write(b"S")  # started: the tool's time limit runs from here
     try:
-        result: tuple[str, bool] = (observation_text(fn(**arguments)), False)
+        result: tuple[str, bool] = (observation_text(fn(**call["arguments"])), False)
     except MemoryError:
         result = (f"error: tool {name!r} exceeded its memory limit of {memory_mb} MB", True)
     except BaseException as exc:  # noqa: BLE001 - every failure becomes the model's observation
         result = (_raised(name, exc), True)
     try:
-        data = pickle.dumps(result)
+        data = _result_bytes(*result)
     except MemoryError:
-        data = pickle.dumps((f"error: tool {name!r} exceeded its memory limit of {memory_mb} MB", True))
+        data = _result_bytes(f"error: tool {name!r} exceeded its memory limit of {memory_mb} MB", True)
     out.write(data)
     out.close()
+
+
+def _parse_result(data: bytes) -> tuple[str, bool] | None:
+    """The child's ``(observation, is_error)``, or ``None`` when ``data`` is not one."""
+    try:
+        result = json.loads(data)
+    except ValueError:
+        return None
+    if (isinstance(result, dict) and isinstance(result.get("observation"), str)
+            and isinstance(result.get("is_error"), bool)):
+        return result["observation"], result["is_error"]
+    return None
 
 
 def _read_until(fd: int, deadline: float, limit: int | None = None) -> bytes | None:
@@ -141,9 +175,14 @@ def run_in_subprocess(name: str, fn: Callable[..., Any], arguments: dict[str, An
     wall time. The time counts from the call of ``fn``: the process's start-up (at most
     :data:`STARTUP_S`) is not part of it. The process inherits stdout and stderr (what the
     tool prints goes to the run's log), not the caller's ``__main__``."""
+    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
+    if not module or not qualname or "<" in qualname or module == "__main__":
+        return (f"error: tool {name!r} must be a module-level function of an importable module to run in its "
+                f"own process (unsafe=True); got {fn!r}"), True
     try:
-        payload = pickle.dumps((list(sys.path), pickle.dumps((name, fn, arguments, memory_mb))))
-    except Exception as exc:  # noqa: BLE001 - pickle raises several types
+        payload = json.dumps({"path": list(sys.path), "module": module, "qualname": qualname, "name": name,
+                              "arguments": arguments, "memory_mb": memory_mb}).encode()
+    except (TypeError, ValueError) as exc:
         return f"error: tool {name!r} could not be sent to its process ({type(exc).__name__}: {exc})", True
     read_fd, write_fd = os.pipe()
     try:
@@ -168,16 +207,16 @@ def run_in_subprocess(name: str, fn: Callable[..., Any], arguments: dict[str, An
         result = _read_until(read_fd, time.monotonic() + timeout_s) if started == b"S" else b""
         if result is None:
             return f"error: tool {name!r} timed out after {timeout_s:g} s and was killed", True
-        try:
-            return pickle.loads(result)
-        except Exception:  # noqa: BLE001 - nothing (or half a result) came: the process died
-            try:
-                code = process.wait(timeout=5.0)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                code = process.wait()
-            return (f"error: tool {name!r} crashed (its process ended with exit code {code}; "
-                    f"memory limit {memory_mb} MB)"), True
+        parsed = _parse_result(result)
+        if parsed is not None:
+            return parsed
+        try:  # nothing (or half a result) came: the process died
+            code = process.wait(timeout=5.0)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            code = process.wait()
+        return (f"error: tool {name!r} crashed (its process ended with exit code {code}; "
+                f"memory limit {memory_mb} MB)"), True
     finally:
         if process.poll() is None:
             process.kill()

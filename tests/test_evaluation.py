@@ -16,6 +16,7 @@ from rlzoo.errors import ConfigError
 from rlzoo import evaluation
 from rlzoo.evaluation import Evaluator, pass_at_k
 from rlzoo.plan import RolloutPlan
+from rlzoo.sampler import Sampler
 from rlzoo.tracking import eval_metric_tags
 from rlzoo.events import read_scalars
 from rlzoo.models import build_char_tokenizer
@@ -148,6 +149,8 @@ class _ScriptedSampler:
     """Stands in for the Sampler: completions are scripted per prompt, scores read them."""
 
     device = torch.device("cpu")
+    environment = None                     # single completions: Sampler.complete's own path
+    complete = Sampler.complete
 
     def __init__(self, answers: dict[str, tuple[str, list[str]]]) -> None:
         self.answers = answers

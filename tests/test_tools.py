@@ -521,3 +521,24 @@ def test_the_tool_in_docs_agents_md_passes_the_kit() -> None:
     assert component.meta["tool"].schema == printed
     check_component(component)
     check_tool(tool_from_callable(namespace["convert_length"]), examples=[{"value": 1.0, "unit": "mi"}])
+
+
+def test_the_sandbox_reads_no_pickle_from_the_tool_process() -> None:
+    """The child answers in JSON: bytes a tool's process writes that are not one
+    ``{observation, is_error}`` object (a crafted pickle included) are never loaded."""
+    import pickle
+
+    from rlzoo.sandbox import _parse_result
+
+    assert _parse_result(b'{"observation": "42", "is_error": false}') == ("42", False)
+    assert _parse_result(pickle.dumps(("42", False))) is None
+    assert _parse_result(b'{"observation": 42, "is_error": false}') is None
+    assert _parse_result(b'["42", false]') is None
+
+
+def test_an_unsafe_tool_must_be_importable_by_reference() -> None:
+    with pytest.raises(TypeError, match="must be importable by reference"):
+        tool_from_callable(lambda x: x, name="anon", unsafe=True)
+    tool = Tool(name="anon", fn=lambda x: x, schema=tool_from_callable(tool_fns.add).schema, unsafe=True)
+    observation, is_error = call_tool(tool, ToolCall("anon", {"a": 1, "b": 2}))  # a hand-made Tool: told at the call
+    assert is_error and "must be a module-level function" in observation
