@@ -82,6 +82,9 @@ def test_a_run_writes_its_hparams_layout_and_sample_tables(registry, tmp_path: P
     batch.references = [f"r{g}" for g in batch.group_ids.tolist()]
     batch.completions = [f"c{i}" for i in range(30)]
     batch.scores = torch.linspace(0, 1, 30)
+    batch.transcripts = [f"t{i}" for i in range(30)]                # episodes: whole conversations are shown
+    assert group_samples(batch)[5].completion == "t6"
+    batch.transcripts = None                                        # single completions
     samples = group_samples(batch)
     assert [s.prompt for s in samples] == [f"p{g}" for g in range(4) for _ in range(4)]
     assert samples[0].reference == "r0" and samples[5].completion == "c6"
