@@ -21,6 +21,7 @@ docs/agents.md walks through both and through writing your own.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -116,6 +117,18 @@ class CalculatorEnv(ToolsEnv):
         if result.tool_calls > result.tool_errors and not self.rewarded and self.call_reward:
             result.reward, self.rewarded = self.call_reward, True
         return result
+
+    def demonstration(self, example: Any) -> list[str] | None:
+        """A call of the calculator on the prompt's expression, then the reference answer
+        (``37*48=`` → ``37*48``, ``1776``; under hermes a ``<tool_call>``); ``None`` for a
+        prompt that is not an expression followed by ``=``."""
+        expression = str(example.prompt).strip().removesuffix("=")
+        if not _EXPRESSION.match(expression):
+            return None
+        if self.style == "hermes":
+            call = json.dumps({"name": "calculator", "arguments": {"expression": expression}})
+            return [f"<tool_call>{call}</tool_call>", str(example.reference)]
+        return [expression, str(example.reference)]
 
     def parse(self, completion: str) -> list[ToolCall] | str:
         if self.style == "hermes":

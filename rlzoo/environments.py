@@ -67,6 +67,12 @@ class Environment:
         """React to one policy turn (its decoded text, end-of-turn token dropped)."""
         raise NotImplementedError(f"{type(self).__name__} must implement step(completion) -> StepResult")
 
+    def demonstration(self, example: Example) -> list[str] | None:
+        """The policy turns of a good episode of ``example`` (texts, without end-of-turn
+        tokens), played against this environment by ``rlzoo sft`` under ``env`` as a
+        supervised warm-up; ``None`` (the default): the environment has none."""
+        return None
+
 
 def tool_schemas(tools: Sequence[Any]) -> list[Mapping[str, Any]] | None:
     """The OpenAI function schemas of ``tools`` for ``apply_chat_template(tools=...)``, or

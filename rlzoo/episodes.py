@@ -173,6 +173,22 @@ def play(backend: Any, fmt: EpisodeFormat, make_env: Callable[[], Environment], 
             _policy_turn(fmt, episode, ids, logps, ended, limits)
 
 
+def replay(fmt: EpisodeFormat, env: Environment, example: Example, turns: Sequence[str],
+           limits: EpisodeLimits) -> Episode:
+    """The episode of ``example`` in which the policy writes ``turns`` (texts, each encoded and
+    ended with EOS; log-prob 0) and ``env`` answers them, as :func:`play` would play it: a
+    demonstration for ``rlzoo sft`` under ``env`` (the loss goes on its policy tokens only).
+    It stops where the environment ends the episode or a bound stops it (then ``truncated``)."""
+    episode = fmt.start(example, env)
+    for text in turns:
+        if episode.done:
+            break
+        ids = fmt._encode(text) + [fmt.tokenizer.eos_token_id]
+        ids = ids[:min(limits.max_turn_tokens, limits.max_tokens - len(episode.tokens))]
+        _policy_turn(fmt, episode, ids, [0.0] * len(ids), ids[-1:] == [fmt.tokenizer.eos_token_id], limits)
+    return episode
+
+
 def _policy_turn(fmt: EpisodeFormat, episode: Episode, ids: list[int], logps: list[float], ended: bool,
                  limits: EpisodeLimits) -> None:
     """Append one policy turn to ``episode`` and let its environment answer."""

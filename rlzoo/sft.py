@@ -7,24 +7,33 @@ digit sorting in seconds and leaves RL nothing to learn); ``format`` trains on
 well-formed but unsolved completions (the task's ``format_text``: for sorting, the
 prompt's digits in random order), so a following RL run has to learn the skill itself.
 The model is saved with ``save_pretrained`` and used with ``rlzoo train model.path=DIR``.
+
+With ``env`` set, the targets are the environment's demonstrations
+(:meth:`rlzoo.environments.Environment.demonstration`: e.g. a calculator call, then the
+answer), each played against the environment as a rollout plays an episode
+(:func:`rlzoo.episodes.replay`, within ``rollout.max_turns`` / ``max_turn_tokens`` /
+``max_new_tokens``): the loss is on the policy's tokens only (the run's ``loss_mask``), the
+environment's tokens are read, never trained on.
 """
 
 from __future__ import annotations
 
 import random
 from pathlib import Path
+from typing import Any, Callable
 
 import torch
 
 from rlzoo.resolved import ResolvedConfig
 from rlzoo.errors import ConfigError
+from rlzoo.episodes import EpisodeFormat, EpisodeLimits, environment_factory, episode_tensors, replay
 from rlzoo.learner import adamw
 from rlzoo.logprobs import response_forward
 from rlzoo.masked import masked_mean
 from rlzoo.models import build_policy
 from rlzoo.prompts import PromptFormat
 from rlzoo.rollout import left_pad
-from rlzoo.tasks import Holdout
+from rlzoo.tasks import Example, Holdout
 
 TARGETS = ("answer", "format")
 
@@ -56,22 +65,27 @@ def run_sft(resolved: ResolvedConfig, steps: int = 100,
     optimizer = adamw(model.parameters(), lr or cfg.trainer.lr, tuple(cfg.trainer.betas))
     model.train()
     holdout = Holdout(float(cfg.eval.holdout))  # never train on the prompts RL runs evaluate on
+    demonstrations = _demonstrations(resolved, tokenizer, prompt_format, target)
     for step in range(1, steps + 1):
         examples = task.sample_train(batch_size, rng, holdout)
-        texts = [task.answer_text(e) if target == "answer" else task.format_text(e, rng) for e in examples]
-        prompt_ids, prompt_mask = left_pad(prompt_format.encode(examples, tokenizer), tokenizer.pad_token_id)
-        targets = [tokenizer(t, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
-                   for t in texts]
-        width = max(len(t) for t in targets)
-        response_ids = torch.full((len(targets), width), tokenizer.pad_token_id, dtype=torch.long)
-        response_mask = torch.zeros((len(targets), width))
-        for i, ids in enumerate(targets):
-            response_ids[i, :len(ids)] = torch.tensor(ids)
-            response_mask[i, :len(ids)] = 1
+        if demonstrations is not None:
+            prompt_ids, prompt_mask, response_ids, response_mask, loss_mask = demonstrations(examples)
+        else:
+            texts = [task.answer_text(e) if target == "answer" else task.format_text(e, rng) for e in examples]
+            prompt_ids, prompt_mask = left_pad(prompt_format.encode(examples, tokenizer), tokenizer.pad_token_id)
+            targets = [tokenizer(t, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
+                       for t in texts]
+            width = max(len(t) for t in targets)
+            response_ids = torch.full((len(targets), width), tokenizer.pad_token_id, dtype=torch.long)
+            response_mask = torch.zeros((len(targets), width))
+            for i, ids in enumerate(targets):
+                response_ids[i, :len(ids)] = torch.tensor(ids)
+                response_mask[i, :len(ids)] = 1
+            loss_mask = response_mask
         out = response_forward(model, prompt_ids, prompt_mask, response_ids, response_mask,
                                chunk_size=cfg.trainer.logprob_chunk_size,
                                keep_max_bytes=int(cfg.trainer.logprob_keep_mb * 2**20))
-        loss = -masked_mean(out.logp, response_mask)
+        loss = -masked_mean(out.logp, loss_mask)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if cfg.trainer.max_grad_norm is not None:  # null: no clipping
@@ -84,3 +98,45 @@ def run_sft(resolved: ResolvedConfig, steps: int = 100,
     model.save_pretrained(str(out))
     tokenizer.save_pretrained(str(out))
     return out
+
+
+def _demonstrations(resolved: ResolvedConfig, tokenizer: Any, prompt_format: PromptFormat,
+                    target: str) -> Callable[[list[Example]], tuple[torch.Tensor, ...]] | None:
+    """Under ``env``: a function from examples to the batch of their demonstration episodes,
+    ``(prompt_ids, prompt_mask, response_ids, response_mask, loss_mask)``; ``None`` without
+    ``env``.
+
+    :raises ConfigError: ``target=format`` (an environment has no format-only episodes), or
+        a demonstration that is missing or that the episode bounds cut short.
+    """
+    make_env = environment_factory(resolved, tokenizer, prompt_format)
+    if make_env is None:
+        return None
+    name, cfg = resolved.components["env"].name, resolved.cfg
+    if target != "answer":
+        raise ConfigError(f"rlzoo sft --target {target} has no form under env={name!r}: with an environment, SFT "
+                          "trains on its demonstration episodes (--target answer)")
+    fmt = EpisodeFormat(tokenizer, prompt_format)
+    limits = EpisodeLimits(max_turns=int(cfg.rollout.max_turns), max_turn_tokens=int(cfg.rollout.max_turn_tokens),
+                           max_tokens=int(cfg.rollout.max_new_tokens))
+
+    def batch(examples: list[Example]) -> tuple[torch.Tensor, ...]:
+        episodes = []
+        for example in examples:
+            env = make_env()
+            turns = env.demonstration(example)
+            if not turns:
+                raise ConfigError(f"env={name!r} has no demonstration for the prompt {example.prompt!r} "
+                                  "(Environment.demonstration returned None), so rlzoo sft cannot train on it")
+            episode = replay(fmt, env, example, turns, limits)
+            if episode.truncated or not episode.done:
+                raise ConfigError(f"env={name!r}: the demonstration {turns!r} of {example.prompt!r} does not fit "
+                                  f"rollout.max_turns={limits.max_turns}, rollout.max_turn_tokens="
+                                  f"{limits.max_turn_tokens} and rollout.max_new_tokens={limits.max_tokens} "
+                                  "(or the environment does not end the episode after it): raise them")
+            episodes.append(episode)
+        tensors = episode_tensors(episodes, tokenizer.pad_token_id)
+        prompt_ids, prompt_mask = left_pad([e.prompt_ids for e in episodes], tokenizer.pad_token_id)
+        return prompt_ids, prompt_mask, tensors["response_ids"], tensors["response_mask"], tensors["loss_mask"]
+
+    return batch

@@ -274,3 +274,45 @@ def test_the_guessing_game_answers_higher_or_lower_and_charges_each_wrong_guess(
     [failed] = play(ScriptedBackend(tokenizer, ["1000", "2000"]), fmt, lambda: GuessEnv(GuessParams(turn_penalty=0.25)),
                     [Example("37*48=", "1776")], 1, EpisodeLimits(2, 6, 40), temperature=1.0, top_p=1.0)
     assert failed.truncated and failed.turn_reward == 0.0  # never below an episode that answers
+
+
+def test_the_calculator_demonstrates_a_call_then_the_answer_and_sft_trains_on_its_policy_tokens(
+        tmp_path: Path, capsys) -> None:
+    from rlzoo.cli import main
+    from rlzoo.episodes import replay
+    from rlzoo.sft import _demonstrations
+
+    tools = registered_tools(REGISTRY)
+    plain, hermes = CalculatorEnv(CalculatorEnvParams(), tools, "plain"), CalculatorEnv(CalculatorEnvParams(), tools,
+                                                                                        "hermes")
+    assert plain.demonstration(Example("37*48=", "1776")) == ["37*48", "1776"]
+    assert hermes.demonstration(Example("37*48=", "1776"))[0] == (
+        '<tool_call>{"name": "calculator", "arguments": {"expression": "37*48"}}</tool_call>')
+    assert plain.demonstration(Example("what is 37 times 48?", "1776")) is None
+    assert Feedback().demonstration(Example("1*2=", "2")) is None  # the base class has none
+
+    tokenizer = build_char_tokenizer("0123456789+-*=;")
+    episode = replay(EpisodeFormat(tokenizer, PromptFormat()), plain, Example("37*48=", "1776"), ["37*48", "1776"],
+                     EpisodeLimits(3, 8, 24))
+    assert tokenizer.decode(episode.tokens) == "37*48</s>=1776;1776</s>" and episode.done and not episode.truncated
+    assert episode.policy == [1] * 6 + [0] * 6 + [1] * 5 and episode.logp == [0.0] * len(episode.tokens)
+
+    resolved = load_config(REGISTRY, [*TINY_ENV, "task.digits=2"])
+    batch = _demonstrations(resolved, tokenizer, PromptFormat(), "answer")
+    _, _, ids, response_mask, loss_mask = batch([Example("37*48=", "1776"), Example("2*3=", "6")])
+    assert tokenizer.decode(ids[1][response_mask[1].bool()]) == "2*3</s>=6;6</s>"
+    assert loss_mask[1].tolist() == [1] * 4 + [0] * 3 + [1] * 2 + [0] * 8  # the loss skips the observation
+    assert loss_mask[0].tolist() == episode.policy and response_mask[0].sum() == len(episode.tokens)
+    with pytest.raises(ConfigError, match=r"does not fit rollout.max_turns=1"):
+        _demonstrations(load_config(REGISTRY, [*TINY_ENV, "rollout.max_turns=1"]), tokenizer, PromptFormat(),
+                        "answer")([Example("37*48=", "1776")])
+    assert _demonstrations(load_config(REGISTRY, TINY), tokenizer, PromptFormat(), "answer") is None
+
+    out = tmp_path / "sft"
+    assert main(["sft", *TINY_ENV, "--steps", "2", "--out", str(out)]) == 0, capsys.readouterr().err
+    assert (out / "model.safetensors").is_file()
+    assert main(["sft", *TINY_ENV, "--steps", "2", "--target", "format", "--out", str(out)]) == 2
+    assert "--target format has no form under env='calculator'" in capsys.readouterr().err
+    tools_env = [*TINY_ENV, "env={name: tools, tools: [calculator]}"]
+    assert main(["sft", *tools_env, "--steps", "1", "--out", str(out)]) == 2
+    assert "env='tools' has no demonstration for the prompt" in capsys.readouterr().err
