@@ -165,6 +165,12 @@ class Multiply(Task):
             out.append(Example(prompt=f"{a}*{b}=", reference=str(a * b)))
         return out
 
+    def format_text(self, example: Example, rng: random.Random) -> str:
+        """A well-formed unsolved answer (``rlzoo sft --target format``): random digits, as many
+        as the product has, the first not 0."""
+        length = len(str(example.reference))
+        return rng.choice(DIGITS[1:]) + "".join(rng.choice(DIGITS) for _ in range(length - 1))
+
 
 def eval_expression(expr: str) -> Optional[int]:
     """Value of an expression of non-negative integers with ``+ - *`` (usual precedence),

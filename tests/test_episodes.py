@@ -316,3 +316,15 @@ def test_the_calculator_demonstrates_a_call_then_the_answer_and_sft_trains_on_it
     tools_env = [*TINY_ENV, "env={name: tools, tools: [calculator]}"]
     assert main(["sft", *tools_env, "--steps", "1", "--out", str(out)]) == 2
     assert "env='tools' has no demonstration for the prompt" in capsys.readouterr().err
+
+
+def test_multiply_has_a_format_only_sft_target() -> None:
+    import random
+
+    from rlzoo_plugins.tasks import Multiply, MultiplyParams
+
+    task, rng = Multiply(MultiplyParams(digits=2)), random.Random(0)
+    examples = task.sample(50, rng)
+    texts = [task.format_text(e, rng) for e in examples]
+    assert all(t.isdigit() and len(t) == len(e.reference) and t[0] != "0" for t, e in zip(texts, examples))
+    assert sum(t == e.reference for t, e in zip(texts, examples)) < 5  # not the answers (the default)
