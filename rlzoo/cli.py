@@ -49,7 +49,8 @@ def _parser() -> argparse.ArgumentParser:
     sft.add_argument("--out", metavar="DIR", help="where to save the model (default "
                      "runs/<run_name or sft>-<task>/model)")
     sft.add_argument("--target", choices=("answer", "format"), default="answer",
-                     help="train on reference answers, or on well-formed unsolved completions "
+                     help="train on reference answers (with env: the environment's demonstration "
+                     "episodes, the loss on the policy's turns only), or on well-formed unsolved completions "
                      "(a format-only warm-up that leaves the skill to RL)")
     sft.add_argument("--batch-size", type=int, default=64, help="examples per step")
 
