@@ -129,6 +129,10 @@ def _demonstrations(resolved: ResolvedConfig, tokenizer: Any, prompt_format: Pro
                 raise ConfigError(f"env={name!r} has no demonstration for the prompt {example.prompt!r} "
                                   "(Environment.demonstration returned None), so rlzoo sft cannot train on it")
             episode = replay(fmt, env, example, turns, limits)
+            if episode.drift:
+                raise ConfigError(f"env={name!r}: the chat template's rendering of the demonstration {turns!r} of "
+                                  f"{example.prompt!r} does not start with its ids (retokenisation drift: "
+                                  "docs/agents.md, Tokens and masks), so its tokens cannot be trained on")
             if episode.truncated or not episode.done:
                 raise ConfigError(f"env={name!r}: the demonstration {turns!r} of {example.prompt!r} does not fit "
                                   f"rollout.max_turns={limits.max_turns}, rollout.max_turn_tokens="

@@ -307,6 +307,15 @@ def test_the_calculator_demonstrates_a_call_then_the_answer_and_sft_trains_on_it
         _demonstrations(load_config(REGISTRY, [*TINY_ENV, "rollout.max_turns=1"]), tokenizer, PromptFormat(),
                         "answer")([Example("37*48=", "1776")])
     assert _demonstrations(load_config(REGISTRY, TINY), tokenizer, PromptFormat(), "answer") is None
+    chat = chat_tokenizer()  # under a chat template: a <tool_call>, its ids those of the rendered conversation
+    resolved = load_config(REGISTRY, [*TINY_ENV, "rollout.max_turn_tokens=200", "rollout.max_new_tokens=1000"])
+    _, _, ids, response_mask, loss_mask = _demonstrations(resolved, chat, PromptFormat(), "answer")(
+        [Example("37*48=", "1776")])
+    assert chat.decode(ids[0][loss_mask[0].bool()]) == (
+        '<tool_call>{"name": "calculator", "arguments": {"expression": "37*48"}}</tool_call><|im_end|>1776<|im_end|>')
+    chat.chat_template = QWEN_STYLE.replace("{{ m.content }}<|im_end|>", "{{ m.content | upper }}<|im_end|>")
+    with pytest.raises(ConfigError, match="retokenisation drift"):
+        _demonstrations(resolved, chat, PromptFormat(), "answer")([Example("37*48=", "1776")])
 
     out = tmp_path / "sft"
     assert main(["sft", *TINY_ENV, "--steps", "2", "--out", str(out)]) == 0, capsys.readouterr().err
