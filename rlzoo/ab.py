@@ -60,7 +60,7 @@ def _flat_parameters(model: torch.nn.Module) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1).float() for p in model.parameters()])
 
 
-FROZEN = ("task", "reward", "rollout", "seed", "eval", "model")
+FROZEN = ("task", "reward", "rollout", "env", "seed", "eval", "model")
 """Config keys (and everything below them) that decide the batches or the initial weights:
 fixed by the recording, refused in ``--a`` / ``--b``."""
 
@@ -154,7 +154,8 @@ def _replay(run_dir: Path, recorded: list[int], learners: dict[str, Any], seed: 
             logps[name], log_dists[name] = _log_probs(learner, batch.to(learner.device))
             for key, value in metrics.items():
                 add(f"ab/{name}/{key}", value)
-        mask = batch.response_mask.to(logps["a"].device)
+        # the tokens the policy sampled: an episode's environment tokens have no rollout log-prob
+        mask = getattr(batch, learners["a"].plan.sampled_mask).to(logps["a"].device)
         norms = deltas["a"].norm() * deltas["b"].norm()
         add("ab/cosine", float(deltas["a"] @ deltas["b"] / norms) if norms > 0 else math.nan)
         kl_ab = (log_dists["a"].exp() * (log_dists["a"] - log_dists["b"])).sum(-1)

@@ -24,6 +24,9 @@ TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--np
 COMMON = ["task.num_digits=3", "rollout.prompts_per_step=4", "rollout.n=4", "rollout.max_new_tokens=5",
           "trainer.micro_batch_size=3", "trainer.update_epochs=1", "trainer.num_mini_batches=1",
           "trainer.lr=0.001", "logging.progress=false", "model.hidden_size=32", "model.intermediate_size=64"]
+EPISODES = ["env=guess", "rollout.max_new_tokens=40", "rollout.max_turn_tokens=12", "rollout.max_turns=3"]
+"""A multi-turn run (the guessing game on 3-digit sorting, whose answers are integers); later
+overrides win over COMMON's rollout.max_new_tokens."""
 CASES = {
     # name: overrides (loss_agg given explicitly: the denominators under test)
     "grpo": ["algo=grpo", "loss_agg=seq-mean-token-mean"],
@@ -33,6 +36,8 @@ CASES = {
     # batch-level reward std and GPG's alpha are batch statistics too
     "grpo_batch_std": ["algo=grpo", "advantage.scale=batch", "loss_agg=token-mean"],
     "gpg": ["algo=grpo", "advantage=gpg", "loss_agg=token-sum"],
+    # multi-turn episodes: the denominators count the policy's tokens (loss_mask) of the global batch
+    "grpo_episodes": ["algo=grpo", "loss_agg=token-mean", *EPISODES],
 }
 FSDP_CASES = {  # the same global-batch equality with sharded parameters, gradients and optimizer
     "grpo_fsdp": ["algo=grpo", "loss_agg=seq-mean-token-mean"],
@@ -123,6 +128,18 @@ def test_launcher_trains_logs_on_rank_zero_and_resumes_with_the_same_world(tmp_p
     proc = _rlzoo("train", f"resume={run_dir}", "trainer.total_steps=4", "launcher.nproc=1")
     assert proc.returncode == 2
     assert "cannot change launcher.nproc (2 -> 1)" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_launcher_trains_episodes_on_two_ranks(tmp_path: Path) -> None:
+    from rlzoo.events import read_scalars
+
+    run_dir = tmp_path / "run"
+    proc = _rlzoo("train", *COMMON, *EPISODES, "launcher.nproc=2", f"run_dir={run_dir}", "trainer.total_steps=2")
+    assert proc.returncode == 0, proc.stderr[-12000:]
+    assert (run_dir / "checkpoints/step_000002").is_dir()
+    curves = read_scalars(run_dir)
+    assert [step for step, _ in curves["episode/turns"]] == [1, 2]
+    assert all(1 <= turns <= 3 for _, turns in curves["episode/turns"])
 
 
 def test_fsdp_checkpoints_whole_weights_and_resumes(tmp_path: Path) -> None:
