@@ -26,8 +26,8 @@ PER_TOKEN_INPUTS = ("old_logp", "ref_logp", "teacher_logp", "sum_pi_squared")
 """Advantage inputs that are per-token log-prob quantities over the whole response."""
 
 
-def episode_plan(resolved: ResolvedConfig, needs: set[str], kl_on: bool) -> EpisodePlan | None:
-    """The episode plan of a run with ``env`` set (``None`` without).
+def episode_plan(resolved: ResolvedConfig, needs: set[str], kl_on: bool, world: int = 1) -> EpisodePlan | None:
+    """The episode plan of a run with ``env`` set (``None`` without) on ``world`` processes.
 
     :raises ConfigError: a component or setting that cannot work over episodes, naming it and why.
     """
@@ -53,6 +53,11 @@ def episode_plan(resolved: ResolvedConfig, needs: set[str], kl_on: bool) -> Epis
     if kl_on and cfg.kl.apply == "reward":
         raise ConfigError(f"{where} cannot run with kl.apply=reward: the per-token KL would be added to the rewards "
                           "of environment tokens too; use kl.apply=loss (it counts the policy's tokens only)")
+    if world > 1 and cfg.distributed.strategy == "fsdp":
+        raise ConfigError(f"{where} cannot run with distributed.strategy=fsdp on {world} processes: each rank plays "
+                          "its episodes for as many turns as they last, so the ranks would gather the sharded "
+                          "policy's weights for generation (a collective) a different number of times; use "
+                          "distributed.strategy=ddp")
     turns, turn_tokens = int(cfg.rollout.max_turns), int(cfg.rollout.max_turn_tokens)
     if turn_tokens > int(cfg.rollout.max_new_tokens):
         raise ConfigError(f"rollout.max_turn_tokens={turn_tokens} exceeds rollout.max_new_tokens="

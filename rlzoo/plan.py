@@ -83,7 +83,7 @@ def build_plan(resolved: ResolvedConfig) -> RunPlan:
         needs |= comps["value_loss"].needs
     _check_consistency(resolved, needs, kl_on, world)
     _check_async(resolved, world)
-    episodes = episode_plan(resolved, needs, kl_on)
+    episodes = episode_plan(resolved, needs, kl_on, world)
 
     lora = _lora_plan(cfg)
     models = {"policy": "trained" if lora is None else f"base weights frozen, rank-{lora.rank} LoRA adapters trained"}

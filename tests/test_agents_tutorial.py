@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from rlzoo.events import read_scalars
+
 pytestmark = pytest.mark.slow  # end-to-end: builds, installs and trains
 
 DOC = Path(__file__).parents[1] / "docs" / "agents.md"
@@ -41,8 +43,7 @@ def documented_commands() -> list[list[str]]:
 
 def test_the_packaging_block_lists_tests_and_trains() -> None:
     commands = [" ".join(c[:3]) for c in documented_commands()]
-    assert commands == ["rlzoo list --kind", "rlzoo list --kind", "rlzoo train env=hilo",
-                        "rlzoo train env={name: tools, tools: [convert_length]}"], commands
+    assert commands == ["rlzoo list --kind", "rlzoo list --kind", "rlzoo train env=hilo"], commands
 
 
 def test_agents_package_builds_installs_lists_passes_the_kit_and_trains(tmp_path: Path) -> None:
@@ -83,7 +84,7 @@ def test_agents_package_builds_installs_lists_passes_the_kit_and_trains(tmp_path
         run_dir = tmp_path / f"run{i}"
         run([sys.executable, "-m", *command, *SHORT, f"run_dir={run_dir}"], env, tmp_path)
         assert (run_dir / "checkpoints" / "step_000002").is_dir()
-        config = (run_dir / "config.yaml").read_text()
-        assert "hilo" in config or "convert_length" in config
+        turns = read_scalars(run_dir)["episode/turns"]  # it played episodes of hilo
+        assert [step for step, _ in turns] == [1, 2] and all(1 <= n <= 4 for _, n in turns), turns
         trained += 1
-    assert trained == 2
+    assert trained == 1

@@ -166,6 +166,7 @@ def test_plain_episode_masks_bounds_and_group_prefill() -> None:
     (["algo=remax"], "greedy baseline"),
     (["kl.coef=0.1", "kl.apply=reward"], "kl.apply=reward"),
     (["rollout.max_turn_tokens=40"], "exceeds rollout.max_new_tokens"),
+    (["distributed.strategy=fsdp", "launcher.nproc=2"], "cannot run with distributed.strategy=fsdp on 2 processes"),
 ])
 def test_plan_refuses_what_cannot_work_over_episodes(overrides: list[str], fragment: str) -> None:
     with pytest.raises(ConfigError, match=fragment):
