@@ -63,10 +63,10 @@ def test_identical_sides_make_identical_updates_and_different_losses_diverge(rec
     assert _digest(recorded_run) == before                       # the recorded run is only read
 
 
-EPISODES = ["env=guess", "task=multiply", "rollout.max_new_tokens=48", "rollout.max_turn_tokens=16",
-            "rollout.max_turns=3"]
-"""A tiny multi-turn run whose random policy ends most turns (a small alphabet, 16 tokens a
-turn), so its episodes hold environment tokens (the guessing game's hints)."""
+EPISODES = ["env=guess", "rollout.max_new_tokens=48", "rollout.max_turn_tokens=16", "rollout.max_turns=3"]
+"""A tiny multi-turn run (the guessing game on 3-digit sorting: integer answers, partial-credit
+rewards, so updates are not zero) whose random policy ends most turns (a small alphabet, 16
+tokens a turn), so its episodes hold environment tokens (the game's hints)."""
 
 
 @pytest.mark.slow
@@ -75,7 +75,7 @@ def test_episodes_record_and_replay_with_kl_over_the_policy_tokens(tmp_path: Pat
     assert main(["train", *TINY, *EPISODES, f"run_dir={run_dir}", "trainer.total_steps=2", "rollout.record=true"]) == 0
     batch = recording.load(run_dir, 1)
     env_tokens = batch.response_mask - batch.loss_mask
-    assert env_tokens.sum() > 0.1 * batch.response_mask.sum()      # the episodes hold environment tokens
+    assert env_tokens.sum() > 0.05 * batch.response_mask.sum()     # the episodes hold environment tokens
     assert float((batch.rollout_logp * env_tokens).abs().sum()) == 0  # which carry no rollout log-prob
     same = run_ab(run_dir, ["policy_loss=ppo_clip"], ["policy_loss=ppo_clip"], tmp_path / "same")
     assert same.steps == [1, 2] and all(abs(c - 1.0) < 1e-6 for c in same.series["ab/cosine"])
@@ -83,7 +83,7 @@ def test_episodes_record_and_replay_with_kl_over_the_policy_tokens(tmp_path: Pat
     assert all(kl > 0 for kl in differ.series["ab/kl_a_b"])
     # KL(recording || learner) over the sampled tokens: small after an update; over the
     # environment tokens too (rollout log-prob 0 against the policy's ~log(1/V)) it would be ~2 a token
-    assert all(0 < kl < 0.05 for kl in differ.series["ab/kl_recording_a"]), differ.series["ab/kl_recording_a"]
+    assert all(0 < kl < 0.01 for kl in differ.series["ab/kl_recording_a"]), differ.series["ab/kl_recording_a"]
 
 
 def test_ab_refuses_a_run_without_recordings_and_an_output_inside_the_run(capsys, tmp_path: Path) -> None:
