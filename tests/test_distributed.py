@@ -62,6 +62,8 @@ def test_two_ranks_equal_one_process_after_one_update(tmp_path: Path, strategy: 
         args = [*COMMON, *overrides, f"distributed.strategy={strategy}"]
         trainer = Trainer(load_config(registry, [*args, f"run_dir={tmp_path / name}"]), pm)
         batch = trainer.sampler.sample(4)
+        if "env=guess" in overrides:  # the episodes hold environment tokens, out of the loss mask
+            assert (batch.response_mask - batch.loss_mask).sum() > 0
         # a random policy scores ~0 everywhere; varied scores (one group all equal) exercise the math
         scores = torch.rand(len(batch), generator=torch.Generator().manual_seed(7))
         scores[:4] = 0.5
