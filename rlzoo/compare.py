@@ -202,9 +202,18 @@ def group_runs(summaries: list[RunSummary]) -> list[Group]:
         differing = ["algo"] + [name for name in differing if name != "algo" and not _implied(shown, name, "algo")]
     groups = []
     for key, members in zip(shown, keyed.values()):
-        label = ", ".join(f"{name}={key.get(name)}" for name in differing) or members[0].run_dir.name
+        label = ", ".join(f"{name}={key.get(name)}" for name in differing) or _common_name(members)
         groups.append(Group(label=label, runs=members, values={name: key.get(name) for name in differing}))
     return sorted(groups, key=lambda g: [_sort_key(g.values[name]) for name in differing] or [g.label])
+
+
+def _common_name(members: list[RunSummary]) -> str:
+    """The label of a group that no key sets apart: its run's directory name, or for several
+    seeds the directory they share (a sweep's name), never one seed's name for them all."""
+    parents = {run.run_dir.parent for run in members}
+    if len(members) == 1:
+        return members[0].run_dir.name
+    return next(iter(parents)).name if len(parents) == 1 else "all runs"
 
 
 def _sort_key(value: str | None) -> tuple[int, float, str]:

