@@ -511,7 +511,7 @@ def test_the_kit_catches_a_broken_tool(tool: Tool, examples, message: str) -> No
 def test_the_tool_in_docs_agents_md_passes_the_kit() -> None:
     """The example tool of docs/agents.md registers, and its schema is the one printed there."""
     text = (ROOT / "docs/agents.md").read_text()
-    code = re.search(r"```python\n(from typing import Literal.*?)```", text, re.S).group(1)
+    code = re.search(r"```python file=rlzoo_hilo/tools.py\n(.*?)```", text, re.S).group(1)
     printed = json.loads(re.search(r"```json\n(.*?)```", text, re.S).group(1))
     namespace: dict[str, Any] = {}
     exec(compile(code, "docs/agents.md", "exec"), namespace)
