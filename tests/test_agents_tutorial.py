@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from rlzoo.events import read_scalars
+from test_plugins_tutorial import install_doc_package
 
 pytestmark = pytest.mark.slow  # end-to-end: builds, installs and trains
 
@@ -47,20 +48,8 @@ def test_the_packaging_block_lists_tests_and_trains() -> None:
 
 
 def test_agents_package_builds_installs_lists_passes_the_kit_and_trains(tmp_path: Path) -> None:
-    files = BLOCK.findall(DOC.read_text())
-    assert {name for name, _ in files} == FILES
     package = tmp_path / "rlzoo-hilo"
-    for name, text in files:
-        (package / name).parent.mkdir(parents=True, exist_ok=True)
-        (package / name).write_text(text)
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-         "-w", str(tmp_path / "dist"), str(package)], env, tmp_path)
-    wheel = next((tmp_path / "dist").glob("rlzoo_hilo-0.1.0-*.whl"))
-    site = tmp_path / "site"
-    run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)],
-        env, tmp_path)
-    env["PYTHONPATH"] = os.pathsep.join([str(site), env.get("PYTHONPATH", "")])
+    env = install_doc_package(DOC, FILES, package, {**os.environ, "OMP_NUM_THREADS": "1"})
 
     listing = json.loads(run([sys.executable, "-m", "rlzoo", "list", "--json"], env, tmp_path).stdout)
     entries = {(e["kind"], e["name"]): e for e in listing["components"]}

@@ -24,22 +24,27 @@ def run(cmd: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedP
     return done
 
 
-def test_tutorial_package_builds_installs_lists_tests_and_trains(tmp_path: Path) -> None:
-    files = BLOCK.findall(DOC.read_text())
-    assert {name for name, _ in files} == {"pyproject.toml", "rlzoo_minmax/__init__.py",
-                                          "tests/test_minmax.py"}
-    package = tmp_path / "rlzoo-minmax"
-    for name, text in files:
+def install_doc_package(doc: Path, files: set[str], package: Path, env: dict[str, str]) -> dict[str, str]:
+    """Write the ``file=`` code blocks of ``doc`` (exactly ``files``) into ``package``, build
+    its wheel and install it into a folder of its own; ``env`` with that folder on PYTHONPATH."""
+    blocks = BLOCK.findall(doc.read_text())
+    assert {name for name, _ in blocks} == files
+    for name, text in blocks:
         (package / name).parent.mkdir(parents=True, exist_ok=True)
         (package / name).write_text(text)
-    env = {**os.environ}
-    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-         "-w", str(tmp_path / "dist"), str(package)], env, tmp_path)
-    wheel = next((tmp_path / "dist").glob("rlzoo_minmax-0.1.0-*.whl"))
-    site = tmp_path / "site"
+    dist, site = package.parent / "dist", package.parent / "site"
+    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(dist),
+         str(package)], env, package.parent)
+    wheel = next(dist.glob("*.whl"))
     run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)],
-        env, tmp_path)
-    env["PYTHONPATH"] = os.pathsep.join([str(site), env.get("PYTHONPATH", "")])
+        env, package.parent)
+    return {**env, "PYTHONPATH": os.pathsep.join([str(site), env.get("PYTHONPATH", "")])}
+
+
+def test_tutorial_package_builds_installs_lists_tests_and_trains(tmp_path: Path) -> None:
+    package = tmp_path / "rlzoo-minmax"
+    env = install_doc_package(DOC, {"pyproject.toml", "rlzoo_minmax/__init__.py", "tests/test_minmax.py"}, package,
+                              {**os.environ})
 
     listing = json.loads(run([sys.executable, "-m", "rlzoo", "list", "--json"], env, tmp_path).stdout)
     entries = {(e["kind"], e["name"]): e for e in listing["components"]}
