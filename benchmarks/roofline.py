@@ -4,14 +4,15 @@ Used by ``compare_trl.py`` (the ``roofline s`` and ``vs roofline`` columns, and 
 the smollm2 profile). Notation: ``G`` prompts per step, ``B = G × n`` sequences, ``P`` prompt
 tokens (the mean over the prompt pool), ``T`` new tokens per sequence (the step's mean),
 ``S`` decode steps (the step's longest completion: the decode loop runs until it ends);
-the model's hidden size ``d``, ``L`` layers, MLP width ``f``, key/value width
-``k = d / heads × kv_heads``, vocabulary ``V``.
+the model's hidden size ``d``, ``L`` layers, MLP width ``f``, query width
+``q = heads × head_dim`` (``d`` unless the config says otherwise), key/value width
+``k = kv_heads × head_dim``, vocabulary ``V``.
 
 FLOPs (2 per multiply-add; only matmuls are counted):
 
-- weights a token goes through: backbone ``W_b = L (2d² + 2dk + 3df)`` (q and o, k and v,
+- weights a token goes through: backbone ``W_b = L (2dq + 2dk + 3df)`` (q and o, k and v,
   gate, up and down), head ``W_h = dV`` (only where logits are needed: response tokens);
-  attention ``4Ld`` per (query, key) pair (QKᵀ and AV);
+  attention ``4Lq`` per (query, key) pair (QKᵀ and AV);
 - **prefill**: ``2 W_b G P`` (each prompt once for its group) + attention over ``G P (P+1)/2`` pairs;
 - **decode**: ``2 (W_b + W_h) B T`` + attention over ``B T (P + (T+1)/2)`` pairs;
 - **reference** (KL > 0) and **old pass** (when the plan has one): one forward,
@@ -63,6 +64,16 @@ class ModelShapes:
     intermediate: int
     vocab: int
     tied: bool = True
+    head_dim: int | None = None  # None: hidden // heads
+
+    @property
+    def head_width(self) -> int:
+        return self.head_dim or self.hidden // self.heads
+
+    @property
+    def query_width(self) -> int:
+        """``q = heads × head_dim``."""
+        return self.heads * self.head_width
 
     @classmethod
     def from_config(cls, config: Any) -> "ModelShapes":
@@ -70,20 +81,23 @@ class ModelShapes:
         if isinstance(config, (str, Path)):
             config = json.loads((Path(config) / "config.json").read_text())
         get = config.get if isinstance(config, dict) else lambda key, default=None: getattr(config, key, default)
-        heads = int(get("num_attention_heads"))
-        return cls(hidden=int(get("hidden_size")), layers=int(get("num_hidden_layers")), heads=heads,
+        heads, hidden = int(get("num_attention_heads")), int(get("hidden_size"))
+        head_dim = int(get("head_dim") or hidden // heads)
+        return cls(hidden=hidden, layers=int(get("num_hidden_layers")), heads=heads,
                    kv_heads=int(get("num_key_value_heads") or heads), intermediate=int(get("intermediate_size")),
-                   vocab=int(get("vocab_size")), tied=bool(get("tie_word_embeddings", True)))
+                   vocab=int(get("vocab_size")), tied=bool(get("tie_word_embeddings", True)),
+                   head_dim=None if head_dim == hidden // heads else head_dim)
 
     @property
     def kv_width(self) -> int:
-        return self.hidden // self.heads * self.kv_heads
+        """``k = kv_heads × head_dim``."""
+        return self.head_width * self.kv_heads
 
     @property
     def backbone_weights(self) -> int:
         """Weights of the layers' matmuls a token goes through (``W_b``)."""
-        d, k, f = self.hidden, self.kv_width, self.intermediate
-        return self.layers * (2 * d * d + 2 * d * k + 3 * d * f)
+        d, q, k, f = self.hidden, self.query_width, self.kv_width, self.intermediate
+        return self.layers * (2 * d * q + 2 * d * k + 3 * d * f)
 
     @property
     def head_weights(self) -> int:
@@ -112,9 +126,9 @@ class StepWork:
 
 def step_flops(shapes: ModelShapes, work: StepWork) -> dict[str, dict[str, float]]:
     """Matmul FLOPs per phase and kind (``backbone``, ``head``, ``attention``)."""
-    wb, wh, layers, d = shapes.backbone_weights, shapes.head_weights, shapes.layers, shapes.hidden
+    wb, wh = shapes.backbone_weights, shapes.head_weights
     G, B, P, T = work.groups, work.sequences, work.prompt_tokens, work.new_tokens
-    pairs = 4 * layers * d                                                  # FLOPs per (query, key) pair
+    pairs = 4 * shapes.layers * shapes.query_width                         # FLOPs per (query, key) pair
     forward = {"backbone": 2 * wb * B * (P + T), "head": 2 * wh * B * T,
                "attention": pairs * B * (P + T) * (P + T + 1) / 2}
     phases = {"prefill": {"backbone": 2 * wb * G * P, "head": 0.0, "attention": pairs * G * P * (P + 1) / 2},

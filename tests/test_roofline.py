@@ -78,12 +78,14 @@ def test_shapes_count_the_weights_and_flops_of_a_real_forward(tmp_path):
     shapes = roofline.ModelShapes.from_config(tmp_path / "m")
     assert shapes == roofline.ModelShapes.from_config(model.config)
     assert shapes.parameters == sum(p.numel() for p in model.parameters())   # tied head counted once
+    wide = roofline.ModelShapes.from_config({**model.config.to_dict(), "head_dim": 8})   # heads wider than d / heads
+    assert (wide.query_width, wide.kv_width) == (32, 16) and wide.backbone_weights > shapes.backbone_weights
     batch, tokens = 3, 7
     ids = torch.randint(4, shapes.vocab, (batch, tokens))
     with torch.no_grad(), FlopCounterMode(display=False) as counter:
         model(input_ids=ids)
     # torch counts every position's logits and the full (not causal) attention square
-    full_attention = 4 * shapes.layers * shapes.hidden * batch * tokens * tokens
+    full_attention = 4 * shapes.layers * shapes.query_width * batch * tokens * tokens
     expected = 2 * (shapes.backbone_weights + shapes.head_weights) * batch * tokens + full_attention
     assert counter.get_total_flops() == expected
 
