@@ -302,6 +302,7 @@ def worker_floor(model_dir: Path, data: Path, spec: dict, kl: float, steps: int)
     from rlzoo.models import load_pretrained
 
     model, tokenizer = load_pretrained(model_dir)
+    tokenizer.padding_side = "left"  # generate continues every row from its own last prompt token
     reference = copy.deepcopy(model).eval().requires_grad_(False) if kl > 0 else None
     optimizer = torch.optim.AdamW(model.parameters(), lr=spec.get("lr", LR))
     prompts = [json.loads(line)["prompt"] for line in data.read_text().splitlines()]
