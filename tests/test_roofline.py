@@ -70,11 +70,12 @@ def test_flops_and_bytes_of_a_tiny_model_match_the_hand_computation():
 def test_shapes_count_the_weights_and_flops_of_a_real_forward(tmp_path):
     import torch
     from torch.utils.flop_counter import FlopCounterMode
-
-    from rlzoo.models import load_pretrained
+    from transformers import AutoModelForCausalLM
 
     roofline = load("roofline")
-    model, _ = load_pretrained(tiny_llama(tmp_path / "m", hidden=16, layers=2, heads=4, kv_heads=2, intermediate=40))
+    tiny_llama(tmp_path / "m", hidden=16, layers=2, heads=4, kv_heads=2, intermediate=40)
+    # eager attention: its QKᵀ and AV are matmuls torch's counter knows (SDPA's CPU kernel it may not)
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "m", attn_implementation="eager")
     shapes = roofline.ModelShapes.from_config(tmp_path / "m")
     assert shapes == roofline.ModelShapes.from_config(model.config)
     assert shapes.parameters == sum(p.numel() for p in model.parameters())   # tied head counted once
