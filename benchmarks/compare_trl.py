@@ -534,22 +534,25 @@ def precision_of(name: str) -> str:
 
 
 def table(setting: str, results: dict[float, dict[str, dict]], rooflines: dict[float, dict[str, dict]]) -> str:
-    """The comparison table; ``rooflines[kl][system]``: seconds per phase."""
+    """The comparison table; ``rooflines[kl][system]``: seconds per phase. ``vs TRL`` divides
+    by TRL's float32 step, ``vs TRL, same precision`` a bf16 system's by TRL's with ``bf16=True``."""
     lines = [f"### {setting}", "",
-             "| KL | system | median s/step | vs TRL | vs floor | roofline s | vs roofline | peak RSS (MB) "
-             "| RSS vs TRL | rollout tok/s | update tok/s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| KL | system | median s/step | vs TRL | vs TRL, same precision | vs floor | roofline s | vs roofline "
+             "| peak RSS (MB) | RSS vs TRL | rollout tok/s | update tok/s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for kl, summary in results.items():
         trl = summary.get("trl")
         floor = summary.get("floor")
         for name, entry in summary.items():
             vs_trl = f"{entry['median_step_s'] / trl['median_step_s']:.2f}" if trl else "—"
+            peer = summary.get("trl-bf16" if name in BF16_SYSTEMS else "trl")
+            vs_peer = f"{entry['median_step_s'] / peer['median_step_s']:.2f}" if peer else "—"
             vs_floor = f"{entry['median_step_s'] / floor['median_step_s']:.2f}" if floor else "—"
             rss_trl = f"{entry['peak_rss_mb'] / trl['peak_rss_mb']:.2f}" if trl else "—"
             rollout = f"{entry['rollout_tok_s']:.0f}" if "rollout_tok_s" in entry else "—"
             update = f"{entry['update_tok_s']:.0f}" if "update_tok_s" in entry else "—"
             limit = sum(rooflines[kl][name].values())
-            lines.append(f"| {kl} | {name} | {entry['median_step_s']:.3f} | {vs_trl} | {vs_floor} | "
+            lines.append(f"| {kl} | {name} | {entry['median_step_s']:.3f} | {vs_trl} | {vs_peer} | {vs_floor} | "
                          f"{limit:.3f} | {entry['median_step_s'] / limit:.2f} | "
                          f"{entry['peak_rss_mb']:.0f} | {rss_trl} | {rollout} | {update} |")
     return "\n".join(lines)
