@@ -369,7 +369,7 @@ def race(args: argparse.Namespace) -> str:
                 results.update({(system, seed): future.result() for system, future in futures.items()})
         else:
             results.update({(system, seed): jobs[system](seed) for system in systems})
-    command = "python benchmarks/race_trl.py " + " ".join(sys.argv[1:])
+    command = "python benchmarks/race_trl.py " + " ".join(args.argv)
     how = "at the same time, one core each" if args.concurrent else "one after the other"
     text = (f"{SECTION}\n\n{table(results, args.threshold)}\n\nMeasured {date.today().isoformat()} on "
             f"{platform.machine()} with {os.cpu_count()} cores, torch {torch.__version__}; a seed's systems ran "
@@ -409,7 +409,9 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
     args = parser().parse_args(argv)
+    args.argv = argv
     if args.worker:
         train_trl(Path(args.model), args.seeds[0], args, Path(args.worker_out))
         return

@@ -78,31 +78,7 @@ def test_race_on_a_tiny_model(tiny_model, tmp_path, capfd):
     assert [row.split("|")[1].strip() for row in rows] == ["rlzoo", "trl"]
     for row in rows:                                   # 3 evaluations (steps 0, 1, 2) per system
         assert row.split("|")[3].count("→") == 2 and "—" not in row.split("|")[3]
-    race.main(["--model", str(tiny_model), "--seeds", "0", "--steps", "2", "--eval-every", "1", "--eval-size", "4",
-               "--prompts", "2", "--n", "2", "--max-new-tokens", "4", "--runs", str(tmp_path / "runs"),
-               "--systems", "rlzoo", "--write", str(out)])
-    assert out.read_text().count(race.SECTION) == 1                # replaced, not appended twice
-
-
-def test_reward_wrapper_scores_as_rlzoo(tiny_model, tmp_path):
-    """The reward TRL gets is rlzoo's: right answer 1, wrong answer 0, on the task's examples."""
-    pytest.importorskip("reasoning_gym")
-    from rlzoo.config import load_config
-    from rlzoo.plugins import build_registry, make_plugin_manager
-    from rlzoo.trainer import Trainer
-
-    race = load_race()
-    args = race.parser().parse_args(["--steps", "1", "--eval-size", "2", "--prompts", "2", "--n", "2"])
-    pm = make_plugin_manager()
-    resolved = load_config(build_registry(pm), [*race.rlzoo_overrides(tiny_model, 0, args),
-                                                f"run_dir={tmp_path / 'run'}"])
-    trainer = Trainer(resolved, pm)
-    try:
-        example = trainer.evaluator.examples[0]
-        right, wrong = f"So the answer is {example.reference}", f"So the answer is {int(example.reference) + 1}"
-        assert race.score_completions(trainer.sampler, [example, example], [right, wrong]) == [1.0, 0.0]
-        expected = trainer.sampler.score([example.prompt] * 2, [right, wrong], [example.reference] * 2,
-                                         [dict(example.row)] * 2).tolist()
-        assert race.score_completions(trainer.sampler, [example, example], [right, wrong]) == expected
-    finally:
-        trainer.run_dir.close()
+    race.write_section(out, f"{race.SECTION}\n\nnew table\n")
+    text = out.read_text()                                          # replaced, not appended twice
+    assert text.count(race.SECTION) == 1 and "new table" in text and "| trl |" not in text
+    assert "## Other\n\nkept" in text
