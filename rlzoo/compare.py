@@ -374,6 +374,11 @@ def plot_against(groups: list[Group], key: str, out: Path, title: str) -> Path:
     return out
 
 
+def _count(n: int, noun: str) -> str:
+    """``1 run``, ``3 runs``."""
+    return f"{n} {noun}" + ("" if n == 1 else "s")
+
+
 def default_out(paths: list[str | Path]) -> Path:
     """Where compare writes by default: the first path, or its parent when the first path
     is itself a run (compare never writes into a run directory)."""
@@ -400,7 +405,7 @@ def compare(paths: list[str | Path], out_dir: str | Path | None = None, threshol
     groups = group_runs([summarise(run, threshold, window) for run in runs])
     text = table(groups, threshold)
     notes = legend(threshold, window)
-    title = f"{len(runs)} runs in {len(groups)} groups"
+    title = f"{_count(len(runs), 'run')} in {_count(len(groups), 'group')}"
     figures = ""
     if x is not None:
         against = plot_against(groups, x, out / f"compare_{x}.png", title)

@@ -73,3 +73,9 @@ def test_one_group_of_seeds_is_labelled_by_the_directory_they_share_not_by_one_s
     assert [g.label for g in group_runs(seeds[:1])] == ["seed-0"]  # one run: its own name
     apart = [_run(f"a/seed-{seed}", 0.4, 0.3, seed=seed) for seed in (0, 1)] + [_run("b/seed-2", 0.4, 0.3, seed=2)]
     assert [g.label for g in group_runs(apart)] == ["all runs"]
+
+
+def test_the_figure_title_counts_in_the_singular_and_plural() -> None:
+    from rlzoo.compare import _count
+
+    assert [_count(1, "group"), _count(3, "group"), _count(0, "run")] == ["1 group", "3 groups", "0 runs"]
