@@ -138,6 +138,21 @@ def find_gguf() -> Path:
     return found[0]
 
 
+def convert_gguf(gguf: Path, out: Path) -> Path:
+    """``gguf`` converted by rlzoo's loader into the model directory ``out`` (what a run's
+    ``init_model/`` holds), once: an existing ``out`` is returned as it is. Written to
+    ``out.partial`` first, so a conversion cut off is redone, never half read."""
+    from rlzoo.models import load_pretrained
+
+    if not (out / "config.json").is_file():
+        model, tokenizer = load_pretrained(gguf)
+        partial = out.with_name(out.name + ".partial")
+        model.save_pretrained(partial)
+        tokenizer.save_pretrained(partial)
+        partial.rename(out)
+    return out
+
+
 def smollm2_assets(cache: Path, gguf: Path | None = None) -> tuple[Path, Path]:
     """The smollm2 setting's model directory and prompts, made once in ``cache``:
 
@@ -150,18 +165,13 @@ def smollm2_assets(cache: Path, gguf: Path | None = None) -> tuple[Path, Path]:
       alike: what ``--eval`` evaluates.
     """
     from rlzoo.config import load_config
-    from rlzoo.models import load_pretrained, load_tokenizer
+    from rlzoo.models import load_tokenizer
     from rlzoo.plugins import build_registry, make_plugin_manager
     from rlzoo.prompts import PromptFormat
     from rlzoo.tasks import Holdout
 
-    model_dir, data = cache / "smollm2-135m-instruct", cache / "prompts-smollm2.jsonl"
-    if not (model_dir / "config.json").is_file():
-        model, tokenizer = load_pretrained(gguf or find_gguf())
-        partial = cache / "smollm2-135m-instruct.partial"
-        model.save_pretrained(partial)
-        tokenizer.save_pretrained(partial)
-        partial.rename(model_dir)
+    model_dir = convert_gguf(gguf or find_gguf(), cache / "smollm2-135m-instruct")
+    data = cache / "prompts-smollm2.jsonl"
     evals = smollm2_eval_path(data)
     if not (data.is_file() and evals.is_file()):
         resolved = load_config(build_registry(make_plugin_manager()),

