@@ -138,14 +138,15 @@ def find_gguf() -> Path:
     return found[0]
 
 
-def convert_gguf(gguf: Path, out: Path) -> Path:
-    """``gguf`` converted by rlzoo's loader into the model directory ``out`` (what a run's
-    ``init_model/`` holds), once: an existing ``out`` is returned as it is. Written to
-    ``out.partial`` first, so a conversion cut off is redone, never half read."""
+def convert_gguf(gguf: Path | None, out: Path) -> Path:
+    """``gguf`` (None: :func:`find_gguf`'s) converted by rlzoo's loader into the model
+    directory ``out`` (what a run's ``init_model/`` holds), once: an existing ``out`` is
+    returned as it is, without looking for the GGUF file. Written to ``out.partial`` first,
+    so a conversion cut off is redone, never half read."""
     from rlzoo.models import load_pretrained
 
     if not (out / "config.json").is_file():
-        model, tokenizer = load_pretrained(gguf)
+        model, tokenizer = load_pretrained(gguf or find_gguf())
         partial = out.with_name(out.name + ".partial")
         model.save_pretrained(partial)
         tokenizer.save_pretrained(partial)
@@ -170,7 +171,7 @@ def smollm2_assets(cache: Path, gguf: Path | None = None) -> tuple[Path, Path]:
     from rlzoo.prompts import PromptFormat
     from rlzoo.tasks import Holdout
 
-    model_dir = convert_gguf(gguf or find_gguf(), cache / "smollm2-135m-instruct")
+    model_dir = convert_gguf(gguf, cache / "smollm2-135m-instruct")
     data = cache / "prompts-smollm2.jsonl"
     evals = smollm2_eval_path(data)
     if not (data.is_file() and evals.is_file()):

@@ -71,7 +71,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from compare_trl import SMOLLM2_TASK, convert_gguf, find_gguf  # noqa: E402  (the sibling benchmark's helpers)
+from compare_trl import SMOLLM2_TASK, convert_gguf  # noqa: E402  (the sibling benchmark's helpers)
 
 SECTION = "## Learning race on a real model (issue 21)"
 SYSTEMS = ("rlzoo", "trl")
@@ -333,7 +333,8 @@ def race(args: argparse.Namespace) -> str:
 
     runs = Path(args.runs)
     runs.mkdir(parents=True, exist_ok=True)
-    model_dir = Path(args.model) if args.model else convert_gguf(Path(args.gguf or find_gguf()), runs / "model")
+    gguf = Path(args.gguf) if args.gguf else None
+    model_dir = Path(args.model) if args.model else convert_gguf(gguf, runs / "model")
     systems = [s for s in args.systems.split(",") if s]
     unknown = sorted(set(systems) - set(SYSTEMS))
     if unknown or not systems:
