@@ -46,7 +46,6 @@ import argparse
 import functools
 import json
 import os
-import platform
 import random
 import resource
 import statistics
@@ -59,7 +58,7 @@ from pathlib import Path
 from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # roofline.py beside this script, also when imported
-from roofline import DTYPE_BYTES, ModelShapes, StepWork, matmul_rates, memory_bandwidth, roofline, step_flops  # noqa: E402
+from roofline import DTYPE_BYTES, ModelShapes, StepWork, machine, matmul_rates, memory_bandwidth, roofline, step_flops  # noqa: E402
 
 SETTINGS = {
     # micro_batch: rlzoo's sequences per forward/backward (all 64 at once where memory is no
@@ -660,7 +659,7 @@ def main() -> None:
                                      bandwidth, DTYPE_BYTES[precision_of(name)])
                       for name, entry in summary.items()} for kl, summary in results.items()}
     command = "python benchmarks/compare_trl.py " + " ".join(sys.argv[1:])
-    header = (f"Measured {date.today().isoformat()} on {platform.machine()} with {os.cpu_count()} cores, "
+    header = (f"Measured {date.today().isoformat()} on {machine()}, "
               f"torch {torch.__version__}, {args.threads} threads per worker; {args.steps} measured steps "
               f"after {args.warmup} warm-up, systems alternating step by step. Command: `{command}`")
     rate_text = "; ".join(f"{dtype} " + ", ".join(f"{shape} {rate / 1e9:.0f}" for shape, rate in shapes_.items())

@@ -57,7 +57,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import random
 import re
 import shutil
@@ -72,6 +71,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from compare_trl import SMOLLM2_TASK, convert_gguf  # noqa: E402  (the sibling benchmark's helpers)
+from roofline import machine  # noqa: E402
 
 SECTION = "## Learning race on a real model (issue 21)"
 SYSTEMS = ("rlzoo", "trl")
@@ -352,7 +352,7 @@ def race(args: argparse.Namespace) -> str:
     command = "python benchmarks/race_trl.py " + " ".join(args.argv)
     how = "at the same time, one core each" if args.concurrent else "one after the other"
     text = (f"{SECTION}\n\n{table(results, args.threshold)}\n\nMeasured {date.today().isoformat()} on "
-            f"{platform.machine()} with {os.cpu_count()} cores, torch {torch.__version__}; a seed's systems ran "
+            f"{machine()}, torch {torch.__version__}; a seed's systems ran "
             f"{how}. Strict accuracy on {args.eval_size} held-out prompts (greedy, rlzoo's evaluator for both); a "
             f"step is one rollout of {args.prompts} x {args.n} completions; seconds are training steps only "
             f"(evaluation and start-up excluded). Settings and what differs: the docstring of "

@@ -173,6 +173,25 @@ while a full update-shaped bfloat16 head product (M ≈ 3,300) takes 24 s on a C
 bfloat16 instructions."""
 
 
+def machine() -> str:
+    """This machine as a benchmark footer names it: CPU model, ISA level torch dispatches
+    to and cores, e.g. ``AMD EPYC (x86_64, AVX2, 2 cores)``. The ISA matters: on a CPU with
+    AMX bfloat16 matmuls run ~10x faster than float32, without bfloat16 instructions ~7x
+    slower, so bf16 rows measured on one say nothing about the other."""
+    import os
+    import platform
+
+    import torch
+
+    model = platform.processor() or platform.machine()
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
+                 if line.startswith("model name")]
+        model = names[0] if names else model
+    return f"{model} ({platform.machine()}, {torch.backends.cpu.get_cpu_capability()}, {os.cpu_count()} cores)"
+
+
 def matmul_rates(shapes: ModelShapes, work: StepWork, threads: int, repeats: int = 3) -> dict[str, dict[str, float]]:
     """FLOP/s of a linear layer on this machine, now, for the step's shapes: per dtype
     (``float32``, ``bfloat16``), per phase (``decode``: M = B rows; ``update``: M = B (P+T),

@@ -200,3 +200,12 @@ def test_tables_divide_by_the_roofline_and_split_rlzoos_step():
                           "2.500 (1.500) | 0.500 | 30.0 (128 prompts × (1 + 8) completions) |")
     assert compare.eval_share(results, 100) == ("rlzoo-bf16 (KL 0.04): one evaluation = 5.0 steps, 4.8% of a run "
                                                 "evaluating every 100 steps")
+
+
+def test_the_machine_line_names_the_isa_torch_dispatches_to_and_the_cores():
+    import os
+
+    import torch
+
+    line = load("roofline").machine()
+    assert f", {torch.backends.cpu.get_cpu_capability()}, {os.cpu_count()} cores)" in line
