@@ -104,6 +104,7 @@ def offpolicy_metrics(old_logp: torch.Tensor, rollout_logp: torch.Tensor,
     ``kl``: mean over valid tokens of log μ − log π_old (k1 of KL(μ‖π_old)). x and Σ x are
     clamped to ±20 before the exp; perplexities are taken in float64. verl averages the
     sequence metrics over every sequence, an empty one included; rlzoo over non-empty ones.
+    Every metric is 0 when no token is valid (a batch of empty responses: nothing diverged).
     """
     valid = mask.bool()
     fmask = valid.to(torch.float32)
@@ -117,8 +118,8 @@ def offpolicy_metrics(old_logp: torch.Tensor, rollout_logp: torch.Tensor,
     diff = mean_rollout - mean_old
     seq = non_empty.double()
     return {
-        "chi2_token": masked_mean(rho_sq, fmask) - 1.0,
-        "chi2_seq": masked_mean(torch.exp(2 * seq_log_ratio), non_empty) - 1.0,
+        "chi2_token": masked_mean(rho_sq - 1.0, fmask),
+        "chi2_seq": masked_mean(torch.exp(2 * seq_log_ratio) - 1.0, non_empty),
         "training_ppl": masked_mean(torch.exp(-mean_old), seq).float(),
         "rollout_ppl": masked_mean(torch.exp(-mean_rollout), seq).float(),
         "log_ppl_diff": masked_mean(diff, seq).float(),

@@ -140,6 +140,12 @@ def test_offpolicy_metrics_by_hand() -> None:
     assert all(math.isfinite(float(v)) for v in extreme.values())
 
 
+def test_offpolicy_metrics_of_only_empty_responses_are_zero() -> None:
+    # the χ² were mean(ρ²) − 1 = −1 here: a divergence below its minimum, 0
+    found = offpolicy_metrics(torch.full((2, 3), -1.0), torch.full((2, 3), -3.0), torch.zeros(2, 3))
+    assert {k: float(v) for k, v in found.items()} == {k: 0.0 for k in found}
+
+
 # ------------------------------------------------------------------ composition, in order
 
 
