@@ -172,6 +172,46 @@ class Multiply(Task):
         return rng.choice(DIGITS[1:]) + "".join(rng.choice(DIGITS) for _ in range(length - 1))
 
 
+@dataclass
+class SecretParams:
+    high: int = 9
+    """The secret is drawn uniformly from [0, high] (1..10**6)."""
+    tag_digits: int = 4
+    """Digits of the random tag that makes each prompt distinct (2..8)."""
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.high <= 10**6:
+            raise ValueError(f"high must be in [1, 1000000], got {self.high}")
+        if not 2 <= self.tag_digits <= 8:
+            raise ValueError(f"tag_digits must be in [2, 8], got {self.tag_digits}")
+
+
+class Secret(Task):
+    """``"4821?"`` → ``"7"``: a secret integer in [0, ``high``] that the prompt says nothing of,
+    for the ``guess`` environment, where only its higher/lower hints lead to the answer. The
+    prompt is a random tag, independent of the secret, so that the held-out share
+    (``eval.holdout``, a split of prompt texts) has a prompt space to split: a held-out tag
+    was never trained on, and no tag tells anything of its secret. A policy that ignores the
+    hints finds the secret within T guesses in at most T / (``high`` + 1) of the episodes."""
+
+    alphabet = DIGITS + "+-=;?"
+
+    def __init__(self, params: SecretParams) -> None:
+        self.high, self.tag_digits = params.high, params.tag_digits
+        self.max_new_tokens = len(str(params.high))
+
+    def sample(self, n: int, rng: random.Random) -> list[Example]:
+        out = []
+        for _ in range(n):
+            tag = "".join(rng.choice(DIGITS) for _ in range(self.tag_digits))
+            out.append(Example(prompt=f"{tag}?", reference=str(rng.randint(0, self.high))))
+        return out
+
+    def format_text(self, example: Example, rng: random.Random) -> str:
+        """A well-formed guess: a random integer in [0, ``high``]."""
+        return str(rng.randint(0, self.high))
+
+
 def eval_expression(expr: str) -> Optional[int]:
     """Value of an expression of non-negative integers with ``+ - *`` (usual precedence),
     or ``None`` if it is not one. No ``eval``."""
@@ -230,6 +270,9 @@ def rlzoo_register_tasks(register) -> None:
              paper="TinyZero countdown")
     register("multiply", Multiply, params=MultiplyParams, reward="exact_match",
              description="multi-digit multiplication (the calculator environment's task); exact-match reward")
+    register("secret", Secret, params=SecretParams, reward="exact_match",
+             description="a secret integer the prompt says nothing of (the guess environment's task: only "
+                         "its hints find it); exact-match reward")
     register("file", _file_task, params=FileTaskParams, reward="exact_match",
              description="prompts (text or chat messages) + reference answers from a JSONL/Parquet file or a "
                          "datasets directory, in shuffled epochs")

@@ -18,6 +18,8 @@ Logged tags:
 - ``eval/pass@1``: mean over prompts of c/n, c the correct ones among the n samples;
 - ``eval/pass@<n>``: the unbiased pass@n estimate (some sample correct), when n > 1;
 - ``eval/sampled_score``: mean score of the samples (``reward/mean`` on held-out prompts);
+- ``eval/greedy_turns``: with an environment, the mean policy turns of the greedy episodes
+  (the samples table then shows whole episodes);
 - ``timing/eval_s``: seconds the evaluation took (not part of ``timing/step_s``).
 
 With ``eval.at_start=true`` a fresh run also evaluates before its first step (logged at
@@ -33,19 +35,36 @@ import sys
 
 import math
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
 from rlzoo import distributed
 from rlzoo.errors import ConfigError
-from rlzoo.sampler import Sampler
+from rlzoo.sampler import Completions, Sampler
 from rlzoo.tasks import Example, Holdout, Task
 from rlzoo.tracking import Sample
 
 EVAL_PREFIX = "eval/"
 EVAL_TIME_TAG = "timing/eval_s"
+
+
+class Answer(NamedTuple):
+    """What evaluation keeps of one held-out example."""
+
+    greedy: float
+    """Score of the greedy completion."""
+    sampled: list[float]
+    """Scores of the ``eval.n`` samples."""
+    shown: str
+    """The greedy completion (the whole episode with an environment), for the samples table."""
+    found: bool
+    """Whether the answer format finds an answer in the greedy completion."""
+    lenient: float
+    """Lenient score of the greedy completion."""
+    turns: int | None
+    """Policy turns of the greedy episode; ``None`` without an environment."""
 
 
 def pass_at_k(n: int, correct: int, k: int) -> float:
@@ -111,38 +130,42 @@ class Evaluator:
         """Whether to evaluate after ``step``."""
         return last or (self.every > 0 and step % self.every == 0)
 
-    def _generate(self, examples: list[Example], samples: int) -> tuple[list[float], list[str]]:
+    def _generate(self, examples: list[Example], samples: int) -> tuple[list[float], Completions]:
         """Scores and completions of ``samples`` completions per example (one greedy one
         when 0), example-major, in calls of at most ``self.sequences`` sequences."""
         sampler = self.sampler
         per_example = max(1, samples)
         per_call = max(1, self.sequences // per_example)
         scores: list[float] = []
-        completions: list[str] = []
+        answers: list[str] = []
+        shown: list[str] = []
+        turns: list[int] | None = []
         for start in range(0, len(examples), per_call):
             part = examples[start:start + per_call]
-            texts = sampler.complete(part, per_example, greedy=samples == 0)
+            done = sampler.complete(part, per_example, greedy=samples == 0)
             repeat = lambda items: [x for x in items for _ in range(per_example)]  # noqa: E731
-            scores += sampler.score(repeat([e.prompt for e in part]), texts, repeat([e.reference for e in part]),
+            scores += sampler.score(repeat([e.prompt for e in part]), done.answers, repeat([e.reference for e in part]),
                                     repeat([dict(e.row) for e in part])).tolist()
-            completions += texts
-        return scores, completions
+            answers += done.answers
+            shown += done.shown
+            turns = None if done.turns is None or turns is None else turns + done.turns
+        return scores, Completions(answers, shown, turns)
 
-    def _answer(self, examples: list[Example], seed: int) -> list[tuple[float, list[float], str, bool, float]]:
-        """``(greedy score, sample scores, greedy completion, whether the answer format
-        finds an answer in it, its lenient score)`` per example."""
+    def _answer(self, examples: list[Example], seed: int) -> list[Answer]:
+        """The :class:`Answer` of each example."""
         with torch.random.fork_rng(devices=_devices(self.sampler.device)):
             torch.manual_seed(seed)
-            greedy, completions = self._generate(examples, 0)
+            greedy, done = self._generate(examples, 0)
             sampled: list[list[float]] = [[] for _ in examples]
             if self.n:
                 flat, _ = self._generate(examples, self.n)
                 sampled = [flat[i * self.n:(i + 1) * self.n] for i in range(len(examples))]
         rewards = self.sampler.rewards
-        found = [answer is not None for answer in rewards.answers(completions)]
-        lenient = rewards.lenient_scores([e.prompt for e in examples], completions, [e.reference for e in examples],
+        found = [answer is not None for answer in rewards.answers(done.answers)]
+        lenient = rewards.lenient_scores([e.prompt for e in examples], done.answers, [e.reference for e in examples],
                                          [dict(e.row) for e in examples]).tolist() if examples else []
-        return list(zip(greedy, sampled, completions, found, lenient))
+        turns = done.turns if done.turns is not None else [None] * len(examples)
+        return [Answer(*fields) for fields in zip(greedy, sampled, done.shown, found, lenient, turns)]
 
     def run(self, step: int) -> dict[str, float]:
         """Evaluate now; returns the ``eval/...`` metrics and ``timing/eval_s`` (the same on
@@ -164,22 +187,25 @@ class Evaluator:
         if any(failed for failed, _ in parts):  # every rank raises the same error (the same gather, no extra one)
             distributed.raise_failures(failure, self.dist)
         results = dict(item for _, part in parts for item in part)
-        greedy = np.array([results[i][0] for i in range(len(self.examples))])
-        strict = (greedy >= self.threshold) & np.array([results[i][3] for i in range(len(self.examples))])
-        lenient = strict | (np.array([results[i][4] for i in range(len(self.examples))]) >= self.threshold)
+        answers = [results[i] for i in range(len(self.examples))]
+        greedy = np.array([a.greedy for a in answers])
+        strict = (greedy >= self.threshold) & np.array([a.found for a in answers])
+        lenient = strict | (np.array([a.lenient for a in answers]) >= self.threshold)
         metrics = {"eval/greedy_accuracy": float((greedy >= self.threshold).mean()),
                    "eval/greedy_score": float(greedy.mean()),
                    "eval/strict_accuracy": float(strict.mean()),
                    "eval/lenient_accuracy": float(lenient.mean())}
+        if answers and answers[0].turns is not None:
+            metrics["eval/greedy_turns"] = float(np.mean([a.turns for a in answers]))
         if self.n:
-            sampled = np.array([results[i][1] for i in range(len(self.examples))])
+            sampled = np.array([a.sampled for a in answers])
             correct = (sampled >= self.threshold).sum(1)
             metrics["eval/pass@1"] = float(np.mean([pass_at_k(self.n, int(c), 1) for c in correct]))
             if self.n > 1:
                 metrics[f"eval/pass@{self.n}"] = float(np.mean([pass_at_k(self.n, int(c), self.n) for c in correct]))
             metrics["eval/sampled_score"] = float(sampled.mean())
-        self.samples = [Sample(self.examples[i].prompt, self.examples[i].reference, results[i][2],
-                                   results[i][0]) for i in range(min(8, len(self.examples)))]
+        self.samples = [Sample(self.examples[i].prompt, self.examples[i].reference, answers[i].shown,
+                               answers[i].greedy) for i in range(min(8, len(self.examples)))]
         metrics[EVAL_TIME_TAG] = time.perf_counter() - start
         return metrics
 

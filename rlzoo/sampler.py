@@ -11,7 +11,7 @@ each completion is a multi-turn episode (:mod:`rlzoo.episodes`), scored on its f
 from __future__ import annotations
 
 import random
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import torch
 
@@ -23,6 +23,19 @@ from rlzoo.prompts import PromptFormat
 from rlzoo.rollout import left_pad
 from rlzoo.scoring import Rewards
 from rlzoo.tasks import Example, Holdout, Task
+
+
+class Completions(NamedTuple):
+    """Completions as :meth:`Sampler.complete` returns them (example-major).
+
+    :ivar answers: what the rewards score: each completion's text, or an episode's final answer.
+    :ivar shown: what a samples table shows: the completion, or the whole episode after its prompt.
+    :ivar turns: policy turns of each episode; ``None`` without an environment.
+    """
+
+    answers: list[str]
+    shown: list[str]
+    turns: list[int] | None
 
 
 class Sampler:
@@ -127,18 +140,20 @@ class Sampler:
         return EpisodeLimits(max_turns=episodes.max_turns, max_turn_tokens=episodes.max_turn_tokens,
                              max_tokens=self.plan.rollout.max_new_tokens)
 
-    def complete(self, examples: list[Example], num_samples: int, greedy: bool) -> list[str]:
-        """``num_samples`` completions of each example (example-major), as text: the
-        final answers of episodes with an environment. What evaluation scores."""
+    def complete(self, examples: list[Example], num_samples: int, greedy: bool) -> Completions:
+        """``num_samples`` completions of each example (example-major): what evaluation
+        scores (the final answers of episodes with an environment) and what it shows."""
         rollout = self.plan.rollout
         if self.environment is not None:
-            return [e.answer for e in play(self.backend, self.episode_format, self.environment, examples,
-                                           num_samples, self.limits, temperature=rollout.temperature,
-                                           top_p=rollout.top_p, greedy=greedy)]
+            episodes = play(self.backend, self.episode_format, self.environment, examples, num_samples, self.limits,
+                            temperature=rollout.temperature, top_p=rollout.top_p, greedy=greedy)
+            return Completions([e.answer for e in episodes], [transcript(self.episode_format, e) for e in episodes],
+                               [e.turns for e in episodes])
         gen = self.backend.generate(self.encode_prompts(examples), num_samples=num_samples,
                                     max_new_tokens=rollout.max_new_tokens, temperature=rollout.temperature,
                                     top_p=rollout.top_p, greedy=greedy)
-        return self.decode(gen.response_ids, gen.response_mask)
+        answers = self.decode(gen.response_ids, gen.response_mask)
+        return Completions(answers, answers, None)
 
     def decode(self, response_ids: torch.Tensor, response_mask: torch.Tensor) -> list[str]:
         """The completions' text (special tokens such as EOS dropped)."""

@@ -56,7 +56,8 @@ OFF = "off"
 
 LAYOUT: list[tuple[str, list[str]]] = [
     ("reward and evaluation", ["reward/mean", "eval/greedy_accuracy", "eval/pass@1", "eval/pass@N",
-                               "eval/greedy_score", "eval/sampled_score", "reward/std", "reward/max"]),
+                               "eval/greedy_score", "eval/sampled_score", "eval/greedy_turns", "reward/std",
+                               "reward/max"]),
     ("policy", ["policy/loss", "policy/clipfrac", "policy/approx_kl", "entropy", "advantages/mean", "grad_norm",
                 "lr"]),
     ("kl and critic", ["kl/value", "kl/coef", "value/loss", "value/vf_clipfrac", "value/grad_norm"]),
@@ -129,18 +130,24 @@ def effective_hparams(cfg: DictConfig, plan: RunPlan) -> dict[str, Any]:
     return out
 
 
-def eval_metric_tags(n: int) -> list[str]:
-    """The ``eval/...`` tags a run with ``eval.n = n`` logs, most important first."""
+def eval_metric_tags(n: int, episodes: bool = False) -> list[str]:
+    """The ``eval/...`` tags a run with ``eval.n = n`` logs, most important first
+    (``episodes``: a run with an environment)."""
     tags = ["eval/greedy_accuracy", "eval/greedy_score", "eval/strict_accuracy", "eval/lenient_accuracy"]
     if n >= 1:
         tags += ["eval/pass@1"] + ([f"eval/pass@{n}"] if n > 1 else []) + ["eval/sampled_score"]
-    return tags
+    return tags + (["eval/greedy_turns"] if episodes else [])
+
+
+def _eval_tags(cfg: DictConfig) -> list[str]:
+    """The ``eval/...`` tags the run of ``cfg`` logs (none without evaluation)."""
+    return eval_metric_tags(int(cfg.eval.n), cfg.get("env") is not None) if int(cfg.eval.size) > 0 else []
 
 
 def hparam_metrics(cfg: DictConfig) -> list[str]:
     """The metrics the HParams dashboard lists for a run, most important first (it shows
     the first five): evaluation and reward, then lengths and time."""
-    evals = eval_metric_tags(int(cfg.eval.n)) if int(cfg.eval.size) > 0 else []
+    evals = _eval_tags(cfg)
     head = [t for t in evals if t == "eval/greedy_accuracy" or t.startswith("eval/pass@")]
     return head + ["reward/mean"] + [t for t in evals if t not in head] + [
         "response_length/mean", "kl/value", "timing/step_s", "throughput/tokens_per_s"]
@@ -252,7 +259,7 @@ def group_samples(batch: RolloutBatch, groups: int = 4, per_group: int = 4) -> l
 def custom_scalars_layout(cfg: DictConfig, plan: RunPlan) -> dict[str, dict[str, list[Any]]]:
     """:data:`LAYOUT` as ``add_custom_scalars`` takes it, without the tags this run never
     writes (evaluation when it is off, the critic's without a critic)."""
-    evals = set(eval_metric_tags(int(cfg.eval.n))) if int(cfg.eval.size) > 0 else set()
+    evals = set(_eval_tags(cfg))
     layout: dict[str, dict[str, list[Any]]] = {}
     for title, tags in LAYOUT:
         charts = {}

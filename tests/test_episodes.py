@@ -3,6 +3,8 @@ out of every loss, bounds, the plan's refusals, and a short training run (issue 
 
 from __future__ import annotations
 
+import random
+import re
 import string
 from pathlib import Path
 
@@ -225,6 +227,13 @@ def test_a_run_trains_and_evaluates_on_episodes(tmp_path: Path) -> None:
         assert any("=;" in sample.completion for sample in trainer.last_samples)  # the samples show whole episodes
         evaluation = trainer.evaluator.run(1)
         assert 0.0 <= evaluation["eval/greedy_accuracy"] <= 1.0 and "eval/pass@2" in evaluation
+        assert 1 <= evaluation["eval/greedy_turns"] <= 3
+        # scripted turns (every episode the same): greedy 3 turns, then the 2 samples' 3 turns
+        script = ["12", "34", "56", "7", "8", "9"]
+        trainer.evaluator.sampler.backend = ScriptedBackend(trainer.sampler.tokenizer, script)
+        evaluation = trainer.evaluator.run(2)
+        assert evaluation["eval/greedy_turns"] == 3.0
+        assert [s.completion for s in trainer.evaluator.samples] == ["12</s>=;34</s>=;56</s>"] * 4
     finally:
         trainer.close()
 
@@ -275,6 +284,52 @@ def test_the_guessing_game_answers_higher_or_lower_and_charges_each_wrong_guess(
     [failed] = play(ScriptedBackend(tokenizer, ["1000", "2000"]), fmt, lambda: GuessEnv(GuessParams(turn_penalty=0.25)),
                     [Example("37*48=", "1776")], 1, EpisodeLimits(2, 6, 40), temperature=1.0, top_p=1.0)
     assert failed.truncated and failed.turn_reward == 0.0  # never below an episode that answers
+
+
+def _guesses(env, example: Example, next_guess, max_turns: int) -> int | None:
+    """Guesses ``next_guess(hints so far)`` makes to find ``example``'s secret in ``env``
+    (``None``: not within ``max_turns``)."""
+    env.reset(example)
+    hints: list[tuple[int, str]] = []
+    for turn in range(1, max_turns + 1):
+        guess = next_guess(hints)
+        result = env.step(str(guess))
+        if result.done:
+            return turn
+        hints.append((guess, result.observations[0]["content"]))
+    return None
+
+
+def test_only_the_hints_find_the_secret_task_s_answer() -> None:
+    from rlzoo.tasks import Holdout
+    from rlzoo_plugins.environments import GuessEnv, GuessParams
+    from rlzoo_plugins.tasks import Secret, SecretParams
+
+    task = Secret(SecretParams(high=9))
+    examples = task.sample(2000, random.Random(0))
+    assert all(re.fullmatch(r"\d{4}\?", e.prompt) and 0 <= int(e.reference) <= 9 for e in examples)
+    assert {int(e.reference) for e in examples} == set(range(10))
+    assert examples == task.sample(2000, random.Random(0))
+    holdout = Holdout(0.1)
+    held_out = task.eval_set(64, holdout)
+    assert len({e.prompt for e in held_out}) == 64 and all(holdout.contains(e.prompt) for e in held_out)
+    assert not any(holdout.contains(e.prompt) for e in task.sample_train(256, random.Random(1), holdout))
+    for params, bad in [(dict(high=0), "high"), (dict(tag_digits=1), "tag_digits")]:
+        with pytest.raises(ValueError, match=bad):
+            SecretParams(**params)
+
+    def bisect(hints: list[tuple[int, str]]) -> int:
+        low, high = 0, 9
+        for guess, hint in hints:
+            low, high = (guess + 1, high) if hint == "+;" else (low, guess - 1)
+        return (low + high) // 2
+
+    secrets = [Example("0000?", str(k)) for k in range(10)]
+    env = GuessEnv(GuessParams())
+    turns = [_guesses(env, e, bisect, 4) for e in secrets]
+    assert None not in turns and sum(turns) == 29  # binary search: every secret within 4 guesses, 2.9 on average
+    fixed = [_guesses(env, e, lambda hints: [4, 7, 1, 8][len(hints)], 4) for e in secrets]
+    assert sum(t is not None for t in fixed) == 4  # ignoring the hints: at most 4 of the 10 secrets in 4 guesses
 
 
 def test_the_calculator_demonstrates_a_call_then_the_answer_and_sft_trains_on_its_policy_tokens(
