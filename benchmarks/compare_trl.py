@@ -448,9 +448,10 @@ def worker_main(args: argparse.Namespace) -> None:
         elif line.startswith("EVAL"):  # EVAL [size]: an rlzoo worker times one evaluation
             size = line.split()[1:]
             print(MARK + json.dumps(step.evaluate(int(size[0]) if size else None)), file=reply, flush=True)
-        elif line.strip() == "EXIT":
+        elif line.strip() in ("RSS", "EXIT"):
             print(MARK + json.dumps({"peak_rss_mb": peak_rss_mb()}), file=reply, flush=True)
-            os._exit(0)
+            if line.strip() == "EXIT":
+                os._exit(0)
 
 
 # ----------------------------------------------------------------------------- parent
@@ -496,6 +497,12 @@ class Worker:
         self.proc.stdin.flush()
         return self._reply()
 
+    def peak_rss(self) -> float:
+        """The worker's peak RSS so far (MB)."""
+        self.proc.stdin.write("RSS\n")
+        self.proc.stdin.flush()
+        return self._reply()["peak_rss_mb"]
+
     def close(self) -> float:
         self.proc.stdin.write("EXIT\n")
         self.proc.stdin.flush()
@@ -506,7 +513,8 @@ class Worker:
 
 def measure(args: argparse.Namespace, kl: float, model_dir: Path, data: Path) -> dict[str, dict]:
     """Run the systems alternating step by step; per system the medians of its measured
-    steps, its peak RSS and (``--eval``, rlzoo workers) one evaluation's time."""
+    steps, its peak RSS over the steps (before any evaluation: TRL's workers are not evaluated) and
+    (``--eval``, rlzoo workers) one evaluation's time and the peak RSS after it."""
     total = args.warmup + args.steps
     names = [*args.systems, *([BASELINE] if args.baseline else [])]
     workers = [Worker(name, args, model_dir, data, kl, total) for name in names]
@@ -530,10 +538,13 @@ def measure(args: argparse.Namespace, kl: float, model_dir: Path, data: Path) ->
                 entry[key] = statistics.median(r[key] for r in rows)
             entry.update(rollout_tok_s=entry["new_tokens"] / entry["rollout_s"],
                          update_tok_s=entry["new_tokens"] / entry["update_s"])
+        entry["peak_rss_mb"] = worker.peak_rss()  # of the steps: TRL's workers are not evaluated
         if args.eval and worker.name in ("rlzoo", "rlzoo-bf16"):
             entry.update(worker.evaluate(args.eval_size))
             print(f"  kl={kl} evaluation {worker.name}: {entry['eval_s']:.3f} s", file=sys.stderr, flush=True)
-        entry["peak_rss_mb"] = worker.close()
+            entry["eval_peak_rss_mb"] = worker.close()
+        else:
+            worker.close()
         summary[worker.name] = entry
     return summary
 
@@ -585,7 +596,7 @@ def profile_table(results: dict[float, dict[str, dict]], rooflines: dict[float, 
 
             other = entry["median_step_s"] - entry["rollout_s"] - sum(entry[key] for key in PROFILED)
             evaluation = (f"{entry['eval_s']:.1f} ({entry['eval_prompts']} prompts × (1 + {entry['eval_n']}) "
-                          f"completions)" if "eval_s" in entry else "—")
+                          f"completions; peak RSS {entry['eval_peak_rss_mb']:.0f} MB)" if "eval_s" in entry else "—")
             lines.append(f"| {kl} | {name} | {cell(entry['median_step_s'], *phases)} | "
                          f"{cell(entry['rollout_s'], 'prefill', 'decode')} | {cell(entry['old_s'], 'old')} | "
                          f"{cell(entry['reference_s'], 'reference')} | "

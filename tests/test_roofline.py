@@ -186,7 +186,7 @@ def test_tables_divide_by_the_roofline_and_split_rlzoos_step():
     compare = load("compare_trl")
     entry = dict(median_step_s=6.0, peak_rss_mb=1000.0, rollout_s=2.0, update_s=3.5, new_tokens=480.0,
                  rollout_tok_s=240.0, update_tok_s=137.0, old_s=0.0, reference_s=1.0, optimize_s=2.5, eval_s=30.0,
-                 eval_prompts=128, eval_n=8)
+                 eval_prompts=128, eval_n=8, eval_peak_rss_mb=1500.0)
     results = {0.04: {"rlzoo-bf16": entry, "trl": dict(median_step_s=24.0, peak_rss_mb=4000.0, rollout_s=None),
                       "trl-bf16": dict(median_step_s=12.0, peak_rss_mb=4000.0, rollout_s=None)}}
     phases = {"prefill": 0.1, "decode": 0.9, "reference": 0.5, "update": 1.0, "optimizer": 0.5}
@@ -197,7 +197,7 @@ def test_tables_divide_by_the_roofline_and_split_rlzoos_step():
     profile = compare.profile_table(results, rooflines).splitlines()
     assert len(profile) == 3  # TRL reports no parts
     assert profile[2] == ("| 0.04 | rlzoo-bf16 | 6.000 (3.000) | 2.000 (1.000) | 0.000 | 1.000 (0.500) | "
-                          "2.500 (1.500) | 0.500 | 30.0 (128 prompts × (1 + 8) completions) |")
+                          "2.500 (1.500) | 0.500 | 30.0 (128 prompts × (1 + 8) completions; peak RSS 1500 MB) |")
     assert compare.eval_share(results, 100) == ("rlzoo-bf16 (KL 0.04): one evaluation = 5.0 steps, 4.8% of a run "
                                                 "evaluating every 100 steps")
 
