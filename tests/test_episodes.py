@@ -314,6 +314,8 @@ def test_only_the_hints_find_the_secret_task_s_answer() -> None:
     held_out = task.eval_set(64, holdout)
     assert len({e.prompt for e in held_out}) == 64 and all(holdout.contains(e.prompt) for e in held_out)
     assert not any(holdout.contains(e.prompt) for e in task.sample_train(256, random.Random(1), holdout))
+    wide = Secret(SecretParams(high=99, tag_digits=3)).sample(2000, random.Random(0))
+    assert all(re.fullmatch(r"\d{3}\?", e.prompt) for e in wide) and max(int(e.reference) for e in wide) == 99
     for params, bad in [(dict(high=0), "high"), (dict(tag_digits=1), "tag_digits")]:
         with pytest.raises(ValueError, match=bad):
             SecretParams(**params)
