@@ -26,7 +26,7 @@ alike. Settings (issue 6):
   prompts), so every system tokenises the same strings. ``--eval`` also times one
   evaluation at the default ``eval.size`` and ``eval.n`` in each rlzoo worker.
 
-The tiny and small models come from ``rlzoo.models`` (the builder of the embedded default),
+The tiny and small models come from ``rlzoo.models.build`` (the builder of the embedded default),
 saved once and loaded by every worker. The compute floor is HF ``generate`` of the same
 number of tokens with the KV cache, plus one forward/backward/optimizer step over the
 sequences (plus one reference forward when KL > 0): what any GRPO implementation must spend.
@@ -92,7 +92,7 @@ def build_assets(setting: str, root: Path, cache: Path | None = None) -> tuple[P
     from tokenizers import Tokenizer, models, pre_tokenizers, decoders
     from transformers import PreTrainedTokenizerFast
 
-    from rlzoo.models import build_char_tokenizer, build_tiny_model
+    from rlzoo.models.build import build_char_tokenizer, build_tiny_model
 
     spec = SETTINGS[setting]
     torch.manual_seed(0)
@@ -142,7 +142,7 @@ def convert_gguf(gguf: Path | None, out: Path) -> Path:
     directory ``out`` (what a run's ``init_model/`` holds), once: an existing ``out`` is
     returned as it is, without looking for the GGUF file. Written to ``out.partial`` first,
     so a conversion cut off is redone, never half read."""
-    from rlzoo.models import load_pretrained
+    from rlzoo.models.build import load_pretrained
 
     if not (out / "config.json").is_file():
         model, tokenizer = load_pretrained(gguf or find_gguf())
@@ -164,11 +164,11 @@ def smollm2_assets(cache: Path, gguf: Path | None = None) -> tuple[Path, Path]:
     - ``eval-smollm2.jsonl``: the task's ``eval.size`` (default) held-out prompts, rendered
       alike: what ``--eval`` evaluates.
     """
-    from rlzoo.config import load_config
-    from rlzoo.models import load_tokenizer
-    from rlzoo.plugins import build_registry, make_plugin_manager
-    from rlzoo.prompts import PromptFormat
-    from rlzoo.tasks import Holdout
+    from rlzoo.plan.planner import load_config
+    from rlzoo.models.build import load_tokenizer
+    from rlzoo.contract.loading import build_registry, make_plugin_manager
+    from rlzoo.tasks.prompts import PromptFormat
+    from rlzoo.tasks.task import Holdout
 
     model_dir = convert_gguf(gguf, cache / "smollm2-135m-instruct")
     data = cache / "prompts-smollm2.jsonl"
@@ -194,7 +194,7 @@ def smollm2_eval_path(data: Path) -> Path:
 
 def prompt_tokens(model_dir: Path, data: Path) -> float:
     """Mean token count of the prompts in ``data`` (as every system tokenises them: no special tokens added)."""
-    from rlzoo.models import load_tokenizer
+    from rlzoo.models.build import load_tokenizer
 
     tokenizer = load_tokenizer(model_dir)
     prompts = [json.loads(line)["prompt"] for line in data.read_text().splitlines()]
@@ -234,11 +234,11 @@ def worker_rlzoo(model_dir: Path, data: Path, spec: dict, kl: float, steps: int,
     (the first ``size`` of them, default all: ``eval.size``) at the default ``eval.n``."""
     from transformers.utils import logging as hf_logging
 
-    from rlzoo.config import load_config
-    from rlzoo.evaluation import EVAL_TIME_TAG, Evaluator
-    from rlzoo.plugins import build_registry, make_plugin_manager
-    from rlzoo.tasks import Example
-    from rlzoo.trainer import Trainer
+    from rlzoo.plan.planner import load_config
+    from rlzoo.run.evaluation import EVAL_TIME_TAG, Evaluator
+    from rlzoo.contract.loading import build_registry, make_plugin_manager
+    from rlzoo.tasks.task import Example
+    from rlzoo.run.trainer import Trainer
 
     hf_logging.set_verbosity_error()
     pm = make_plugin_manager()
@@ -309,7 +309,7 @@ def worker_floor(model_dir: Path, data: Path, spec: dict, kl: float, steps: int)
 
     import torch
 
-    from rlzoo.models import load_pretrained
+    from rlzoo.models.build import load_pretrained
 
     model, tokenizer = load_pretrained(model_dir)
     tokenizer.padding_side = "left"  # generate continues every row from its own last prompt token
@@ -358,7 +358,7 @@ def worker_trl(model_dir: Path, data: Path, spec: dict, kl: float, steps: int, b
     from transformers.utils import logging as hf_logging
     from trl import GRPOConfig, GRPOTrainer
 
-    from rlzoo.models import load_pretrained
+    from rlzoo.models.build import load_pretrained
 
     hf_logging.set_verbosity_error()
     model, tokenizer = load_pretrained(model_dir)
@@ -650,8 +650,8 @@ def main() -> None:
     args.systems = args.systems or spec.get("systems", ["rlzoo", "trl", "floor"])
     import torch
 
-    from rlzoo.config import default_config_path
-    from rlzoo.yamlfile import read_yaml
+    from rlzoo.config.layers import default_config_path
+    from rlzoo.config.yamlfile import read_yaml
 
     kls = args.kl if args.kl else spec["kls"]
     with tempfile.TemporaryDirectory() as tmp:

@@ -19,8 +19,8 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlzoo.compare import find_runs
-from rlzoo.events import read_scalars
+from rlzoo.commands.compare import find_runs
+from rlzoo.run.events import read_scalars
 
 
 @dataclass(frozen=True)

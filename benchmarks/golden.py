@@ -11,8 +11,8 @@ For each preset (``algo=NAME`` on the default config, nothing else changed) it s
 - ``full``: the ``reward/mean`` curve of one seed over the default budget
   (``trainer.total_steps`` of configs/default.yaml), the mean ``policy/clipfrac`` and the
   wall time of the steps;
-- ``replay``: the reward gain (rlzoo.golden.gain) of a short replay for ``--seeds``
-  seeds and the band derived from them (rlzoo.golden.band), which tests/test_golden.py
+- ``replay``: the reward gain (rlzoo.commands.golden.gain) of a short replay for ``--seeds``
+  seeds and the band derived from them (rlzoo.commands.golden.band), which tests/test_golden.py
   checks a one-seed replay against. The replay is as long as the preset needs to gain
   ``MIN_GAIN`` on its full curve (a preset that learns slowly early, like PPO with its
   β = 0.2 KL, gets a longer one), so a formula that stops learning leaves the band;
@@ -40,9 +40,9 @@ def main() -> None:
     import torch
     from omegaconf import OmegaConf
 
-    from rlzoo import golden
-    from rlzoo.config import default_config_path
-    from rlzoo.plugins import build_registry, make_plugin_manager
+    from rlzoo.commands import golden
+    from rlzoo.config.layers import default_config_path
+    from rlzoo.contract.loading import build_registry, make_plugin_manager
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--presets", nargs="*", help="default: every built-in preset")
@@ -102,10 +102,9 @@ so a broken formula (which stops the gain) falls outside the band."""
 
 
 def replay_steps(rewards: list[float], window: int) -> int:
-    """The first step by which the full curve's gain (rlzoo.golden.gain over that prefix)
+    """The first step by which the full curve's gain (rlzoo.commands.golden.gain over that prefix)
     reaches :data:`MIN_GAIN`, rounded up to 20, within [100, 400]."""
-    from rlzoo import golden
-
+    from rlzoo.commands import golden
     for end in range(100, min(400, len(rewards)) + 1, 20):
         if golden.gain(rewards[:end], window) >= MIN_GAIN:
             return end
@@ -119,7 +118,7 @@ def draw_grid(paths: list[Path], out: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from rlzoo.plots import smooth
+    from plots import smooth
 
     records = [json.loads(p.read_text()) for p in paths]
     cols = 3

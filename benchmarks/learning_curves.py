@@ -24,8 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
-from rlzoo.events import read_scalars
-from rlzoo.plots import plot_runs
+from rlzoo.run.events import read_scalars
+from plots import plot_runs
 
 RUNS = {
     "grpo (default)": [],

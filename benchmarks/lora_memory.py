@@ -1,6 +1,6 @@
 """Peak RSS of a LoRA run against full fine-tuning with a KL reference, same work.
 
-Each configuration trains in a fresh process (``rlzoo train`` through :func:`rlzoo.cli.main`)
+Each configuration trains in a fresh process (``rlzoo train`` through :func:`rlzoo.commands.cli.main`)
 and reports that process's peak resident set size (``getrusage(RUSAGE_SELF).ru_maxrss``),
 after a baseline process that only imports rlzoo, torch and transformers and builds the
 registry. Full fine-tuning holds the policy, a frozen reference copy, gradients and two
@@ -25,8 +25,8 @@ from pathlib import Path
 
 CHILD = """
 import json, resource, sys
-from rlzoo.cli import main
-from rlzoo.plugins import load_registry
+from rlzoo.commands.cli import main
+from rlzoo.contract.loading import load_registry
 argv = json.loads(sys.argv[1])
 load_registry()
 rc = main(argv) if argv else 0
@@ -35,9 +35,9 @@ print("RSS_KB", json.dumps({"rc": rc, "maxrss_kb": resource.getrusage(resource.R
 
 STAGES = """
 import json, resource, sys
-from rlzoo.config import load_config
-from rlzoo.plugins import load_registry
-from rlzoo.trainer import Trainer
+from rlzoo.config.layers import load_config
+from rlzoo.contract.loading import load_registry
+from rlzoo.run.trainer import Trainer
 
 def peak(stage):
     print(f"| {stage} | {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} |", flush=True)

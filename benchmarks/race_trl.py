@@ -11,7 +11,7 @@ worker process running ``trl.GRPOTrainer`` on the same work, every setting deriv
 the same resolved rlzoo config (:func:`trl_settings`):
 
 - the same init: the GGUF file is converted once with rlzoo's loader
-  (:func:`rlzoo.models.load_pretrained`) into a model directory both systems start from,
+  (:func:`rlzoo.models.build.load_pretrained`) into a model directory both systems start from,
   and TRL trains the very LoRA-wrapped model rlzoo builds for that config and seed (same
   rank, alpha, dropout, targets and the same initial adapter weights);
 - the same prompts in the same order: the worker draws them with rlzoo's sampler RNG and
@@ -179,9 +179,9 @@ def train_trl(model_dir: Path, seed: int, args: argparse.Namespace, out: Path) -
     from transformers.utils import logging as hf_logging
     from trl import GRPOConfig, GRPOTrainer
 
-    from rlzoo.config import load_config
-    from rlzoo.plugins import build_registry, make_plugin_manager
-    from rlzoo.trainer import Trainer
+    from rlzoo.plan.planner import load_config
+    from rlzoo.contract.loading import build_registry, make_plugin_manager
+    from rlzoo.run.trainer import Trainer
 
     torch.set_num_threads(1)
     hf_logging.set_verbosity_error()
@@ -263,7 +263,7 @@ def score_completions(sampler: Any, examples: list[Any], completions: list[str])
 
 def run_rlzoo(model_dir: Path, seed: int, args: argparse.Namespace, run_dir: Path) -> dict[str, Any]:
     """``rlzoo train`` of the race (a subprocess); its evaluations and step seconds from its events."""
-    from rlzoo.events import read_scalars
+    from rlzoo.run.events import read_scalars
 
     shutil.rmtree(run_dir, ignore_errors=True)
     cmd = [sys.executable, "-m", "rlzoo", "train", *rlzoo_overrides(model_dir, seed, args), f"run_dir={run_dir}"]

@@ -31,11 +31,11 @@ from compare_trl import SETTINGS, build_assets  # noqa: E402
 def main() -> None:
     import torch
 
-    from rlzoo.learner import mismatch_metrics
-    from rlzoo.logprobs import ResponseForward
-    from rlzoo.models import load_pretrained
-    from rlzoo.plugins import build_registry, make_plugin_manager
-    from rlzoo.rollout import left_pad
+    from rlzoo.learn.learner import mismatch_metrics
+    from rlzoo.models.logprobs import ResponseForward
+    from rlzoo.models.build import load_pretrained
+    from rlzoo.contract.loading import build_registry, make_plugin_manager
+    from rlzoo.core.tokens import left_pad
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--setting", choices=sorted(SETTINGS), default="small")

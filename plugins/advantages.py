@@ -6,7 +6,7 @@ following verl ``core_algos.py`` ``compute_*_advantage*``; GRPO's ``scale`` foll
 ``scale_rewards``).
 
 Every estimator names the inputs it uses (the engine passes them by name,
-:data:`rlzoo.hookspecs.INPUTS`):
+:data:`rlzoo.contract.hookspecs.INPUTS`):
 
 - ``token_rewards`` ``(B, T)``: outcome reward on the last valid token (KL folded in);
 - ``response_mask`` ``(B, T)`` in {0, 1};
@@ -37,9 +37,9 @@ from typing import Optional
 import torch
 
 from rlzoo import hookimpl
-from rlzoo.distributed import batch_sum
-from rlzoo.errors import TrainingError
-from rlzoo.masked import masked_mean, masked_sum, masked_var, masked_whiten
+from rlzoo.core.distributed import batch_sum
+from rlzoo.core.errors import TrainingError
+from rlzoo.core.masked import masked_mean, masked_sum, masked_var, masked_whiten
 from rlzoo_plugins.kl import kl_abs, kl_k1, kl_k2, kl_k3
 
 RLZOO_API_VERSION = "2"

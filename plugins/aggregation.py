@@ -2,7 +2,7 @@
 
 Formulas: ../docs/algorithms/aggregation.md (from ALGORITHMS.md, following current verl).
 Every mode is a weighted sum Σ L·M·w over the batch whose normaliser comes from the
-*global* batch (:class:`rlzoo.batch.BatchCounts`), so summing the result over micro-batches
+*global* batch (:class:`rlzoo.core.batch.BatchCounts`), so summing the result over micro-batches
 or ranks reproduces the mode computed on the whole batch. "Sequences" are those with at
 least one valid token; a fully masked row neither contributes nor counts.
 """
@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 
 from rlzoo import hookimpl
-from rlzoo.batch import BatchCounts
-from rlzoo.masked import masked_sum
+from rlzoo.core.batch import BatchCounts
+from rlzoo.core.masked import masked_sum
 
 RLZOO_API_VERSION = "2"
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import re
 
 from rlzoo import hookimpl
-
 RLZOO_API_VERSION = "2"
 
 

@@ -10,7 +10,7 @@ in verl's IS weights, slime and NeMo-RL, unless the correction's ``mode`` is ``m
 then the engine removes it from the loss mask, as verl's rejection) and scalar metrics over
 the valid tokens. Padding gets weight 0 and never influences a valid weight. Corrections
 that read no current-policy ``logp`` are called once per step over the whole batch
-(:mod:`rlzoo.correcting`), so their full reductions (a batch normalisation) are over the
+(:mod:`rlzoo.learn.correcting`), so their full reductions (a batch normalisation) are over the
 whole batch, every process's included; ``rollout_correction=[a, b]`` composes them.
 """
 
@@ -23,7 +23,7 @@ from typing import Optional
 import torch
 
 from rlzoo import hookimpl
-from rlzoo.masked import masked_mean, masked_sum
+from rlzoo.core.masked import masked_mean, masked_sum
 
 RLZOO_API_VERSION = "2"
 
@@ -52,7 +52,7 @@ MODES = ("weight", "mask")
 """How a rejecting correction drops a token: ``weight`` (weight 0; the token stays in the
 aggregation's denominator, rlzoo's convention) or ``mask`` (the engine removes it from
 ``loss_mask``, so it leaves the denominators of every loss term over that mask, verl's
-rejection). The engine reads a correction's ``mode`` parameter; see :mod:`rlzoo.correcting`."""
+rejection). The engine reads a correction's ``mode`` parameter; see :mod:`rlzoo.learn.correcting`."""
 
 
 def _check_mode(mode: str) -> None:

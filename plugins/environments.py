@@ -3,7 +3,7 @@
 ``tools``: offers the registered tools its ``tools`` parameter names; each policy turn is
 parsed for tool calls in the format of the run's rendering (``<tool_call>{json}</tool_call>``
 under a Qwen/Hermes chat template, ``CALL name(arg=value)`` lines without one:
-:func:`rlzoo.tools.parse_tool_calls`), the calls run (:func:`rlzoo.tools.call_tool`: an
+:func:`rlzoo.agents.tool_calls.parse_tool_calls`), the calls run (:func:`rlzoo.agents.tool_calls.call_tool`: an
 exception or timeout becomes an error observation) and their results are the next
 observations; a turn without a call is the final answer.
 
@@ -27,8 +27,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlzoo import hookimpl
-from rlzoo.environments import Environment, StepResult
-from rlzoo.tools import Tool, ToolCall, call_tool, parse_tool_calls
+from rlzoo.agents.environment import Environment, StepResult
+from rlzoo.contract.tool_schema import Tool
+from rlzoo.agents.tool_calls import ToolCall, call_tool, parse_tool_calls
 
 RLZOO_API_VERSION = "2"
 STYLES = ("auto", "hermes", "plain")

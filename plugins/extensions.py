@@ -13,7 +13,7 @@ from typing import Any, Optional
 import torch
 
 from rlzoo import hookimpl
-from rlzoo.batch import RolloutBatch
+from rlzoo.core.batch import RolloutBatch
 
 RLZOO_API_VERSION = "2"
 

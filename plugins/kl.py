@@ -24,7 +24,6 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from rlzoo import hookimpl
-
 RLZOO_API_VERSION = "2"
 
 SCHULMAN_KL_BLOG = "http://joschu.net/blog/kl-approx.html"

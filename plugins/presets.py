@@ -2,7 +2,7 @@
 
 Each preset is a card in ``configs/algo/<name>.yaml`` (installed as ``rlzoo_configs/algo``):
 its description, paper, the config keys it sets and, for every key, the source it comes
-from and any deviation (see :mod:`rlzoo.presets`). Every card in that folder is registered
+from and any deviation (see :mod:`rlzoo.config.preset_cards`). Every card in that folder is registered
 here, under its file name, through the same hook a third-party package uses: adding a
 built-in preset is adding its card.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 from importlib import resources
 
 from rlzoo import hookimpl
-from rlzoo.presets import read_card_file
+from rlzoo.config.preset_cards import read_card_file
 
 RLZOO_API_VERSION = "2"
 

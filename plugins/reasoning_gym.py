@@ -26,8 +26,8 @@ from functools import lru_cache
 from typing import Any, Dict, List, Optional
 
 from rlzoo import hookimpl
-from rlzoo.errors import did_you_mean
-from rlzoo.tasks import Example, Holdout, Task
+from rlzoo.core.errors import did_you_mean
+from rlzoo.tasks.task import Example, Holdout, Task
 
 RLZOO_API_VERSION = "2"
 INSTALL = "pip install 'rlzoo[reasoning]' (reasoning-gym)"

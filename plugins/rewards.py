@@ -16,7 +16,7 @@ from typing import Any, Optional
 import torch
 
 from rlzoo import hookimpl
-from rlzoo.rewardmodel import (
+from rlzoo.models.reward_model import (
     RunningMoments,
     encode,
     is_reward_model_dir,
@@ -158,7 +158,7 @@ class RewardModelParams:
 
 
 class RewardModel:
-    """Scores prompt + completion with a frozen learned reward model (:mod:`rlzoo.rewardmodel`).
+    """Scores prompt + completion with a frozen learned reward model (:mod:`rlzoo.models.reward_model`).
 
     Built once per run on the run's device; the decoded text is re-tokenised with the reward
     model's own tokenizer and chat template, scored ``batch_size`` sequences at a time in the

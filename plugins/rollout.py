@@ -1,12 +1,12 @@
 """Rollout backends (kind ``rollout``, config key ``rollout.backend``).
 
-``hf``: rlzoo's KV-cache sampling loop (:func:`rlzoo.rollout.generate`) over any Hugging
+``hf``: rlzoo's KV-cache sampling loop (:func:`rlzoo.models.decode.generate`) over any Hugging
 Face causal LM. It generates with the trained policy itself, or, with ``rollout.dtype``
 different from ``model.dtype``, with a copy of the policy in that dtype that is synced
 after each update: the set-up of a vLLM rollout in bf16 beside an fp32 trainer, so the
 rollout/training mismatch that corrections address is real on a CPU too.
 
-The contract every backend keeps is in :func:`rlzoo.hookspecs.rlzoo_register_rollout_backends`;
+The contract every backend keeps is in :func:`rlzoo.contract.hookspecs.rlzoo_register_rollout_backends`;
 docs/design.md describes how a colocated vLLM backend would implement it.
 """
 
@@ -19,8 +19,10 @@ from typing import Any, Callable, Iterable
 import torch
 
 from rlzoo import hookimpl
-from rlzoo.models import DTYPES
-from rlzoo.rollout import Generation, generate, left_pad
+from rlzoo.models.build import DTYPES
+from rlzoo.core.batch import Generation
+from rlzoo.models.decode import generate
+from rlzoo.core.tokens import left_pad
 
 RLZOO_API_VERSION = "2"
 
@@ -53,7 +55,7 @@ class HFRollout:
     def generate(self, prompt_ids: list[list[int]], *, num_samples: int, max_new_tokens: int,
                  temperature: float, top_p: float, greedy: bool = False) -> Generation:
         """``num_samples`` completions of each prompt, prompt-major; see
-        :func:`rlzoo.hookspecs.rlzoo_register_rollout_backends` for the shapes."""
+        :func:`rlzoo.contract.hookspecs.rlzoo_register_rollout_backends` for the shapes."""
         ids, mask = left_pad(prompt_ids, self.tokenizer.pad_token_id)
         self.model.eval()
         with self.context():

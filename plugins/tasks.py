@@ -1,6 +1,6 @@
 """Built-in tasks with verifiable answers, and the prompt-file task.
 
-Each task is a factory ``factory(params) -> rlzoo.tasks.Task`` registered with the name of
+Each task is a factory ``factory(params) -> rlzoo.tasks.task.Task`` registered with the name of
 its default reward function (``reward=`` meta). The generated tasks implement only
 ``sample``: the engine holds out a share of their prompt space for evaluation
 (``eval.holdout``). docs/tasks.md is the guide (and docs/training.md explains the choice
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from rlzoo import hookimpl
-from rlzoo.tasks import Example, FileTask, Task
+from rlzoo.tasks.task import Example, FileTask, Task
 
 RLZOO_API_VERSION = "2"
 DIGITS = "0123456789"

@@ -14,7 +14,6 @@ import operator
 from typing import Any, Callable
 
 from rlzoo import hookimpl
-
 RLZOO_API_VERSION = "2"
 
 _BINARY: dict[type, Callable[[Any, Any], Any]] = {

@@ -16,7 +16,7 @@ from typing import Optional
 import torch
 
 from rlzoo import hookimpl
-from rlzoo.masked import masked_mean
+from rlzoo.core.masked import masked_mean
 
 RLZOO_API_VERSION = "2"
 

@@ -1,6 +1,6 @@
 """``python -m rlzoo``: the same CLI as the ``rlzoo`` console script (used under torchrun)."""
 
-from rlzoo.cli import main
+from rlzoo.commands.cli import main
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -22,7 +22,7 @@ settings.load_profile("explore" if os.environ.get("RLZOO_HYPOTHESIS_RANDOM") els
 @pytest.fixture
 def registry():
     """The registry of every installed plugin, built afresh."""
-    from rlzoo.plugins import build_registry, make_plugin_manager
+    from rlzoo.contract.loading import build_registry, make_plugin_manager
 
     return build_registry(make_plugin_manager())
 

@@ -13,10 +13,10 @@ import sys
 import torch
 import torch.distributed as dist
 
-from rlzoo.config import load_config
-from rlzoo.distributed import full_state_dict, is_sharded, local_value
-from rlzoo.plugins import build_registry, make_plugin_manager
-from rlzoo.trainer import Trainer
+from rlzoo.plan.planner import load_config
+from rlzoo.core.distributed import full_state_dict, is_sharded, local_value
+from rlzoo.contract.loading import build_registry, make_plugin_manager
+from rlzoo.run.trainer import Trainer
 
 
 def main(spec_path: str) -> None:

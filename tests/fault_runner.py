@@ -43,7 +43,7 @@ def _fire() -> None:
 
 
 def _install() -> None:
-    from rlzoo.sampler import Sampler
+    from rlzoo.rollout.sampler import Sampler
 
     sample, optimizer_step, save = Sampler.sample, torch.optim.AdamW.step, torch.save
     replace, rmtree = os.replace, shutil.rmtree
@@ -91,6 +91,6 @@ def _install() -> None:
 
 if __name__ == "__main__":
     _install()
-    from rlzoo.cli import main
+    from rlzoo.commands.cli import main
 
     sys.exit(main(sys.argv[1:]))

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlzoo import recording
-from rlzoo.ab import run_ab
-from rlzoo.batch import RolloutBatch
-from rlzoo.cli import main
+from rlzoo.run import recording
+from rlzoo.commands.ab import run_ab
+from rlzoo.core.batch import RolloutBatch
+from rlzoo.commands.cli import main
 from zoo import TINY
 
 

@@ -16,8 +16,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlzoo.config import build_params
-from rlzoo.errors import ConfigError, TrainingError
+from rlzoo.config.params import build_params
+from rlzoo.core.errors import ConfigError, TrainingError
 from rlzoo.testing import check_component
 import zoo
 from zoo import REGISTRY, builtin_names
@@ -824,7 +824,7 @@ def test_optimal_token_baseline_alignments_agree_without_holes_or_empty_rows(reg
 
 
 def test_optimal_token_baseline_params_and_plan(reg, tmp_path) -> None:
-    from rlzoo.config import load_config
+    from rlzoo.plan.planner import load_config
 
     component = reg.get("advantage", "optimal_token_baseline")
     assert reg.get("advantage", "otb") is component
@@ -839,7 +839,7 @@ def test_optimal_token_baseline_params_and_plan(reg, tmp_path) -> None:
 
 
 def test_sum_of_squared_probs_hand_computed() -> None:
-    from rlzoo.logprobs import sum_of_squared_probs
+    from rlzoo.models.logprobs import sum_of_squared_probs
 
     logits = torch.tensor([[0.0, 0.0, 0.0, 0.0], [0.0, math.log(3.0), -math.inf, -math.inf], [50.0, 0.0, 0.0, 0.0]])
     # uniform over 4: 1/4; probs [1/4, 3/4]: 1/16 + 9/16 = 10/16; near one-hot: ≈ 1
@@ -850,7 +850,7 @@ def test_sum_of_squared_probs_hand_computed() -> None:
 
 @pytest.mark.slow
 def test_optimal_token_baseline_trains_with_the_sum_pi_squared_pass(tmp_path) -> None:
-    from rlzoo.cli import main
+    from rlzoo.commands.cli import main
 
     run_dir = tmp_path / "otb"
     assert main(["train", *zoo.TINY, "advantage=otb", "kl.coef=0", "eval.size=0", "trainer.total_steps=2",

@@ -13,9 +13,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlzoo.batch import BatchCounts
-from rlzoo.config import build_params
-from rlzoo.errors import ConfigError
+from rlzoo.core.batch import BatchCounts
+from rlzoo.config.params import build_params
+from rlzoo.core.errors import ConfigError
 from rlzoo.testing import check_component
 import zoo
 from zoo import builtin_names

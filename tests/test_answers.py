@@ -1,5 +1,5 @@
 """Answer formats (plugins/answers.py), the answers reward input, strict and lenient
-scoring (rlzoo/scoring.py) and prompt building (rlzoo/prompts.py), on hand-written strings."""
+scoring (rlzoo/rollout/scoring.py) and prompt building (rlzoo/tasks/prompts.py), on hand-written strings."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from rlzoo.resume import with_added_keys
-from rlzoo.config import load_config
-from rlzoo.errors import ConfigError
-from rlzoo.prompts import PromptFormat
-from rlzoo.scoring import Rewards
-from rlzoo.tasks import Example
+from rlzoo.run.resume import with_added_keys
+from rlzoo.plan.planner import load_config
+from rlzoo.core.errors import ConfigError
+from rlzoo.tasks.prompts import PromptFormat
+from rlzoo.rollout.scoring import Rewards
+from rlzoo.tasks.task import Example
 from zoo import REGISTRY
 
 
@@ -102,8 +102,8 @@ def test_lenient_finds_the_answer_anywhere_strict_only_in_the_format() -> None:
 
 
 def test_an_answer_format_that_breaks_its_contract_is_named() -> None:
-    from rlzoo.errors import TrainingError
-    from rlzoo.scoring import _spans
+    from rlzoo.core.errors import TrainingError
+    from rlzoo.rollout.scoring import _spans
 
     class Broken:  # returns the text itself, not a list of spans
         name = "broken"
@@ -187,7 +187,7 @@ def test_eval_at_start_logs_step_0_and_leaves_training_alone(capsys, tmp_path) -
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     import zoo
-    from rlzoo.cli import main
+    from rlzoo.commands.cli import main
 
     common = [*zoo.TINY, "trainer.total_steps=1", "eval.size=4", "eval.n=0", "answer_format=last_number"]
     for name, extra in (("plain", []), ("start", ["eval.at_start=true"])):

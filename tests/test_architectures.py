@@ -1,7 +1,7 @@
 """Right log-probs on any causal LM (issue 20): an architecture matrix of tiny random models
 of the families transformers ships, held to each sequence's own unpadded forward.
 
-For every architecture: the load-time check (:mod:`rlzoo.model_check`) keeps the fast paths
+For every architecture: the load-time check (:mod:`rlzoo.models.model_check`) keeps the fast paths
 (or, for a hybrid cache, leaves the preallocated cache with one warning); the rollout's
 log-probs of the tokens it samples and the training forward's log-probs of any tokens equal
 ``log_softmax(model(sequence).logits / τ)`` of each sequence alone to 1e-4, with large
@@ -19,14 +19,15 @@ import torch
 import transformers
 from transformers import AutoConfig, AutoModelForCausalLM, LlamaForCausalLM
 
-from rlzoo import head as head_module
-from rlzoo.cli import main
-from rlzoo.events import read_scalars
-from rlzoo.head import FastPaths, LogitTransform, fast_paths, known_transform, set_fast_paths
-from rlzoo.logprobs import head_logits, response_forward, token_logprobs
-from rlzoo.model_check import TOLERANCE, check_model, reference_logprobs
-from rlzoo.models import build_char_tokenizer
-from rlzoo.rollout import generate, left_pad
+from rlzoo.models import head as head_module
+from rlzoo.commands.cli import main
+from rlzoo.run.events import read_scalars
+from rlzoo.models.head import FastPaths, LogitTransform, fast_paths, known_transform, set_fast_paths
+from rlzoo.models.logprobs import head_logits, response_forward, token_logprobs
+from rlzoo.models.model_check import TOLERANCE, check_model, reference_logprobs
+from rlzoo.models.build import build_char_tokenizer
+from rlzoo.models.decode import generate
+from rlzoo.core.tokens import left_pad
 
 transformers.logging.set_verbosity_error()
 pytestmark = pytest.mark.filterwarnings("ignore:.*past_key_values.*:FutureWarning")

@@ -13,12 +13,12 @@ from collections import deque
 
 import torch
 
-from rlzoo.async_rollout import AsyncRollout, _failure
-from rlzoo.batch import RolloutBatch
-from rlzoo.config import load_config
-from rlzoo.errors import ConfigError
-from rlzoo.events import read_scalars
-from rlzoo.planrecords import RolloutPlan
+from rlzoo.rollout.async_generator import AsyncRollout, _failure
+from rlzoo.core.batch import RolloutBatch
+from rlzoo.plan.planner import load_config
+from rlzoo.core.errors import ConfigError
+from rlzoo.run.events import read_scalars
+from rlzoo.plan.records import RolloutPlan
 from test_train import _cli
 from zoo import REGISTRY, TINY
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlzoo.cli import main
-from rlzoo.hookspecs import KIND_TITLES
+from rlzoo.commands.cli import main
+from rlzoo.contract.hookspecs import KIND_TITLES
 
 
 def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -174,7 +174,6 @@ def test_two_plugins_registering_one_name_names_both(capsys, plugin_module) -> N
     name = plugin_module(
         """
         from rlzoo import hookimpl
-
         def token_mean(loss, mask, counts=None):
             return (loss * mask).sum()
 
@@ -315,7 +314,7 @@ def test_a_refused_resume_imports_none_of_the_runs_plugins(capsys, tmp_path: Pat
 
 
 def test_a_resume_repeating_the_runs_own_values_is_not_refused_before_plugins(tmp_path: Path) -> None:
-    from rlzoo.resume import check_before_plugins
+    from rlzoo.run.resume import check_before_plugins
 
     saved = {"trainer": {"lr": 0.002, "total_steps": 5}, "policy_loss": {"name": "ppo_clip", "clip_high": 0.2},
              "run_name": "123", "reward": [{"name": "a", "weight": 1.0}]}

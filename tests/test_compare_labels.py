@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rlzoo.compare import RunSummary, group_runs, plot_against
-from rlzoo.errors import RlzooError
+from rlzoo.commands.compare import RunSummary, group_runs, plot_against
+from rlzoo.core.errors import RlzooError
 
 COMPOSED = ("[{'name': 'rejection', 'estimator': 'k3', 'level': 'mean', 'threshold': 0.01, 'mode': 'weight'}, "
             "{'name': 'tis', 'cap': 2.0, 'clip_min': None, 'normalize': False}]")
@@ -76,6 +76,6 @@ def test_one_group_of_seeds_is_labelled_by_the_directory_they_share_not_by_one_s
 
 
 def test_the_figure_title_counts_in_the_singular_and_plural() -> None:
-    from rlzoo.compare import _count
+    from rlzoo.commands.compare import _count
 
     assert [_count(1, "group"), _count(3, "group"), _count(0, "run")] == ["1 group", "3 groups", "0 runs"]

@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlzoo.config import build_params, load_config
-from rlzoo.errors import ConfigError
-from rlzoo.plugins import build_registry, make_plugin_manager, module_plugin
+from rlzoo.config.params import build_params
+from rlzoo.plan.planner import load_config
+from rlzoo.core.errors import ConfigError
+from rlzoo.contract.loading import build_registry, make_plugin_manager, module_plugin
 from rlzoo.testing import check_component
 from zoo import PM as REGISTRY_PM
 from zoo import REGISTRY, builtin_names
@@ -98,7 +99,7 @@ def test_the_plan_runs_old_log_probs_for_corrections_and_warns_when_there_is_no_
 
 @pytest.mark.slow
 def test_a_bf16_rollout_is_a_real_gap_that_the_corrections_see(tmp_path: Path) -> None:
-    from rlzoo.trainer import Trainer
+    from rlzoo.run.trainer import Trainer
 
     resolved = load_config(REGISTRY, ["rollout.dtype=bfloat16", "rollout_correction={name: tis, cap: 1.001}",
                                       f"run_dir={tmp_path}", "logging.progress=false"])
@@ -167,7 +168,7 @@ def test_the_engine_multiplies_the_weights_only_into_losses_that_do_not_take_the
     """Weights of 0 everywhere: multiplied into vanilla_pg's per-token loss they stop every
     gradient (the policy does not move); handed to a loss that names correction_weights
     (which here ignores them) they are not multiplied in, so the policy moves."""
-    from rlzoo.trainer import Trainer
+    from rlzoo.run.trainer import Trainer
     from zoo import TINY
 
     def register_loss(register):

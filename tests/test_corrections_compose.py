@@ -13,11 +13,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from rlzoo import distributed
-from rlzoo.config import load_config
-from rlzoo.correcting import Corrections, offpolicy_metrics
-from rlzoo.errors import ConfigError
-from rlzoo.explain import explain
+from rlzoo.core import distributed
+from rlzoo.plan.planner import load_config
+from rlzoo.learn.correcting import Corrections, offpolicy_metrics
+from rlzoo.core.errors import ConfigError
+from rlzoo.commands.explain import explain
 from zoo import PM, REGISTRY, TINY
 
 LOG = math.log
@@ -111,7 +111,7 @@ def test_sequence_rejection_by_sum_mean_and_max(level: str, threshold: float, ke
 def test_rejection_keeps_empty_sequences_finite_and_refuses_bad_parameters() -> None:
     weights, metrics = call("rejection", torch.zeros(2, 3), mask=torch.zeros(2, 3), level="max")
     assert weights.sum() == 0 and all(torch.isfinite(v) for v in metrics.values())
-    from rlzoo.config import build_params
+    from rlzoo.config.params import build_params
     for given, fragment in (({"estimator": "k1"}, "estimator must be one of k2, k3"),
                             ({"level": "min"}, "level must be one of token, sum, mean, max"),
                             ({"threshold": 0.0}, "threshold must be > 0"),
@@ -266,7 +266,7 @@ def test_bypass_drops_the_old_log_prob_pass_and_refuses_what_then_reads_nothing(
 
 @pytest.mark.slow
 def test_a_composed_run_logs_each_correction_and_the_offpolicy_metrics(tmp_path: Path) -> None:
-    from rlzoo.trainer import Trainer
+    from rlzoo.run.trainer import Trainer
 
     resolved = load_config(REGISTRY, [*TINY, "rollout.dtype=bfloat16", f"run_dir={tmp_path}", "eval.size=0",
                                       "rollout_correction=[{name: icepop, low: 0.999, high: 1.001}, "
@@ -288,7 +288,7 @@ def test_a_composed_run_logs_each_correction_and_the_offpolicy_metrics(tmp_path:
 
 @pytest.mark.slow
 def test_a_bypass_run_takes_the_rollout_log_probs_as_old(tmp_path: Path) -> None:
-    from rlzoo.trainer import Trainer
+    from rlzoo.run.trainer import Trainer
 
     resolved = load_config(REGISTRY, [*TINY, "rollout.dtype=bfloat16", f"run_dir={tmp_path}", "eval.size=0",
                                       "trainer.old_logp=rollout", "trainer.num_mini_batches=2", "kl.coef=0"])
@@ -306,8 +306,8 @@ def test_a_run_saved_before_trainer_old_logp_existed_resumes_unchanged(tmp_path:
     import yaml
     from omegaconf import OmegaConf
 
-    from rlzoo.resume import load_run_config
-    from rlzoo.rundir import CONFIG_FILE, PLAN_FILE
+    from rlzoo.run.resume import load_run_config
+    from rlzoo.run.rundir import CONFIG_FILE, PLAN_FILE
 
     saved = OmegaConf.to_container(load_config(REGISTRY, [f"run_dir={tmp_path}"]).cfg)
     del saved["trainer"]["old_logp"]
@@ -326,7 +326,7 @@ def test_two_ranks_normalise_and_reject_over_the_global_batch(tmp_path: Path) ->
     import subprocess
     import sys
 
-    from rlzoo.trainer import Trainer
+    from rlzoo.run.trainer import Trainer
 
     args = ["task.num_digits=3", "rollout.prompts_per_step=4", "rollout.n=4", "rollout.max_new_tokens=5",
             "trainer.micro_batch_size=3", "trainer.num_mini_batches=1", "trainer.lr=0.001", "logging.progress=false",

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import yaml
 
-from rlzoo.config import default_config_path, load_config
-from rlzoo.resume import with_added_keys
-from rlzoo.schema import ADDED_KEYS
+from rlzoo.config.layers import default_config_path
+from rlzoo.plan.planner import load_config
+from rlzoo.run.resume import with_added_keys
+from rlzoo.config.schema import ADDED_KEYS
 from zoo import REGISTRY
 
 

@@ -11,9 +11,9 @@ import torch
 from safetensors.torch import load_file
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from rlzoo.cli import main
-from rlzoo.config import load_config
-from rlzoo.errors import ConfigError
+from rlzoo.commands.cli import main
+from rlzoo.plan.planner import load_config
+from rlzoo.core.errors import ConfigError
 import zoo
 from zoo import REGISTRY
 
@@ -190,7 +190,7 @@ def test_the_kl_target_teacher_plans_a_teacher_logits_pass_and_no_reference(tmp_
 
 
 def test_explain_shows_the_kl_target_and_the_teacher(tmp_path: Path) -> None:
-    from rlzoo.explain import explain
+    from rlzoo.commands.explain import explain
 
     (tmp_path / "config.json").write_text("{}")
     text = explain(load_config(REGISTRY, [*TOPK_TO_TEACHER, f"teacher.path={tmp_path}"]), REGISTRY)
@@ -221,8 +221,8 @@ def _logits_alone(model, prompt: torch.Tensor, response: torch.Tensor) -> list[l
 @pytest.mark.parametrize("topk", [1, 3, "vocab"])
 def test_forward_topk_to_the_teacher_hand_computed_with_padding_and_an_empty_response(
         teacher_run: Path, tmp_path: Path, topk) -> None:
-    from rlzoo.learner import _WeightedMeans
-    from rlzoo.trainer import Trainer
+    from rlzoo.learn.learner import _WeightedMeans
+    from rlzoo.run.trainer import Trainer
 
     trainer = Trainer(load_config(REGISTRY, [
         *TINY, "seed=1", f"run_dir={tmp_path / 'r'}", "kl.coef=1.0", "kl.target=teacher", "loss_agg=token-mean",

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlzoo.config import load_config
-from rlzoo.plugins import build_registry, make_plugin_manager
-from rlzoo.trainer import Trainer
+from rlzoo.plan.planner import load_config
+from rlzoo.contract.loading import build_registry, make_plugin_manager
+from rlzoo.run.trainer import Trainer
 
 pytestmark = pytest.mark.slow  # end-to-end: trains, launches or installs
 
@@ -133,7 +133,7 @@ def test_launcher_trains_logs_on_rank_zero_and_resumes_with_the_same_world(tmp_p
 
 
 def test_launcher_trains_episodes_on_two_ranks(tmp_path: Path) -> None:
-    from rlzoo.events import read_scalars
+    from rlzoo.run.events import read_scalars
 
     run_dir = tmp_path / "run"
     proc = _rlzoo("train", *COMMON, *EPISODES, "launcher.nproc=2", f"run_dir={run_dir}", "trainer.total_steps=2")
@@ -147,7 +147,7 @@ def test_launcher_trains_episodes_on_two_ranks(tmp_path: Path) -> None:
 def test_fsdp_checkpoints_whole_weights_and_resumes(tmp_path: Path) -> None:
     """FSDP2 with a critic: the checkpoint holds whole (gathered) weights and optimizer
     states that load in one process too, and the sharded run resumes from it."""
-    from rlzoo.models import load_pretrained
+    from rlzoo.models.build import load_pretrained
 
     run_dir = tmp_path / "run"
     proc = _rlzoo("train", *COMMON, "algo=ppo", "distributed.strategy=fsdp", "launcher.nproc=2",
@@ -234,7 +234,7 @@ FAULT_PLUGIN = '''
 import atexit, math, os, time
 from pathlib import Path
 from rlzoo import hookimpl
-from rlzoo.errors import TrainingError
+from rlzoo.core.errors import TrainingError
 
 if os.environ.get("RANK") == "0":
     atexit.register(lambda: Path(os.environ["RLZOO_TEST_FIRED"] + ".rank0").write_text(str(time.time())))
@@ -285,7 +285,7 @@ def test_a_failure_on_one_rank_stops_every_rank_at_once_with_the_rank_named(tmp_
     naming rank 1 and what failed, both exit 2, the step-0 checkpoint stays intact. With the
     NaN reward, rank 1 also lingers 90 s after its error with its connections open (as NCCL
     does not notice a peer leave; gloo does at once): rank 0 still ends within seconds."""
-    from rlzoo.checkpoint import list_checkpoints, verify_checkpoint
+    from rlzoo.run.checkpoint import list_checkpoints, verify_checkpoint
 
     (tmp_path / "rlzoo_test_rank_fault.py").write_text(FAULT_PLUGIN)
     fired, run_dir = tmp_path / "fired", tmp_path / "run"

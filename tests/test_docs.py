@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rlzoo.kinds import KINDS
+from rlzoo.contract.kinds import KINDS
 from zoo import REGISTRY, builtin_names
 
 ROOT = Path(__file__).parents[1]
@@ -164,9 +164,9 @@ def test_documented_command_parses_and_its_config_resolves(page: Path, index: in
     import subprocess
     import sys
 
-    from rlzoo.cli import _parser, main
-    from rlzoo.sweep import plan as sweep_plan
-    from rlzoo.sweep import validate
+    from rlzoo.commands.cli import _parser, main
+    from rlzoo.commands.sweep import plan as sweep_plan
+    from rlzoo.commands.sweep import validate
 
     commands = _documented_commands(page)
     setup, command, where, error = commands[index]
@@ -185,7 +185,7 @@ def test_documented_command_parses_and_its_config_resolves(page: Path, index: in
     if args.command == "list":
         code = main(argv)
     elif args.command == "sweep":
-        from rlzoo.plugins import load_registry
+        from rlzoo.contract.loading import load_registry
 
         registry = load_registry(args.overrides and [])[1]
         validate(sweep_plan(tmp_path / "sweep", args.overrides), registry, args.config)

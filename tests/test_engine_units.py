@@ -11,10 +11,11 @@ import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 
-from rlzoo.batch import RolloutBatch
-from rlzoo.logprobs import response_forward, token_logprobs
-from rlzoo.models import build_char_tokenizer, build_tiny_model, load_pretrained, load_tokenizer
-from rlzoo.rollout import generate, left_pad, sample_categorical
+from rlzoo.core.batch import RolloutBatch
+from rlzoo.models.logprobs import response_forward, token_logprobs
+from rlzoo.models.build import build_char_tokenizer, build_tiny_model, load_pretrained, load_tokenizer
+from rlzoo.models.decode import generate, sample_categorical
+from rlzoo.core.tokens import left_pad
 
 TINY = OmegaConf.create(dict(arch="qwen2", hidden_size=32, intermediate_size=64, num_layers=1,
                              num_heads=2, num_kv_heads=1, dtype="float32"))
@@ -351,7 +352,7 @@ def test_sample_categorical_edge_rows() -> None:
 
 
 def test_sampling_from_non_finite_logits_stops_with_a_training_error() -> None:
-    from rlzoo.errors import TrainingError
+    from rlzoo.core.errors import TrainingError
 
     logits = torch.zeros(3, 40)
     logits[1, 5] = float("nan")
@@ -362,7 +363,7 @@ def test_sampling_from_non_finite_logits_stops_with_a_training_error() -> None:
 def test_generate_with_the_preallocated_cache_equals_the_growing_cache(monkeypatch) -> None:
     """Decoding into a cache allocated once gives the same tokens and log-probs as
     transformers' growing ``DynamicCache`` under the same seed."""
-    import rlzoo.rollout as rollout
+    import rlzoo.models.decode as rollout
 
     tok = build_char_tokenizer("0123456789=")
     model = build_tiny_model(TINY, tok).eval()
@@ -414,7 +415,7 @@ def test_hf_backend_generates_with_a_synced_copy_in_another_dtype() -> None:
 
 
 def test_mismatch_metrics_hand_computed() -> None:
-    from rlzoo.learner import mismatch_metrics
+    from rlzoo.learn.learner import mismatch_metrics
 
     old = torch.tensor([[-1.0, -2.0, 0.0], [-0.5, 0.0, 0.0]])
     rollout = torch.tensor([[-1.5, -2.0, 9.0], [-0.4, 0.0, 0.0]])
@@ -428,7 +429,7 @@ def test_mismatch_metrics_hand_computed() -> None:
 def test_masked_whiten_is_verls_formula_eps_inside_the_root() -> None:
     """verl / TRL: (x − mean)·rsqrt(unbiased var + 1e-8). Where the variance is ~1e-8 this
     differs from (x − mean)/(std + 1e-8): the test would catch a return to the latter."""
-    from rlzoo.masked import masked_whiten
+    from rlzoo.core.masked import masked_whiten
 
     values = torch.tensor([[1.0, 1.0 + 2e-4, 1.0 - 2e-4, 5.0]], dtype=torch.float64)
     mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]], dtype=torch.float64)
@@ -440,11 +441,11 @@ def test_masked_whiten_is_verls_formula_eps_inside_the_root() -> None:
     assert not torch.allclose(out[0, :3], (valid - mean) / (var.sqrt() + 1e-8), atol=1e-3)
 
 
-# ------------------------------------------------------------------ one rank failing alone (rlzoo.distributed)
+# ------------------------------------------------------------------ one rank failing alone (rlzoo.core.distributed)
 
 
 def test_the_failure_line_names_each_failed_rank_and_what_failed() -> None:
-    from rlzoo.distributed import ranks_failed_message
+    from rlzoo.core.distributed import ranks_failed_message
 
     one = ranks_failed_message([None, "reward function 'r' returned nan (non-finite)"])
     assert one.startswith("rank 1 of 2 failed: reward function 'r' returned nan (non-finite); every rank stopped")
@@ -457,8 +458,8 @@ def test_the_failure_line_names_each_failed_rank_and_what_failed() -> None:
 
 
 def test_failure_text_is_the_message_of_an_rlzoo_error_and_type_and_message_of_a_bug() -> None:
-    from rlzoo.distributed import failure_text
-    from rlzoo.errors import TrainingError
+    from rlzoo.core.distributed import failure_text
+    from rlzoo.core.errors import TrainingError
 
     assert failure_text(TrainingError("reward function 'r' raised\nmore")) == "reward function 'r' raised"
     assert failure_text(ValueError("bad shape")) == "ValueError: bad shape"
@@ -466,8 +467,8 @@ def test_failure_text_is_the_message_of_an_rlzoo_error_and_type_and_message_of_a
 
 
 def test_in_one_process_a_failure_raises_unchanged_and_no_collective_runs() -> None:
-    from rlzoo.distributed import SINGLE, failing_together
-    from rlzoo.errors import TrainingError
+    from rlzoo.core.distributed import SINGLE, failing_together
+    from rlzoo.core.errors import TrainingError
 
     with pytest.raises(TrainingError, match="^as it was$"):
         with failing_together(SINGLE):
@@ -477,8 +478,8 @@ def test_in_one_process_a_failure_raises_unchanged_and_no_collective_runs() -> N
 
 
 def test_a_gloo_error_from_ddps_backward_is_recognised_as_a_collective_failure(monkeypatch) -> None:
-    from rlzoo.distributed import check_collective_failure
-    from rlzoo.errors import TrainingError
+    from rlzoo.core.distributed import check_collective_failure
+    from rlzoo.core.errors import TrainingError
 
     error = RuntimeError("[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer")
     monkeypatch.setenv("WORLD_SIZE", "2")

@@ -11,17 +11,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlzoo.config import load_config
-from rlzoo.environments import Environment, StepResult
-from rlzoo.episodes import EpisodeFormat, EpisodeLimits, episode_tensors, play, registered_tools
-from rlzoo.errors import ConfigError
-from rlzoo.models import build_char_tokenizer
-from rlzoo.plugins import build_registry, make_plugin_manager, module_plugin
-from rlzoo.prompts import PromptFormat
-from rlzoo.rollout import Generation
-from rlzoo.tasks import Example
-from rlzoo.tools import tool_call_style
-from rlzoo.trainer import Trainer
+from rlzoo.plan.planner import load_config
+from rlzoo.agents.environment import Environment, StepResult
+from rlzoo.agents.episodes import EpisodeFormat, EpisodeLimits, episode_tensors, play, registered_tools
+from rlzoo.core.errors import ConfigError
+from rlzoo.models.build import build_char_tokenizer
+from rlzoo.contract.loading import build_registry, make_plugin_manager, module_plugin
+from rlzoo.tasks.prompts import PromptFormat
+from rlzoo.core.batch import Generation
+from rlzoo.tasks.task import Example
+from rlzoo.agents.tool_calls import tool_call_style
+from rlzoo.run.trainer import Trainer
 from rlzoo_plugins.environments import CalculatorEnv, CalculatorEnvParams
 from zoo import TINY
 
@@ -260,7 +260,7 @@ def test_the_kit_checks_environments() -> None:
 
 
 def test_an_episode_run_resumes_bit_exactly(tmp_path: Path) -> None:
-    from rlzoo.cli import main
+    from rlzoo.commands.cli import main
 
     weights = "checkpoints/step_000002/policy/model.safetensors"
     common = [*TINY_ENV, "eval.size=0", "checkpoint.every=1"]
@@ -301,7 +301,7 @@ def _guesses(env, example: Example, next_guess, max_turns: int) -> int | None:
 
 
 def test_only_the_hints_find_the_secret_task_s_answer() -> None:
-    from rlzoo.tasks import Holdout
+    from rlzoo.tasks.task import Holdout
     from rlzoo_plugins.environments import GuessEnv, GuessParams
     from rlzoo_plugins.tasks import Secret, SecretParams
 
@@ -336,9 +336,9 @@ def test_only_the_hints_find_the_secret_task_s_answer() -> None:
 
 def test_the_calculator_demonstrates_a_call_then_the_answer_and_sft_trains_on_its_policy_tokens(
         tmp_path: Path, capsys) -> None:
-    from rlzoo.cli import main
-    from rlzoo.episodes import replay
-    from rlzoo.sft import _demonstrations
+    from rlzoo.commands.cli import main
+    from rlzoo.agents.episodes import replay
+    from rlzoo.commands.sft import _demonstrations
 
     tools = registered_tools(REGISTRY)
     plain, hermes = CalculatorEnv(CalculatorEnvParams(), tools, "plain"), CalculatorEnv(CalculatorEnvParams(), tools,

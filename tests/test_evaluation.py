@@ -11,17 +11,17 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from rlzoo.cli import main
-from rlzoo.errors import ConfigError
-from rlzoo import evaluation
-from rlzoo.evaluation import Evaluator, pass_at_k
-from rlzoo.plan import RolloutPlan
-from rlzoo.sampler import Sampler
-from rlzoo.tracking import eval_metric_tags
-from rlzoo.events import read_scalars
-from rlzoo.models import build_char_tokenizer
-from rlzoo.rollout import Generation
-from rlzoo.tasks import Example, FileTask, Holdout, Task, check_encodable
+from rlzoo.commands.cli import main
+from rlzoo.core.errors import ConfigError
+from rlzoo.run import evaluation
+from rlzoo.run.evaluation import Evaluator, pass_at_k
+from rlzoo.plan.planner import RolloutPlan
+from rlzoo.rollout.sampler import Sampler
+from rlzoo.run.tracking import eval_metric_tags
+from rlzoo.run.events import read_scalars
+from rlzoo.models.build import build_char_tokenizer
+from rlzoo.core.batch import Generation
+from rlzoo.tasks.task import Example, FileTask, Holdout, Task, check_encodable
 import zoo
 from zoo import REGISTRY, builtin_names
 
@@ -246,7 +246,6 @@ def test_rewards_receive_the_rows_of_a_file_task(capsys, tmp_path: Path, plugin_
     module = plugin_module(f"""
         import json
         from rlzoo import hookimpl
-
         def by_level(completions, rows):
             with open({str(seen)!r}, "a") as handle:
                 handle.write(json.dumps(rows) + "\\n")

@@ -9,9 +9,9 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from rlzoo.batch import RolloutBatch
-from rlzoo.config import build_params
-from rlzoo.errors import ConfigError
+from rlzoo.core.batch import RolloutBatch
+from rlzoo.config.params import build_params
+from rlzoo.core.errors import ConfigError
 from rlzoo_plugins.extensions import (
     DynamicSampling,
     DynamicSamplingParams,
@@ -117,8 +117,8 @@ def test_extension_parameters_are_validated(registry, name: str, params: dict, f
 
 
 def test_dapo_preset_trains_with_its_extensions(capsys, tmp_path) -> None:
-    from rlzoo.cli import main
-    from rlzoo.events import read_scalars
+    from rlzoo.commands.cli import main
+    from rlzoo.run.events import read_scalars
 
     code = main(["train", "algo=dapo", "extensions=[dynamic_sampling, overlong_shaping, overlong_filter,"
                  " entropy_top_tokens]", f"run_dir={tmp_path / 'r'}", "trainer.total_steps=2",

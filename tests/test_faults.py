@@ -24,7 +24,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from rlzoo.checkpoint import (
+from rlzoo.run.checkpoint import (
     CheckpointError,
     check_plain,
     list_checkpoints,
@@ -32,8 +32,8 @@ from rlzoo.checkpoint import (
     verify_checkpoint,
     write_manifest,
 )
-from rlzoo.cli import main
-from rlzoo.events import read_scalars
+from rlzoo.commands.cli import main
+from rlzoo.run.events import read_scalars
 from zoo import TINY
 
 SLOW = pytest.mark.slow  # end-to-end: trains, launches or installs
@@ -181,7 +181,7 @@ def test_overwrite_does_not_go_with_resume(capsys, tmp_path: Path) -> None:
 
 
 def test_a_sweep_resumes_its_started_runs_with_their_overrides(tmp_path: Path) -> None:
-    from rlzoo.sweep import _command, plan
+    from rlzoo.commands.sweep import _command, plan
 
     run, = plan(tmp_path, ["seed=1", "plugins=[my_plugin]"])
     assert "resume=" not in " ".join(_command(run, None))
@@ -199,7 +199,6 @@ STEPS_PLUGIN = """
 import os, signal, time
 from pathlib import Path
 from rlzoo import hookimpl
-
 @hookimpl
 def rlzoo_step_end(step, metrics, ctx):
     markers = os.environ.get("RLZOO_TEST_MARKERS")
@@ -252,8 +251,8 @@ def test_a_run_in_use_is_refused_and_a_dead_runs_lock_is_taken_over(capsys, tmp_
 
 
 def test_the_lock_is_exclusive_and_names_its_holder(tmp_path: Path) -> None:
-    from rlzoo.errors import ConfigError
-    from rlzoo.rundir import RunLock, lock_holder
+    from rlzoo.core.errors import ConfigError
+    from rlzoo.run.rundir import RunLock, lock_holder
 
     first, second = RunLock(tmp_path), RunLock(tmp_path)
     first.acquire()
@@ -338,8 +337,8 @@ def test_resume_refuses_other_changes_and_records_the_accepted_ones(capsys, tmp_
 
 
 def test_resumable_keys() -> None:
-    from rlzoo.errors import ConfigError
-    from rlzoo.resume import resume_changes
+    from rlzoo.core.errors import ConfigError
+    from rlzoo.run.resume import resume_changes
 
     saved = {"trainer": {"total_steps": 5, "lr": 1e-3}, "logging": {"progress": True}, "resume": None}
     assert resume_changes(saved, {**saved, "resume": "x", "logging": {"progress": False}}) == {
@@ -353,11 +352,10 @@ def test_resumable_keys() -> None:
 
 @SLOW
 def test_a_run_resumes_with_the_plugins_it_started_with(capsys, tmp_path: Path, plugin_module) -> None:
-    from rlzoo.resume import plugin_modules
+    from rlzoo.run.resume import plugin_modules
 
     name = plugin_module("""
         from rlzoo import hookimpl
-
         def half(prompts, completions, references):
             return [0.5] * len(completions)
 
@@ -378,7 +376,7 @@ def test_a_sweep_resumes_a_failed_run_that_uses_plugins(tmp_path: Path) -> None:
     (tmp_path / "rlzoo_test_flaky.py").write_text(textwrap.dedent("""
         import os
         from rlzoo import hookimpl
-        from rlzoo.errors import TrainingError
+        from rlzoo.core.errors import TrainingError
 
         @hookimpl
         def rlzoo_step_end(step, metrics, ctx):
@@ -531,7 +529,7 @@ PRESETS = sorted(path.stem for path in (Path(__file__).parents[1] / "configs" / 
 
 def _optimizer_steps_per_step(args: list[str]) -> int:
     """AdamW steps in one training step of a run with ``args`` (the critic's count too)."""
-    from rlzoo.config import load_config
+    from rlzoo.plan.planner import load_config
     from zoo import REGISTRY
 
     plan = load_config(REGISTRY, args).plan
@@ -623,7 +621,7 @@ def test_a_signal_to_the_sweep_stops_its_run_with_a_checkpoint_and_starts_no_oth
 
 
 def test_verification_finds_truncated_altered_and_missing_files(tmp_path: Path) -> None:
-    from rlzoo.checkpoint import newest_intact_checkpoint
+    from rlzoo.run.checkpoint import newest_intact_checkpoint
 
     for step in (1, 2):
         folder = tmp_path / "checkpoints" / f"step_{step:06d}"
@@ -834,7 +832,7 @@ def test_a_generator_crash_is_one_error_naming_it_and_a_nonzero_exit(tmp_path: P
 def _model_dir(path: Path) -> Path:
     from omegaconf import OmegaConf
 
-    from rlzoo.models import build_char_tokenizer, build_tiny_model
+    from rlzoo.models.build import build_char_tokenizer, build_tiny_model
 
     tokenizer = build_char_tokenizer("0123456789=")
     cfg = OmegaConf.create(dict(arch="qwen2", hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2,
@@ -934,7 +932,7 @@ def test_a_bad_interpolation_or_yaml_tag_is_one_line(capsys, tmp_path: Path, ove
 @SLOW
 def test_interpolations_are_stored_resolved_and_compare_never_resolves(capsys, tmp_path: Path,
                                                                        monkeypatch) -> None:
-    from rlzoo.tracking import flatten_config
+    from rlzoo.run.tracking import flatten_config
 
     monkeypatch.setenv("RLZOO_TEST_NAME", "from-the-environment")
     run_dir = tmp_path / "run"
@@ -953,8 +951,7 @@ def test_interpolations_are_stored_resolved_and_compare_never_resolves(capsys, t
 
 def test_runs_whose_threads_oversubscribe_the_cores_warn_once_naming_the_fix(capsys, tmp_path: Path,
                                                                              monkeypatch) -> None:
-    from rlzoo import processes
-
+    from rlzoo.core import processes
     registry = tmp_path / "threads"
     monkeypatch.setattr(processes, "REGISTRY", registry)
     finished = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlzoo import models
-from rlzoo.cli import main
+from rlzoo.models import build as models
+from rlzoo.commands.cli import main
 
 TOKENS = ["<s>", "</s>", "<unk>"] + list(string.digits + string.ascii_lowercase + "+-=? ")
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from rlzoo import golden
-from rlzoo.plugins import build_registry, make_plugin_manager, module_plugin
+from rlzoo.commands import golden
+from rlzoo.contract.loading import build_registry, make_plugin_manager, module_plugin
 from zoo import builtin_names
 
 GOLDEN = Path(__file__).parents[1] / "benchmarks" / "golden"
@@ -41,7 +41,6 @@ def test_replayed_reward_gain_is_within_the_golden_band(name: str, tmp_path: Pat
 
 FLIP = """
 from rlzoo import hookimpl
-
 class Flip:
     @hookimpl
     def rlzoo_before_update(self, batch, ctx):

@@ -10,7 +10,7 @@ import torch
 
 import zoo
 from rlzoo import testing
-from rlzoo.kinds import KINDS
+from rlzoo.contract.kinds import KINDS
 from rlzoo.testing import (
     CHECKED_KINDS,
     check_advantage_estimator,

@@ -14,8 +14,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlzoo.config import build_params
-from rlzoo.errors import ConfigError
+from rlzoo.config.params import build_params
+from rlzoo.core.errors import ConfigError
 from rlzoo.testing import check_component
 from rlzoo_plugins import kl as kl_module
 import zoo
@@ -513,7 +513,7 @@ def test_forward_topk_invariants_edge_cases_and_params(reg) -> None:
 
 
 def test_forward_topk_plans_like_full(reg) -> None:
-    from rlzoo.config import load_config
+    from rlzoo.plan.planner import load_config
 
     plan = load_config(reg, ["kl.coef=0.1", "kl.estimator={name: forward_topk, topk: 4}"]).plan
     assert plan.kl.uses_logits and plan.kl.placement == "loss" and "ref_logits" in plan.passes

@@ -16,16 +16,16 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from rlzoo.cli import main
-from rlzoo.config import load_config
-from rlzoo.errors import ConfigError
-from rlzoo.events import read_scalars
-from rlzoo.export import export_policy
-from rlzoo.logprobs import response_forward
-from rlzoo.lora import ADAPTER_WEIGHTS, AdaptersOff, adapter_parameters, base_state_dict
-from rlzoo.models import load_pretrained
-from rlzoo.resume import load_run_config
-from rlzoo.trainer import Trainer
+from rlzoo.commands.cli import main
+from rlzoo.plan.planner import load_config
+from rlzoo.core.errors import ConfigError
+from rlzoo.run.events import read_scalars
+from rlzoo.commands.export import export_policy
+from rlzoo.models.logprobs import response_forward
+from rlzoo.models.lora import ADAPTER_WEIGHTS, AdaptersOff, adapter_parameters, base_state_dict
+from rlzoo.models.build import load_pretrained
+from rlzoo.run.resume import load_run_config
+from rlzoo.run.trainer import Trainer
 from zoo import PM, REGISTRY, TINY
 
 LORA = ["model.lora.rank=4", "model.lora.alpha=8", "trainer.lr=0.01"]

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlzoo.batch import RolloutBatch
-from rlzoo.config import load_config
-from rlzoo.learner import _WeightedMeans
-from rlzoo.plan import CorrectionStep
-from rlzoo.plugins import build_registry, make_plugin_manager
-from rlzoo.trainer import Trainer
+from rlzoo.core.batch import RolloutBatch
+from rlzoo.plan.planner import load_config
+from rlzoo.learn.learner import _WeightedMeans
+from rlzoo.plan.planner import CorrectionStep
+from rlzoo.contract.loading import build_registry, make_plugin_manager
+from rlzoo.run.trainer import Trainer
 from zoo import TINY
 
 PM = make_plugin_manager()
@@ -78,7 +78,7 @@ def test_extension_needs_are_planned() -> None:
 def test_the_plan_names_the_input_that_pulled_a_critic_or_a_greedy_rollout_in() -> None:
     # a plugin migrated from API 1 whose advantage names `values` / `baseline_scores`: rlzoo explain
     # (and plan.txt) says which component, through which argument, made the run build what
-    from rlzoo.plugins import module_plugin
+    from rlzoo.contract.loading import module_plugin
 
     def migrated(token_rewards, values, baseline_scores, response_mask):
         return token_rewards - values, token_rewards
@@ -167,7 +167,7 @@ def test_the_value_loss_is_normalised_over_the_mask_it_sums(tmp_path: Path) -> N
 def test_logprob_keep_mb_reaches_the_head_and_does_not_change_the_update(tmp_path: Path, monkeypatch) -> None:
     """``trainer.logprob_keep_mb`` is passed to the head as bytes; keeping the log-softmax
     for backward or recomputing it gives the same weights after a step."""
-    import rlzoo.logprobs as logprobs
+    import rlzoo.models.logprobs as logprobs
 
     seen: list[int] = []
     original = logprobs.token_logprobs

@@ -13,15 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from rlzoo.cli import main
-from rlzoo.errors import ConfigError
-from rlzoo.plugins import build_registry, make_plugin_manager, module_plugin
-from rlzoo.tasks import Example, Task
+from rlzoo.commands.cli import main
+from rlzoo.core.errors import ConfigError
+from rlzoo.contract.loading import build_registry, make_plugin_manager, module_plugin
+from rlzoo.tasks.task import Example, Task
 from rlzoo.testing import CHECKED_KINDS, check_component, check_reward, check_task
 
 REWARD = """
 from rlzoo import hookimpl
-
 def shouty(completions):
     return [float(c.isupper()) for c in completions]
 
@@ -91,7 +90,6 @@ def test_a_name_collision_in_an_installed_package_is_listed_and_refuses_runs(
         capsys, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _fake_distribution(tmp_path, "clashing-rlzoo-pkg", "clashing_rlzoo_mod", """
         from rlzoo import hookimpl
-
         def mine(loss, mask, counts=None):
             return (loss * mask).sum()
 
@@ -136,7 +134,7 @@ def _with_preset(preset: dict, source: str = "") -> tuple:
     ({"plugins": ["x"]}, "sets plugins"),
 ])
 def test_an_error_in_a_preset_names_the_preset_and_its_package(preset: dict, fragment: str) -> None:
-    from rlzoo.config import load_config
+    from rlzoo.plan.planner import load_config
 
     _, registry = _with_preset(preset)
     with pytest.raises(ConfigError) as info:
@@ -147,7 +145,7 @@ def test_an_error_in_a_preset_names_the_preset_and_its_package(preset: dict, fra
 
 
 def test_a_command_line_error_is_not_blamed_on_the_preset() -> None:
-    from rlzoo.config import load_config
+    from rlzoo.plan.planner import load_config
 
     with pytest.raises(ConfigError) as info:
         load_config(build_registry(make_plugin_manager()), ["algo=grpo", "advantage.epsilonn=1"])

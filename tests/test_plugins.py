@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from rlzoo import hookspecs
-from rlzoo.errors import DuplicateComponentError, PluginError, UnknownComponentError
-from rlzoo.plugins import build_registry, make_plugin_manager, module_plugin
-from rlzoo.registry import Registry
+from rlzoo.contract import hookspecs
+from rlzoo.core.errors import DuplicateComponentError, PluginError, UnknownComponentError
+from rlzoo.contract.loading import build_registry, make_plugin_manager, module_plugin
+from rlzoo.contract.registry import Registry
 
 ALL_HOOKS = [name for name, _ in inspect.getmembers(hookspecs, inspect.isfunction)
              if name.startswith("rlzoo_")]
@@ -59,7 +59,7 @@ def test_plugins_md_lists_every_kinds_inputs_as_hookspecs_does() -> None:
 def test_plugins_md_lists_the_required_metrics_of_every_kind_that_returns_metrics() -> None:
     import re
 
-    from rlzoo.kinds import KINDS
+    from rlzoo.contract.kinds import KINDS
 
     lines = dict(re.findall(r"^Required metrics \(kind `(\w+)`\): (none|[^(]*?) \(", DOCS.read_text(), flags=re.M))
     with_metrics = {k.name for k in KINDS.values() if k.output in ("loss_metrics", "weights_metrics")}
@@ -72,8 +72,8 @@ def test_plugins_md_lists_the_batch_and_context_fields() -> None:
     import dataclasses
     import re
 
-    from rlzoo.batch import RolloutBatch
-    from rlzoo.context import RunContext
+    from rlzoo.core.batch import RolloutBatch
+    from rlzoo.run.context import RunContext
 
     fields = re.findall(r"^Fields: (.*)$", DOCS.read_text(), flags=re.M)
     assert [_backticked(line) for line in fields] == [[f.name for f in dataclasses.fields(RolloutBatch)],
@@ -86,7 +86,7 @@ def test_the_one_file_plugin_at_the_top_of_plugins_md_lists_and_trains(tmp_path:
     page says: ``plugins=[my_rlzoo_plugin] advantage=mean_baseline``."""
     import re
 
-    from rlzoo.cli import main
+    from rlzoo.commands.cli import main
     from zoo import TINY
 
     block = next(b for b in re.findall(r"```python\n(.*?)```", DOCS.read_text(), flags=re.S)
@@ -104,8 +104,8 @@ def test_the_one_file_plugin_at_the_top_of_plugins_md_lists_and_trains(tmp_path:
 def test_plugins_md_snippets_run_and_its_extension_example_trains(tmp_path: Path, monkeypatch) -> None:
     import re
 
-    from rlzoo.config import load_config
-    from rlzoo.trainer import Trainer
+    from rlzoo.plan.planner import load_config
+    from rlzoo.run.trainer import Trainer
 
     blocks = re.findall(r"```python\n(.*?)```", DOCS.read_text(), flags=re.S)
     assert len(blocks) >= 3
@@ -269,8 +269,8 @@ def rlzoo_run_end(ctx, status):
 def test_lifecycle_hooks_are_called_in_order_each_step(capsys, tmp_path: Path, plugin_module) -> None:
     import importlib
 
-    from rlzoo.cli import main
-    from rlzoo.events import read_scalars
+    from rlzoo.commands.cli import main
+    from rlzoo.run.events import read_scalars
 
     name = plugin_module(RECORDER)
     code = main(["train", f"plugins=[{name}]", f"run_dir={tmp_path / 'r'}", "trainer.total_steps=2",
@@ -353,7 +353,7 @@ def test_params_dataclass_requires_a_params_argument() -> None:
 ])
 def test_a_misspelt_or_undecorated_hook_is_an_error_naming_the_plugin(capsys, plugin_module, source: str,
                                                                       fragments: list[str]) -> None:
-    from rlzoo.cli import main
+    from rlzoo.commands.cli import main
 
     name = plugin_module("from rlzoo import hookimpl\n" + source)
     code = main(["config", f"plugins=[{name}]"])
@@ -367,7 +367,6 @@ def test_a_misspelt_or_undecorated_hook_is_an_error_naming_the_plugin(capsys, pl
 SHAPES = """
 import torch
 from rlzoo import hookimpl
-
 def column(logp, advantages, response_mask):
     return (-advantages * logp).sum(-1, keepdim=True), {"clipfrac": torch.tensor(0.), "approx_kl": torch.tensor(0.)}
 
@@ -400,7 +399,7 @@ def rlzoo_register_advantage_estimators(register):
 ])
 def test_a_plugin_output_of_the_wrong_shape_is_refused_with_its_name_and_package(
         capsys, tmp_path: Path, plugin_module, override: str, fragments: list[str]) -> None:
-    from rlzoo.cli import main
+    from rlzoo.commands.cli import main
 
     name = plugin_module(SHAPES)
     code = main(["train", f"plugins=[{name}]", override, f"run_dir={tmp_path / 'r'}", "trainer.total_steps=1",
@@ -432,7 +431,6 @@ def test_lifecycle_hooks_are_called_through_pluggy_so_tracing_shows_them(tmp_pat
 
 ORDER = """
 from rlzoo import hookimpl
-
 class Mark:
     def __init__(self, label):
         self.label = label
@@ -465,8 +463,8 @@ def rlzoo_register_extensions(register):
 
 def test_extensions_run_in_list_order_then_modules_and_see_each_others_changes(tmp_path: Path,
                                                                               plugin_module) -> None:
-    from rlzoo.config import load_config
-    from rlzoo.trainer import Trainer
+    from rlzoo.plan.planner import load_config
+    from rlzoo.run.trainer import Trainer
 
     name = plugin_module(ORDER)
     pm = make_plugin_manager(modules=[name])
@@ -488,7 +486,6 @@ def test_a_component_that_needs_the_reference_gets_its_log_probs(tmp_path: Path,
     source = """
 import torch
 from rlzoo import hookimpl
-
 SEEN = []
 
 def anchored(logp, advantages, response_mask, ref_logp):
@@ -501,8 +498,8 @@ def rlzoo_register_policy_losses(register):
 """
     import importlib
 
-    from rlzoo.config import load_config
-    from rlzoo.trainer import Trainer
+    from rlzoo.plan.planner import load_config
+    from rlzoo.run.trainer import Trainer
 
     name = plugin_module(source)
     pm = make_plugin_manager(modules=[name])

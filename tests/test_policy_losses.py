@@ -17,8 +17,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rlzoo.config import build_params
-from rlzoo.errors import ConfigError
+from rlzoo.config.params import build_params
+from rlzoo.core.errors import ConfigError
 from rlzoo.testing import check_component
 from rlzoo_plugins import policy_losses as module
 import zoo
@@ -839,7 +839,7 @@ def test_aliases_resolve(alias: str, name: str) -> None:
 
 
 def test_retired_alias_vanilla_names_its_replacement() -> None:
-    from rlzoo.errors import UnknownComponentError
+    from rlzoo.core.errors import UnknownComponentError
 
     with pytest.raises(UnknownComponentError, match=r"policy_loss 'vanilla' was retired: use 'ppo_clip'.*vanilla_pg"):
         REG.get("policy_loss", "vanilla")

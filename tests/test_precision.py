@@ -9,11 +9,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from rlzoo.cli import main
-from rlzoo.config import load_config
-from rlzoo.errors import ConfigError
-from rlzoo.logprobs import response_forward
-from rlzoo.models import build_char_tokenizer, build_tiny_model
+from rlzoo.commands.cli import main
+from rlzoo.plan.planner import load_config
+from rlzoo.core.errors import ConfigError
+from rlzoo.models.logprobs import response_forward
+from rlzoo.models.build import build_char_tokenizer, build_tiny_model
 import zoo
 from zoo import REGISTRY
 
@@ -65,7 +65,7 @@ def test_bf16_keeps_float32_weights_and_changes_the_update(tmp_path: Path) -> No
 
 
 def test_the_head_matmul_follows_autocast_and_its_logits_are_float32() -> None:
-    from rlzoo.logprobs import head_logits
+    from rlzoo.models.logprobs import head_logits
 
     gen = torch.Generator().manual_seed(0)
     hidden, weight = torch.randn(3, 5, 16, generator=gen), torch.randn(40, 16, generator=gen)

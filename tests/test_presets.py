@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlzoo.cli import main
-from rlzoo.config import load_config
-from rlzoo.explain import presets_markdown
-from rlzoo.plugins import build_registry, make_plugin_manager
-from rlzoo.presets import load_preset
-from rlzoo.trainer import Trainer
+from rlzoo.commands.cli import main
+from rlzoo.plan.planner import load_config
+from rlzoo.commands.explain import presets_markdown
+from rlzoo.contract.loading import build_registry, make_plugin_manager
+from rlzoo.config.preset_cards import load_preset
+from rlzoo.run.trainer import Trainer
 from zoo import REGISTRY, builtin_names
 
 ROOT = Path(__file__).parents[1]
@@ -95,7 +95,6 @@ def test_diff_lists_the_knobs_that_differ_with_their_sources(capsys) -> None:
 def test_explain_and_diff_work_for_a_third_party_preset_with_its_card(capsys, plugin_module) -> None:
     name = plugin_module("""
 from rlzoo import hookimpl
-
 @hookimpl
 def rlzoo_register_algorithms(register):
     register("grpo_wide", {"policy_loss": {"name": "ppo_clip", "clip_high": 0.4}, "trainer": {"num_mini_batches": 2}},

@@ -25,7 +25,7 @@ def tiny_model(tmp_path_factory) -> Path:
     import torch
     from omegaconf import OmegaConf
 
-    from rlzoo.models import build_char_tokenizer, build_tiny_model
+    from rlzoo.models.build import build_char_tokenizer, build_tiny_model
 
     torch.manual_seed(0)
     tokenizer = build_char_tokenizer(string.printable)
@@ -39,8 +39,8 @@ def tiny_model(tmp_path_factory) -> Path:
 
 def test_trl_settings_follow_the_rlzoo_config(tiny_model):
     """The TRL mapping reads rlzoo's resolved grpo preset, and refuses what it cannot map."""
-    from rlzoo.config import load_config
-    from rlzoo.plugins import build_registry, make_plugin_manager
+    from rlzoo.plan.planner import load_config
+    from rlzoo.contract.loading import build_registry, make_plugin_manager
 
     race = load_race()
     args = race.parser().parse_args([])

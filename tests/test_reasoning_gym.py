@@ -10,11 +10,11 @@ import pytest
 
 pytest.importorskip("reasoning_gym")
 
-from rlzoo.cli import main  # noqa: E402
-from rlzoo.config import load_config  # noqa: E402
-from rlzoo.errors import ConfigError  # noqa: E402
-from rlzoo.scoring import Rewards  # noqa: E402
-from rlzoo.tasks import Holdout  # noqa: E402
+from rlzoo.commands.cli import main  # noqa: E402
+from rlzoo.plan.planner import load_config  # noqa: E402
+from rlzoo.core.errors import ConfigError  # noqa: E402
+from rlzoo.rollout.scoring import Rewards  # noqa: E402
+from rlzoo.tasks.task import Holdout  # noqa: E402
 from rlzoo.testing import check_task  # noqa: E402
 from zoo import REGISTRY  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""Scoring with a learned reward model (``reward=reward_model``, rlzoo/rewardmodel.py):
+"""Scoring with a learned reward model (``reward=reward_model``, rlzoo/models/reward_model.py):
 known weights give known scores, padding on either side gives the same scores, a reward
 model with another tokenizer than the policy reads the decoded text, normalisation and
 clipping by hand, and the scorer in a run (plan, explain, metrics, a reward list)."""
@@ -15,13 +15,13 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import zoo
-from rlzoo.cli import main
-from rlzoo.config import load_config
-from rlzoo.errors import ConfigError
-from rlzoo.models import build_char_tokenizer
-from rlzoo.rewardmodel import RunningMoments, encode, load_reward_model, score_ids, sequence_scores
-from rlzoo.rollout import left_pad
-from rlzoo.scoring import Rewards
+from rlzoo.commands.cli import main
+from rlzoo.plan.planner import load_config
+from rlzoo.core.errors import ConfigError
+from rlzoo.models.build import build_char_tokenizer
+from rlzoo.models.reward_model import RunningMoments, encode, load_reward_model, score_ids, sequence_scores
+from rlzoo.core.tokens import left_pad
+from rlzoo.rollout.scoring import Rewards
 from zoo import REGISTRY, tiny_reward_model
 
 ALPHABET = "0123456789="
@@ -191,9 +191,9 @@ def test_a_run_scores_with_a_reward_model_in_a_reward_list(tmp_path: Path) -> No
 
 
 def test_a_weight_zero_reward_is_logged_as_gold_beside_the_proxy() -> None:
-    from rlzoo.batch import RolloutBatch
-    from rlzoo.distributed import SINGLE
-    from rlzoo.tracking import batch_metrics
+    from rlzoo.core.batch import RolloutBatch
+    from rlzoo.core.distributed import SINGLE
+    from rlzoo.run.tracking import batch_metrics
 
     per_reward = torch.tensor([[1.0, 0.25], [3.0, 0.75]])
     scores = per_reward @ torch.tensor([1.0, 0.0])
@@ -218,7 +218,7 @@ def test_the_remote_judge_of_plugins_md_registers_plans_and_scores(plugin_module
     import threading
     from http.server import BaseHTTPRequestHandler, HTTPServer
 
-    from rlzoo.plugins import build_registry, make_plugin_manager
+    from rlzoo.contract.loading import build_registry, make_plugin_manager
 
     text = (Path(__file__).parents[1] / "docs" / "plugins.md").read_text()
     source = re.search(r"a judge behind an HTTP\s+endpoint looks like this:\s+```python\n(.*?)```", text, re.S).group(1)
@@ -273,7 +273,7 @@ def test_an_rlzoo_critic_directory_scores_with_its_value_head(tmp_path: Path) ->
     the score is the value at the last valid token."""
     from omegaconf import OmegaConf
 
-    from rlzoo.models import ValueModel, build_tiny_model
+    from rlzoo.models.build import ValueModel, build_tiny_model
 
     torch.manual_seed(1)
     tokenizer = build_char_tokenizer(ALPHABET)

@@ -1,4 +1,4 @@
-"""Several reward functions per run (``reward=[...]``, rlzoo/scoring.py) and the ``gdpo``
+"""Several reward functions per run (``reward=[...]``, rlzoo/rollout/scoring.py) and the ``gdpo``
 advantage estimator that normalises them one by one."""
 
 from __future__ import annotations
@@ -11,13 +11,13 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from rlzoo import recording
-from rlzoo.ab import run_ab
-from rlzoo.cli import main
-from rlzoo.config import load_config
-from rlzoo.errors import ConfigError, TrainingError
-from rlzoo.scoring import Rewards
-from rlzoo.tracking import effective_hparams
+from rlzoo.run import recording
+from rlzoo.commands.ab import run_ab
+from rlzoo.commands.cli import main
+from rlzoo.plan.planner import load_config
+from rlzoo.core.errors import ConfigError, TrainingError
+from rlzoo.rollout.scoring import Rewards
+from rlzoo.run.tracking import effective_hparams
 import zoo
 from zoo import REGISTRY
 

@@ -1,4 +1,4 @@
-"""``rlzoo rm`` (rlzoo/rm.py): the Bradley–Terry loss by hand, the data checks, and a run
+"""``rlzoo rm`` (rlzoo/commands/rm.py): the Bradley–Terry loss by hand, the data checks, and a run
 that learns held-out preferences, resumes exactly and writes a directory reward_model loads."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import torch
 from safetensors.torch import load_file
 
 import zoo
-from rlzoo.cli import main
-from rlzoo.rm import batch_rows, bradley_terry, load_pairs, split_pairs
+from rlzoo.commands.cli import main
+from rlzoo.commands.rm import batch_rows, bradley_terry, load_pairs, split_pairs
 from zoo import REGISTRY
 
 TINY = [*zoo.TINY, "rm.batch_size=16", "rm.eval_every=0", "trainer.lr=0.003"]
@@ -124,7 +124,7 @@ def test_rm_reaches_high_held_out_accuracy_on_sorting_pairs(tmp_path: Path) -> N
 def test_rm_starts_from_a_model_path_backbone(tmp_path: Path) -> None:
     from omegaconf import OmegaConf
 
-    from rlzoo.models import build_char_tokenizer, build_tiny_model
+    from rlzoo.models.build import build_char_tokenizer, build_tiny_model
 
     tokenizer = build_char_tokenizer("0123456789=")
     shape = OmegaConf.create({"arch": "llama", "hidden_size": 16, "intermediate_size": 32, "num_layers": 1,

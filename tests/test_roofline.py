@@ -29,7 +29,7 @@ def tiny_llama(path: Path, hidden: int = 8, layers: int = 1, heads: int = 2, kv_
     import torch
     from omegaconf import OmegaConf
 
-    from rlzoo.models import build_char_tokenizer, build_tiny_model
+    from rlzoo.models.build import build_char_tokenizer, build_tiny_model
 
     torch.manual_seed(0)
     tokenizer = build_char_tokenizer(string.printable)
@@ -166,7 +166,7 @@ def test_the_smollm2_gguf_file_is_found_when_installed():
 
 
 def test_eval_share_reads_a_runs_scalars(tmp_path):
-    from rlzoo.tracking import Tracker
+    from rlzoo.run.tracking import Tracker
 
     eval_share = load("eval_share")
     run = tmp_path / "run"

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlzoo.batch import RolloutBatch
-from rlzoo.checkpoint import list_checkpoints
-from rlzoo.config import load_config
-from rlzoo.errors import ConfigError
-from rlzoo.rollout_queue import RolloutQueue
-from rlzoo.events import read_scalars
+from rlzoo.core.batch import RolloutBatch
+from rlzoo.run.checkpoint import list_checkpoints
+from rlzoo.plan.planner import load_config
+from rlzoo.core.errors import ConfigError
+from rlzoo.rollout.staleness import RolloutQueue
+from rlzoo.run.events import read_scalars
 from test_train import KILLER, _cli, _final_state
 from zoo import REGISTRY, TINY
 

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from rlzoo.cli import main
-from rlzoo.compare import COLUMNS
-from rlzoo.errors import ConfigError
-from rlzoo.sweep import plan, split_values
+from rlzoo.commands.cli import main
+from rlzoo.commands.compare import COLUMNS
+from rlzoo.core.errors import ConfigError
+from rlzoo.commands.sweep import plan, split_values
 import zoo
 
 pytestmark = pytest.mark.slow  # end-to-end: trains, launches or installs

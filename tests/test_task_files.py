@@ -1,4 +1,4 @@
-"""task=file as the field writes data (rlzoo/tasks.py FileTask): JSONL, Parquet and datasets'
+"""task=file as the field writes data (rlzoo/tasks/task.py FileTask): JSONL, Parquet and datasets'
 save_to_disk directories; prompts of text or chat messages (verl's and TRL's layouts);
 errors naming the file, row and column. Every file is built here, in tmp_path."""
 
@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from rlzoo.config import load_config
-from rlzoo.errors import ConfigError
-from rlzoo.prompts import PromptFormat
-from rlzoo.scoring import Rewards
-from rlzoo.tasks import FileTask, Holdout
+from rlzoo.plan.planner import load_config
+from rlzoo.core.errors import ConfigError
+from rlzoo.tasks.prompts import PromptFormat
+from rlzoo.rollout.scoring import Rewards
+from rlzoo.tasks.task import FileTask, Holdout
 from zoo import REGISTRY
 
 pa = pytest.importorskip("pyarrow")
@@ -94,7 +94,7 @@ def test_malformed_rows_name_the_file_row_and_column(tmp_path: Path, prompt, fra
 
 
 def test_a_messages_parquet_trains_end_to_end_and_scores_its_ground_truth(capsys, tmp_path: Path) -> None:
-    from rlzoo.cli import main
+    from rlzoo.commands.cli import main
 
     data = _parquet(tmp_path / "verl.parquet", VERL * 3)
     code = main(["train", f"task={{name: file, path: {data}}}", "answer_format=last_number",

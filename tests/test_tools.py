@@ -1,4 +1,4 @@
-"""Tools (rlzoo/tools.py, rlzoo/sandbox.py, plugins/tools.py, rlzoo/tool_checks.py): schemas
+"""Tools (rlzoo/agents/tool_calls.py, rlzoo/agents/sandbox.py, plugins/tools.py, rlzoo/testing/tool_checks.py): schemas
 from signatures, tool-call parsing in both styles, error observations, the child process's
 time and memory limits, registration as kind ``tool`` and the kit's check."""
 
@@ -14,11 +14,11 @@ from typing import Any, Literal, Optional
 import pytest
 import tool_fns
 
-from rlzoo.errors import PluginError, UnknownComponentError
-from rlzoo.plugins import build_registry, make_plugin_manager, module_plugin
+from rlzoo.core.errors import PluginError, UnknownComponentError
+from rlzoo.contract.loading import build_registry, make_plugin_manager, module_plugin
 from rlzoo.testing import check_component, check_tool
-from rlzoo.tools import (Tool, ToolCall, call_tool, parse_tool_calls, registered_tools, tool_call_style,
-                         tool_from_callable)
+from rlzoo.contract.tool_schema import Tool, tool_from_callable
+from rlzoo.agents.tool_calls import ToolCall, call_tool, parse_tool_calls, registered_tools, tool_call_style
 from rlzoo_plugins.tools import calculator
 
 ROOT = Path(__file__).parents[1]
@@ -256,7 +256,7 @@ calls as ``<tool_call>`` JSON (the structure of Qwen2.5's own template)."""
 
 
 def test_hermes_parser_reads_the_calls_the_template_writes() -> None:
-    from rlzoo.models import build_char_tokenizer
+    from rlzoo.models.build import build_char_tokenizer
 
     tokenizer = build_char_tokenizer("0123456789")
     tokenizer.chat_template = HERMES_TEMPLATE
@@ -373,7 +373,7 @@ def test_unsafe_tool_works_from_a_script_without_a_main_file() -> None:
     import subprocess
     import sys
 
-    script = ("import tool_fns\nfrom rlzoo.tools import ToolCall, call_tool, tool_from_callable\n"
+    script = ("import tool_fns\nfrom rlzoo.agents.tool_calls import ToolCall, call_tool; from rlzoo.contract.tool_schema import tool_from_callable\n"
               "print(call_tool(tool_from_callable(tool_fns.add, unsafe=True), ToolCall('add', {'a': 1, 'b': 2})))\n")
     done = subprocess.run([sys.executable, "-"], input=script, capture_output=True, text=True, timeout=60,
                           cwd=Path(__file__).parent)
@@ -428,7 +428,7 @@ def test_registered_tools_by_name() -> None:
 
 
 def test_rlzoo_list_lists_the_tools(capsys) -> None:
-    from rlzoo.cli import main
+    from rlzoo.commands.cli import main
 
     assert main(["list", "--kind", "tool"]) == 0
     out = capsys.readouterr().out
@@ -528,7 +528,7 @@ def test_the_sandbox_reads_no_pickle_from_the_tool_process() -> None:
     ``{observation, is_error}`` object (a crafted pickle included) are never loaded."""
     import pickle
 
-    from rlzoo.sandbox import _parse_result
+    from rlzoo.agents.sandbox import _parse_result
 
     assert _parse_result(b'{"observation": "42", "is_error": false}') == ("42", False)
     assert _parse_result(pickle.dumps(("42", False))) is None

@@ -12,10 +12,10 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.plugins.hparams import metadata
 
-from rlzoo.compare import windows
-from rlzoo.config import load_config
-from rlzoo.sweep import write_sweep_experiment
-from rlzoo.tracking import OFF, Progress, Tracker, custom_scalars_layout, effective_hparams, group_samples
+from rlzoo.commands.compare import windows
+from rlzoo.plan.planner import load_config
+from rlzoo.commands.sweep import write_sweep_experiment
+from rlzoo.run.tracking import OFF, Progress, Tracker, custom_scalars_layout, effective_hparams, group_samples
 
 
 def _resolve(registry, *overrides: str):
@@ -141,7 +141,7 @@ def test_best_is_never_below_final() -> None:
 
 
 def test_the_compare_tutorial_shows_the_legend_compare_prints() -> None:
-    from rlzoo.compare import legend
+    from rlzoo.commands.compare import legend
 
     text = (Path(__file__).parents[1] / "docs" / "compare.md").read_text()
     for line in legend(0.5, 25).splitlines():
@@ -151,8 +151,8 @@ def test_the_compare_tutorial_shows_the_legend_compare_prints() -> None:
 def test_compare_without_matplotlib_is_one_clear_error(monkeypatch) -> None:
     import sys
 
-    from rlzoo.compare import _pyplot
-    from rlzoo.errors import RlzooError
+    from rlzoo.commands.compare import _pyplot
+    from rlzoo.core.errors import RlzooError
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)   # what an environment without it looks like
     with pytest.raises(RlzooError, match="pip install matplotlib"):

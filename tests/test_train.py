@@ -14,9 +14,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from rlzoo.checkpoint import list_checkpoints
-from rlzoo.cli import main
-from rlzoo.events import read_scalars
+from rlzoo.run.checkpoint import list_checkpoints
+from rlzoo.commands.cli import main
+from rlzoo.run.events import read_scalars
 import zoo
 from zoo import builtin_names
 
@@ -84,7 +84,6 @@ def test_same_seed_same_result_different_seed_differs(capsys, tmp_path: Path) ->
 KILLER = """
 import os, signal
 from rlzoo import hookimpl
-
 @hookimpl
 def rlzoo_step_end(step, metrics, ctx):
     if os.environ.get("RLZOO_TEST_SIGNAL_AT") == str(step):
@@ -151,7 +150,6 @@ def test_resume_without_checkpoint_is_a_clear_error(capsys, tmp_path: Path) -> N
 BAD_REWARDS = """
 import math
 from rlzoo import hookimpl
-
 def raises(prompts, completions, references):
     for c in completions:
         if len(c) >= 0:
@@ -192,7 +190,6 @@ def test_failing_reward_function_is_named_with_the_sample(capsys, tmp_path: Path
 NAN_LOSS = """
 import torch
 from rlzoo import hookimpl
-
 def nan_loss(logp, old_logp, advantages, response_mask):
     return logp * float("nan"), {"clipfrac": torch.tensor(0.0), "approx_kl": torch.tensor(0.0)}
 
@@ -251,10 +248,10 @@ def test_sft_writes_a_model_usable_by_train(capsys, tmp_path: Path) -> None:
 
 
 def test_chat_template_of_a_local_model_is_applied(capsys, tmp_path: Path) -> None:
-    from rlzoo.config import load_config
-    from rlzoo.models import load_tokenizer
-    from rlzoo.plugins import build_registry, make_plugin_manager
-    from rlzoo.trainer import Trainer
+    from rlzoo.plan.planner import load_config
+    from rlzoo.models.build import load_tokenizer
+    from rlzoo.contract.loading import build_registry, make_plugin_manager
+    from rlzoo.run.trainer import Trainer
 
     first = tmp_path / "first"
     assert train(capsys, first, "trainer.total_steps=1")[0] == 0

@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import zoo
-from rlzoo.config import build_params
-from rlzoo.errors import ConfigError
+from rlzoo.config.params import build_params
+from rlzoo.core.errors import ConfigError
 
 DOC = Path(__file__).parents[1] / "docs" / "algorithms" / "value.md"
 NAN, INF = float("nan"), float("inf")

@@ -3,7 +3,7 @@ a newly registered component without anyone editing a list."""
 
 from __future__ import annotations
 
-from rlzoo.plugins import load_registry
+from rlzoo.contract.loading import load_registry
 
 TINY = ["model.hidden_size=32", "model.intermediate_size=64", "model.num_layers=1", "model.num_heads=2",
         "model.num_kv_heads=1", "task.num_digits=3", "rollout.prompts_per_step=4", "rollout.n=4",
@@ -25,8 +25,8 @@ def tiny_reward_model(path, alphabet: str = "0123456789=", seed: int = 0, hidden
     import torch
     from omegaconf import OmegaConf
 
-    from rlzoo.models import build_char_tokenizer, build_tiny_model
-    from rlzoo.rewardmodel import from_causal_lm
+    from rlzoo.models.build import build_char_tokenizer, build_tiny_model
+    from rlzoo.models.reward_model import from_causal_lm
 
     torch.manual_seed(seed)
     tokenizer = build_char_tokenizer(alphabet)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from rlzoo import hookimpl
-from rlzoo.masked import masked_mean
+from rlzoo.core.masked import masked_mean
 
 RLZOO_API_VERSION = "2"
 

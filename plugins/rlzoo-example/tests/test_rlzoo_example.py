@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from rlzoo.config import build_params
-from rlzoo.errors import ConfigError
-from rlzoo.plugins import build_registry, make_plugin_manager
+from rlzoo.config.params import build_params
+from rlzoo.core.errors import ConfigError
+from rlzoo.contract.loading import build_registry, make_plugin_manager
 from rlzoo.testing import check_component
 
 REGISTRY = build_registry(make_plugin_manager())

@@ -1,0 +1,2 @@
+"""Multi-turn episodes: environments, tool calls, the sandbox tools run in, playing turns.
+"""

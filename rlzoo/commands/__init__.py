@@ -1,0 +1,2 @@
+"""The commands: the CLI and what each subcommand runs.
+"""

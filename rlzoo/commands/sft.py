@@ -1,0 +1,146 @@
+"""``rlzoo sft``: supervised fine-tuning on a task's reference answers (a warm-up).
+
+Teacher-forced cross-entropy on ``prompt + target + EOS`` (the prompt built as RL builds it:
+instruction, system prompt and chat template, :mod:`rlzoo.tasks.prompts`) with the loss on the target
+tokens only. ``sft.target=answer`` trains on the reference answers (this teaches e.g.
+digit sorting in seconds and leaves RL nothing to learn); ``format`` trains on
+well-formed but unsolved completions (the task's ``format_text``: for sorting, the
+prompt's digits in random order), so a following RL run has to learn the skill itself.
+The model is saved with ``save_pretrained`` and used with ``rlzoo train model.path=DIR``.
+
+With ``env`` set, the targets are the environment's demonstrations
+(:meth:`rlzoo.agents.environment.Environment.demonstration`: e.g. a calculator call, then the
+answer), each played against the environment as a rollout plays an episode
+(:func:`rlzoo.agents.episodes.replay`, within ``rollout.max_turns`` / ``max_turn_tokens`` /
+``max_new_tokens``): the loss is on the policy's tokens only (the run's ``loss_mask``), the
+environment's tokens are read, never trained on.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from rlzoo.config.resolved import ResolvedConfig
+from rlzoo.core.errors import ConfigError
+from rlzoo.agents.episodes import EpisodeFormat, EpisodeLimits, environment_factory, episode_tensors, replay
+from rlzoo.learn.learner import adamw
+from rlzoo.models.logprobs import response_forward
+from rlzoo.core.masked import masked_mean
+from rlzoo.models.build import build_policy
+from rlzoo.tasks.prompts import PromptFormat
+from rlzoo.core.tokens import left_pad
+from rlzoo.tasks.task import Example, Holdout
+
+TARGETS = ("answer", "format")
+
+
+def run_sft(resolved: ResolvedConfig, steps: int = 100,
+            out_dir: str | None = None, target: str = "answer", batch_size: int = 64,
+            lr: float | None = None) -> Path:
+    """Train the configured policy (``model.*``) on ``task`` examples; returns the model dir.
+
+    :param steps: optimizer steps of ``batch_size`` examples.
+    :param target: ``answer`` (reference answers) or ``format`` (format-only targets).
+    :param lr: learning rate (default ``trainer.lr``).
+    """
+    if target not in TARGETS:
+        raise ConfigError(f"unknown SFT target {target!r}; choose one of {', '.join(TARGETS)}")
+    if steps < 1 or batch_size < 1:
+        raise ConfigError(f"steps and batch_size must be >= 1, got {steps} and {batch_size}")
+    if resolved.plan.lora is not None:
+        raise ConfigError(f"rlzoo sft trains every weight of the model; model.lora.rank={resolved.plan.lora.rank} "
+                          "is for rlzoo train: set model.lora.rank=0")
+    cfg = resolved.cfg
+    task_name = resolved.components["task"].name
+    task = resolved.build("task")
+    torch.manual_seed(cfg.seed)
+    rng = random.Random(cfg.seed)
+    model, tokenizer = build_policy(cfg, task)
+    prompt_format = PromptFormat.for_run(resolved)  # the instruction, system prompt and chat template RL uses
+    prompt_format.check(tokenizer)
+    optimizer = adamw(model.parameters(), lr or cfg.trainer.lr, tuple(cfg.trainer.betas))
+    model.train()
+    holdout = Holdout(float(cfg.eval.holdout))  # never train on the prompts RL runs evaluate on
+    demonstrations = _demonstrations(resolved, tokenizer, prompt_format, target)
+    for step in range(1, steps + 1):
+        examples = task.sample_train(batch_size, rng, holdout)
+        if demonstrations is not None:
+            prompt_ids, prompt_mask, response_ids, response_mask, loss_mask = demonstrations(examples)
+        else:
+            texts = [task.answer_text(e) if target == "answer" else task.format_text(e, rng) for e in examples]
+            prompt_ids, prompt_mask = left_pad(prompt_format.encode(examples, tokenizer), tokenizer.pad_token_id)
+            targets = [tokenizer(t, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
+                       for t in texts]
+            width = max(len(t) for t in targets)
+            response_ids = torch.full((len(targets), width), tokenizer.pad_token_id, dtype=torch.long)
+            response_mask = torch.zeros((len(targets), width))
+            for i, ids in enumerate(targets):
+                response_ids[i, :len(ids)] = torch.tensor(ids)
+                response_mask[i, :len(ids)] = 1
+            loss_mask = response_mask
+        out = response_forward(model, prompt_ids, prompt_mask, response_ids, response_mask,
+                               chunk_size=cfg.trainer.logprob_chunk_size,
+                               keep_max_bytes=int(cfg.trainer.logprob_keep_mb * 2**20))
+        loss = -masked_mean(out.logp, loss_mask)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if cfg.trainer.max_grad_norm is not None:  # null: no clipping
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.trainer.max_grad_norm)
+        optimizer.step()
+        if step == 1 or step % max(1, steps // 10) == 0 or step == steps:
+            print(f"sft step {step}/{steps}: loss {float(loss.detach()):.4f}", flush=True)
+    out = Path(out_dir or Path("runs") / f"{cfg.run_name or 'sft'}-{task_name}" / "model")
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(out))
+    tokenizer.save_pretrained(str(out))
+    return out
+
+
+def _demonstrations(resolved: ResolvedConfig, tokenizer: Any, prompt_format: PromptFormat,
+                    target: str) -> Callable[[list[Example]], tuple[torch.Tensor, ...]] | None:
+    """Under ``env``: a function from examples to the batch of their demonstration episodes,
+    ``(prompt_ids, prompt_mask, response_ids, response_mask, loss_mask)``; ``None`` without
+    ``env``.
+
+    :raises ConfigError: ``target=format`` (an environment has no format-only episodes), or
+        a demonstration that is missing or that the episode bounds cut short.
+    """
+    make_env = environment_factory(resolved, tokenizer, prompt_format)
+    if make_env is None:
+        return None
+    name, cfg = resolved.components["env"].name, resolved.cfg
+    if target != "answer":
+        raise ConfigError(f"rlzoo sft --target {target} has no form under env={name!r}: with an environment, SFT "
+                          "trains on its demonstration episodes (--target answer)")
+    fmt = EpisodeFormat(tokenizer, prompt_format)
+    limits = EpisodeLimits(max_turns=int(cfg.rollout.max_turns), max_turn_tokens=int(cfg.rollout.max_turn_tokens),
+                           max_tokens=int(cfg.rollout.max_new_tokens))
+
+    def batch(examples: list[Example]) -> tuple[torch.Tensor, ...]:
+        episodes = []
+        for example in examples:
+            env = make_env()
+            turns = env.demonstration(example)
+            if not turns:
+                raise ConfigError(f"env={name!r} has no demonstration for the prompt {example.prompt!r} "
+                                  "(Environment.demonstration returned None), so rlzoo sft cannot train on it")
+            episode = replay(fmt, env, example, turns, limits)
+            if episode.drift:
+                raise ConfigError(f"env={name!r}: the chat template's rendering of the demonstration {turns!r} of "
+                                  f"{example.prompt!r} does not start with its ids (retokenisation drift: "
+                                  "docs/agents.md, Tokens and masks), so its tokens cannot be trained on")
+            if episode.truncated or not episode.done:
+                raise ConfigError(f"env={name!r}: the demonstration {turns!r} of {example.prompt!r} does not fit "
+                                  f"rollout.max_turns={limits.max_turns}, rollout.max_turn_tokens="
+                                  f"{limits.max_turn_tokens} and rollout.max_new_tokens={limits.max_tokens} "
+                                  "(or the environment does not end the episode after it): raise them")
+            episodes.append(episode)
+        tensors = episode_tensors(episodes, tokenizer.pad_token_id)
+        prompt_ids, prompt_mask = left_pad([e.prompt_ids for e in episodes], tokenizer.pad_token_id)
+        return prompt_ids, prompt_mask, tensors["response_ids"], tensors["response_mask"], tensors["loss_mask"]
+
+    return batch

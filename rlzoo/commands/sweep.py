@@ -1,0 +1,269 @@
+"""``rlzoo sweep``: the cartesian product of comma-separated override values, one run each.
+
+``rlzoo sweep algo=grpo,dr_grpo,rloo seed=0,1,2 trainer.total_steps=200`` runs 9
+trainings, each in ``runs/<sweep-name>/<run-name>/`` with a run name built from the swept
+values (``algo-grpo_seed-0``). Every combination's config is resolved before the first
+run starts, so a typo fails at once; the sweep then writes TensorBoard's hparams
+experiment summary for all its runs into the sweep directory. Runs are separate processes
+(``python -m rlzoo train``), sequential or ``--jobs N`` at a time; each run's progress
+lines (a tenth of its steps each) are relayed prefixed with its name, its full output goes
+to its ``train.log``. Re-running the sweep skips completed runs and resumes interrupted
+ones from their last checkpoint.
+
+A SIGINT or SIGTERM to the sweep is forwarded to the runs it is running (each runs in a
+session of its own, so a terminal's Ctrl-C reaches the sweep only and each run gets the
+signal once); they finish their step and write a checkpoint, no further run starts, and
+the sweep waits for them and exits 0 (130 after a second Ctrl-C, which aborts them). A
+run whose sweep dies gets SIGTERM (Linux), so no run trains on unwatched.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from rlzoo.plan.planner import load_config
+from rlzoo.core.errors import ConfigError
+from rlzoo.contract.registry import Registry
+from rlzoo.config.resolved import ResolvedConfig
+from rlzoo.run.rundir import CONFIG_FILE, SWEEP_FILE, read_status, run_files
+from rlzoo.core.stopping import STOP_SIGNALS, die_with_parent, send_signal, write_now
+from rlzoo.run.tracking import ALGORITHM_KEYS, effective_hparams, hparam_metrics, write_experiment
+
+RELAYED = ("rlzoo: step ", "rlzoo: error", "rlzoo: evaluation")
+"""Lines of a run's output the sweep repeats on its own output (prefixed with the run)."""
+
+STOPPED_CODES = (130, -signal.SIGINT, -signal.SIGTERM)
+"""Exit codes of a run stopped by a signal the sweep forwarded (before it could catch it, or
+aborted by a second Ctrl-C)."""
+
+
+@dataclass(frozen=True)
+class SweepRun:
+    """One combination: its name, directory and the overrides that define it."""
+
+    name: str
+    run_dir: Path
+    overrides: tuple[str, ...]
+
+
+def split_values(value: str) -> list[str]:
+    """Split ``a,b,[c,d],{e: f}`` on top-level commas (not inside brackets or braces)."""
+    parts, depth, current = [], 0, ""
+    for ch in value:
+        if ch in "[{(":
+            depth += 1
+        elif ch in "]})":
+            depth -= 1
+        if ch == "," and depth == 0:
+            parts.append(current)
+            current = ""
+        else:
+            current += ch
+    parts.append(current)
+    return [p.strip() for p in parts]
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9.+-]+", "-", text).strip("-") or "x"
+
+
+def expand(overrides: list[str]) -> tuple[list[str], list[tuple[str, list[str]]]]:
+    """Separate fixed overrides from swept ones (``key=v1,v2``)."""
+    fixed, swept = [], []
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} is not of the form key=value")
+        key, value = item.split("=", 1)
+        values = split_values(value)
+        if len(values) > 1:
+            if any(v == "" for v in values):
+                raise ConfigError(f"sweep values of {key!r} contain an empty item: {value!r}")
+            swept.append((key, values))
+        else:
+            fixed.append(item)
+    return fixed, swept
+
+
+def plan(sweep_dir: Path, overrides: list[str]) -> list[SweepRun]:
+    """All runs of the sweep, in a stable order."""
+    fixed, swept = expand(overrides)
+    for key in ("run_dir", "run_name", "resume"):
+        if any(item.split("=", 1)[0] == key for item in fixed) or any(k == key for k, _ in swept):
+            raise ConfigError(f"{key} is set by rlzoo sweep for each run; do not pass it")
+    runs = []
+    combos = itertools.product(*[[(key, v) for v in values] for key, values in swept]) if swept else [()]
+    for combo in combos:
+        name = "_".join(f"{_slug(key.split('.')[-1])}-{_slug(value)}" for key, value in combo) or "run"
+        items = tuple(fixed) + tuple(f"{key}={value}" for key, value in combo)
+        runs.append(SweepRun(name=name, run_dir=sweep_dir / name, overrides=items))
+    if len({r.name for r in runs}) != len(runs):
+        raise ConfigError("two sweep combinations map to the same run name; use distinct values")
+    return runs
+
+
+def validate(runs: list[SweepRun], registry: Registry, config_file: str | None) -> list[ResolvedConfig]:
+    """Resolve every combination's config (raises :class:`ConfigError` on the first bad one)."""
+    resolved = []
+    for run in runs:
+        try:
+            resolved.append(load_config(registry, list(run.overrides), config_file))
+        except ConfigError as exc:
+            raise ConfigError(f"sweep run {run.name!r}: {exc}") from exc
+    return resolved
+
+
+def write_sweep_experiment(sweep_dir: Path, resolved: list[ResolvedConfig], swept: list[str]) -> None:
+    """TensorBoard's hparams experiment for the whole sweep: every run's effective
+    hparams, the metrics of every run, and ``differs`` on what the sweep varied: the swept
+    keys (everything under them) and the :data:`rlzoo.run.tracking.ALGORITHM_KEYS` whose
+    values differ. Keys that differ only as a consequence (a preset's settings, the
+    parameters of a component that differs) are listed unmarked, so the five columns
+    TensorBoard shows first are the ones that explain the runs."""
+    metrics = list(dict.fromkeys(tag for r in resolved for tag in hparam_metrics(r.cfg)))
+    shown = ALGORITHM_KEYS + tuple(pattern for key in swept for pattern in (key, key + "."))
+    write_experiment(sweep_dir, [effective_hparams(r.cfg, r.plan) for r in resolved], metrics, shown)
+
+
+def _command(run: SweepRun, config_file: str | None) -> list[str]:
+    """Resume the run when it has started (``resume=`` also redoes a start cut off before
+    its first checkpoint; the combination's overrides are passed again, so a sweep whose
+    settings changed since is refused with the differences), else start it; leftovers of a
+    start cut off before it wrote its config are deleted (``--overwrite``)."""
+    cmd = [sys.executable, "-m", "rlzoo", "train"]
+    if config_file:
+        cmd += ["--config", config_file]
+    if (run.run_dir / CONFIG_FILE).is_file():
+        return cmd + [*run.overrides, f"resume={run.run_dir}", "logging.progress=false"]
+    if run_files(run.run_dir):
+        cmd.append("--overwrite")
+    return cmd + [*run.overrides, f"run_dir={run.run_dir}", f"run_name={run.name}",
+                  "logging.progress=false"]
+
+
+class _Children:
+    """The sweep's running runs, and the stop signals it received (forwarded to them).
+
+    While installed (``with _Children() as children:``, main thread only), SIGINT and
+    SIGTERM are recorded and forwarded to every running child; a second SIGINT is forwarded
+    too (the children abort). :attr:`stopping`: start no further run."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.running: set[subprocess.Popen] = set()
+        self.received: list[int] = []
+        self._previous: dict[int, object] = {}
+
+    @property
+    def stopping(self) -> bool:
+        return bool(self.received)
+
+    @property
+    def aborted(self) -> bool:
+        return self.received.count(signal.SIGINT) > 1
+
+    def __enter__(self) -> "_Children":
+        for sig in STOP_SIGNALS:
+            try:
+                self._previous[sig] = signal.signal(sig, self._forward)
+            except ValueError:  # not the main thread: signals reach the caller
+                break
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, signal.SIG_IGN if self.stopping and sig == signal.SIGTERM else handler)
+
+    def _forward(self, signum: int, frame: object) -> None:
+        if signum in self.received and signum != signal.SIGINT:
+            return  # more SIGTERMs change nothing
+        self.received.append(signum)
+        if len(self.received) == 1:
+            write_now(f"sweep: {signal.Signals(signum).name} received; the running runs finish their step and "
+                      "write a checkpoint, no further run starts\n")
+        send_signal([child.pid for child in list(self.running)], signum)
+
+    def start(self, command: list[str], env: dict[str, str]) -> subprocess.Popen | None:
+        """Start a run (its own session, SIGTERM when the sweep dies), or None when stopping."""
+        with self.lock:
+            if self.stopping:
+                return None
+            child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True,
+                                     bufsize=1, start_new_session=True, preexec_fn=die_with_parent)
+            self.running.add(child)
+            return child
+
+    def done(self, child: subprocess.Popen) -> None:
+        with self.lock:
+            self.running.discard(child)
+
+
+def run_sweep(sweep_dir: Path, overrides: list[str], registry: Registry, config_file: str | None = None,
+              jobs: int = 1) -> list[tuple[SweepRun, str]]:
+    """Run (or skip, or resume) every combination; returns ``(run, outcome)`` pairs.
+
+    Outcomes: ``skipped`` (already completed), ``completed``, ``interrupted`` (stopped by a
+    signal after writing a checkpoint: the next sweep resumes it), ``not started`` (the
+    sweep was stopped first), ``aborted`` (a second Ctrl-C), ``failed (exit N)``.
+    """
+    if jobs < 1:
+        raise ConfigError(f"--jobs must be >= 1, got {jobs}")
+    runs = plan(sweep_dir, overrides)
+    resolved = validate(runs, registry, config_file)
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    (sweep_dir / SWEEP_FILE).write_text(" ".join(overrides) + "\n")
+    write_sweep_experiment(sweep_dir, resolved, [key for key, _ in expand(overrides)[1]])
+
+    children = _Children()
+
+    def execute(run: SweepRun) -> tuple[SweepRun, str]:
+        status = read_status(run.run_dir)
+        if status and status["status"] == "completed":
+            return run, "skipped"
+        if children.stopping:
+            return run, "not started"
+        run.run_dir.mkdir(parents=True, exist_ok=True)
+        log = run.run_dir / "train.log"
+        start = time.perf_counter()
+        env = {**os.environ}
+        if jobs > 1:
+            env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // jobs)))
+        with open(log, "a") as handle:
+            child = children.start(_command(run, config_file), env)
+            if child is None:
+                return run, "not started"
+            print(f"[{run.name}] started", flush=True)
+            try:
+                assert child.stdout is not None
+                for line in child.stdout:
+                    handle.write(line)
+                    if line.startswith(RELAYED):
+                        print(f"[{run.name}] {line.removeprefix('rlzoo: ').rstrip()}", flush=True)
+                code = child.wait()
+            finally:
+                children.done(child)
+        status = read_status(run.run_dir) or {}
+        if code != 0 and children.stopping and code in STOPPED_CODES:  # stopped before it could checkpoint
+            outcome = "aborted" if children.aborted else "interrupted"
+        elif code != 0:
+            outcome = f"failed (exit {code}, see {log})"
+        else:
+            outcome = "completed" if status.get("status") == "completed" else "interrupted"
+        print(f"[{run.name}] {outcome} in {time.perf_counter() - start:.0f} s", flush=True)
+        return run, outcome
+
+    print(f"sweep: {len(runs)} runs in {sweep_dir}", flush=True)
+    with children:
+        if jobs == 1:
+            return [execute(run) for run in runs]
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            return list(pool.map(execute, runs))

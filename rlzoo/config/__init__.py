@@ -1,0 +1,2 @@
+"""Configuration: the run schema, config layers, presets, component parameters; the resolved config.
+"""

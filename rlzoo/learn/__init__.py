@@ -1,0 +1,2 @@
+"""The update: passes, KL, advantages, losses, corrections, optimizers.
+"""

@@ -1,0 +1,210 @@
+"""The load-time check of rlzoo's fast paths against a model's own forward.
+
+rlzoo computes log-probs its own way: the rollout samples in a KV-cache decode loop with a
+preallocated cache (:func:`rlzoo.models.decode.generate`), the update projects the decoder's
+hidden states through a chunked head (:func:`rlzoo.models.logprobs.response_forward`) that applies
+the model's post-head transform itself (:mod:`rlzoo.models.head`). :func:`check_model` runs a probe
+batch (left-padded prompts of different lengths, groups of completions, a shorter
+response, and the same again with the output embedding scaled so logits are large)
+through both and compares every sampled token's log-prob with that of the model's own
+``forward(input_ids).logits`` on the sequence alone, unpadded, in float32.
+
+A path that differs by more than :data:`TOLERANCE` is left for a slower, correct one
+(training: the model's own logits; rollout: the model's own cache, then no cache), which
+is checked in turn, and :class:`CheckResult` says why in one warning. A model that no path
+computes correctly is refused. The check draws from its own seeded generator and restores
+torch's global RNG and the weights exactly, so a run's numbers are those it has without it.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+
+import torch
+from transformers import PreTrainedModel
+
+from rlzoo.core.errors import ConfigError
+from rlzoo.models.head import CACHE_MODES, FastPaths, default_paths, set_fast_paths
+from rlzoo.models.logprobs import response_forward
+from rlzoo.models.decode import generate
+from rlzoo.core.tokens import left_pad
+
+TOLERANCE = 1e-4
+"""Largest accepted difference between a fast path's log-prob and the model's own forward's
+(float32): ``|Δ| / max(1, |log-prob|)``, i.e. nats for a log-prob above -1 nat and relative
+below (a token of log-prob -30 under a 30-layer model differs by about 5e-4 nats between a
+left-padded batch and the sequence alone, through the model's own logits too)."""
+
+LARGE_LOGIT = 60.0
+"""The probe is repeated with the output embedding scaled so the largest raw logit is about
+this (a small random model's logits are too small for a softcap at 30 to show); see
+:func:`_measure`."""
+
+PROBE_PROMPTS = (7, 3)
+"""Token lengths of the probe's prompts (left-padded to the longest)."""
+
+PROBE_SAMPLES, PROBE_TOKENS, PROBE_SEED = 2, 6, 1234
+
+
+@dataclass
+class CheckResult:
+    """What :func:`check_model` measured and decided.
+
+    :ivar paths: the fast paths the model runs (recorded on it).
+    :ivar rollout_error: max difference of the rollout's decode loop (:data:`TOLERANCE`).
+    :ivar training_error: max difference of the training forward (:data:`TOLERANCE`).
+    :ivar warning: one line saying which fast path was left and why, or ``None``.
+    """
+
+    paths: FastPaths
+    rollout_error: float
+    training_error: float
+    warning: str | None = None
+
+    def summary(self) -> str:
+        """One line for the run's output."""
+        transform = self.paths.transform.describe() if self.paths.transform is not None else "none"
+        head = ("the model's own logits" if self.paths.model_logits
+                else f"chunked head (post-head transform: {transform})")
+        return (f"model check: log-probs vs the model's own forward, max |diff|/max(1, |logp|) rollout "
+                f"{self.rollout_error:.2g}, training {self.training_error:.2g} (tolerance {TOLERANCE:g}); training "
+                f"uses {head}, "
+                f"rollout cache {self.paths.cache}")
+
+
+def _probe(vocab: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The probe batch, drawn from its own generator (the global RNG is not touched):
+    left-padded prompts ``(ids, mask)`` ``(len(PROBE_PROMPTS), P)`` and, for the training
+    path, responses of any tokens ``(ids, mask)`` ``(len(PROBE_PROMPTS) · PROBE_SAMPLES,
+    PROBE_TOKENS)`` (not only likely ones: at large logits a sampled token's log-prob is
+    about 0 under almost any transform), the first two tokens shorter (right padding)."""
+    generator = torch.Generator().manual_seed(PROBE_SEED)
+    prompts = [torch.randint(0, vocab, (n,), generator=generator).tolist() for n in PROBE_PROMPTS]
+    ids, mask = left_pad(prompts, pad_id=0)
+    response_ids = torch.randint(0, vocab, (len(prompts) * PROBE_SAMPLES, PROBE_TOKENS), generator=generator)
+    response_mask = torch.ones(response_ids.shape)
+    response_mask[0, -2:] = 0
+    response_ids[0, -2:] = 0
+    return ids.to(device), mask.to(device), response_ids.to(device), response_mask.to(device)
+
+
+def reference_logprobs(model: PreTrainedModel, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+                       response_ids: torch.Tensor, response_mask: torch.Tensor, temperature: float = 1.0
+                       ) -> torch.Tensor:
+    """Each response token's log-prob ``(B, T)`` under ``log_softmax(model(seq).logits /
+    temperature)`` of its sequence alone (prompt without padding + valid response tokens),
+    float32; 0 where ``response_mask`` is 0. The ground truth the fast paths are held to.
+
+    :param prompt_ids: ``(B, P)`` left-padded; ``prompt_mask`` ``(B, P)``.
+    :param response_ids: ``(B, T)`` right-padded; ``response_mask`` ``(B, T)``.
+    """
+    out = torch.zeros(response_ids.shape, dtype=torch.float32, device=response_ids.device)
+    with torch.no_grad():
+        for row in range(prompt_ids.shape[0]):
+            prompt = prompt_ids[row][prompt_mask[row] > 0]
+            length = int((response_mask[row] > 0).sum())
+            sequence = torch.cat([prompt, response_ids[row, :length]])[None]
+            logits = model(input_ids=sequence).logits[0].float() / temperature
+            log_probs = torch.log_softmax(logits[len(prompt) - 1: len(prompt) - 1 + length], dim=-1)
+            out[row, :length] = log_probs.gather(-1, response_ids[row, :length, None]).squeeze(-1)
+    return out
+
+
+ROLLOUT, TRAINING = "rollout", "training"
+
+
+def _error(model: PreTrainedModel, paths: FastPaths, device: torch.device, which: str) -> float:
+    """Max ``|Δ log-prob| / max(1, |log-prob|)`` (:data:`TOLERANCE`) of one path under
+    ``paths`` on the probe batch: the rollout's (:data:`ROLLOUT`) log-probs of the tokens it
+    sampled, or the training forward's (:data:`TRAINING`) of any tokens."""
+    set_fast_paths(model, paths)
+    ids, mask, response_ids, response_mask = _probe(model.get_input_embeddings().num_embeddings, device)
+    prompt_ids, prompt_mask = ids.repeat_interleave(PROBE_SAMPLES, 0), mask.repeat_interleave(PROBE_SAMPLES, 0)
+    if which == ROLLOUT:
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            torch.manual_seed(PROBE_SEED)
+            gen = generate(model, ids, mask, max_new_tokens=PROBE_TOKENS, eos_id=-1, pad_id=0,
+                           num_samples=PROBE_SAMPLES)
+        fast, response_ids, response_mask = gen.logp, gen.response_ids, gen.response_mask
+    else:
+        with torch.no_grad():
+            fast = response_forward(model, prompt_ids, prompt_mask, response_ids, response_mask).logp
+    truth = reference_logprobs(model, prompt_ids, prompt_mask, response_ids, response_mask)
+    return float(((fast - truth).abs() / truth.abs().clamp(min=1.0)).max())
+
+
+def _measure(model: PreTrainedModel, paths: FastPaths, device: torch.device, which: str) -> tuple[float, str]:
+    """:func:`_error` at the model's own weights and, the larger, with the output
+    embedding alone scaled by ``factor`` so the largest raw logit is about
+    :data:`LARGE_LOGIT` (a copy of the head's weight put in its place, the tie to the input
+    embedding left alone, so the hidden states are the model's own; restored afterwards),
+    that difference divided by ``factor`` (float32 noise of the hidden states grows with
+    it; a transform's difference is of order one nat there); ``inf`` and the exception's
+    first line when the path raises."""
+    head = model.get_output_embeddings()
+    original = head.weight
+    try:
+        error = _error(model, paths, device, which)
+        ids, mask, _, _ = _probe(model.get_input_embeddings().num_embeddings, device)
+        with torch.no_grad():
+            hidden = model.get_decoder()(input_ids=ids, attention_mask=mask).last_hidden_state
+            largest = float(torch.nn.functional.linear(hidden.float(), original.float()).abs().max())
+        if 0 < largest < LARGE_LOGIT:
+            factor = LARGE_LOGIT / largest
+            head.weight = torch.nn.Parameter(original.detach() * factor, requires_grad=False)
+            error = max(error, _error(model, paths, device, which) / factor)
+    except Exception as exc:  # noqa: BLE001 - a path that cannot run on this model is left like a wrong one
+        lines = str(exc).strip().splitlines()
+        return math.inf, f"{type(exc).__name__}: {lines[0] if lines else ''}"
+    finally:
+        head.weight = original
+    return error, f"max |diff|/max(1, |logp|) {error:.2g}"
+
+
+def check_model(model: PreTrainedModel, device: torch.device) -> CheckResult:
+    """Check ``model``'s fast paths against its own forward (module docstring), record
+    the paths it runs on it (:func:`rlzoo.models.head.set_fast_paths`) and return what was found.
+
+    A model not in float32 is checked on a float32 copy (the paths are the same; the
+    tolerance is for float32 arithmetic).
+
+    :raises ConfigError: no path gives the model's own log-probs (e.g. a model whose
+        forward does not honour left padding), with the differences found.
+    """
+    probe = model if next(model.parameters()).dtype == torch.float32 else copy.deepcopy(model).float()
+    was_training = probe.training
+    probe.eval()
+    name = type(model).__name__
+    reasons = []
+    try:
+        paths = default_paths(probe)
+        training, found = _measure(probe, paths, device, TRAINING)
+        if training > TOLERANCE:
+            reasons.append(f"the chunked LM head differs from the model's own logits ({found}; a transform of "
+                           "the logits after the head that rlzoo does not know?), so the update reads the "
+                           "model's own logits (slower, more memory)")
+            paths = paths.with_fallback(reasons[-1], model_logits=True)
+            training, found = _measure(probe, paths, device, TRAINING)
+            if training > TOLERANCE:
+                raise ConfigError(f"{name}: rlzoo cannot reproduce the model's own log-probs on a left-padded "
+                                  f"batch even through its own logits ({found}, tolerance {TOLERANCE:g}); this "
+                                  "model cannot be trained correctly here")
+        rollout, found = _measure(probe, paths, device, ROLLOUT)
+        for cache in CACHE_MODES[1:]:
+            if rollout <= TOLERANCE:
+                break
+            reasons.append(f"the rollout with the {paths.cache} KV cache differs from the model's own forward "
+                           f"({found}), so it runs with cache={cache} (slower)")
+            paths = paths.with_fallback(reasons[-1], cache=cache)
+            rollout, found = _measure(probe, paths, device, ROLLOUT)
+        if rollout > TOLERANCE:
+            raise ConfigError(f"{name}: rlzoo's rollout cannot reproduce the model's own log-probs on a "
+                              f"left-padded batch even without a KV cache ({found}, tolerance {TOLERANCE:g}); "
+                              "this model cannot be trained correctly here")
+    finally:
+        probe.train(was_training)
+    set_fast_paths(model, paths)
+    warning = f"{name}: {'; '.join(reasons)}" if reasons else None
+    return CheckResult(paths=paths, rollout_error=rollout, training_error=training, warning=warning)

@@ -1,0 +1,216 @@
+"""Reward models: a frozen network that reads prompt + response and returns one score.
+
+One module holds what the scorer (the ``reward_model`` reward function) and the trainer
+(``rlzoo rm``, :mod:`rlzoo.commands.rm`) must agree on, so a directory ``rlzoo rm`` writes scores
+exactly as it was trained:
+
+- **the text** (:func:`reward_text`): with a chat template (``chat_template`` true, or
+  null and the reward model's tokenizer has one) the conversation ``[user: prompt,
+  assistant: response]`` rendered by the reward model's own template; otherwise
+  ``prompt + response``. Prompts and responses may also be chat messages (lists of
+  ``{"role", "content"}``). The text is always tokenised by the reward model's tokenizer:
+  the policy's token ids are never reused, so a reward model with another tokenizer than
+  the policy reads the same decoded text;
+- **the score** (:func:`sequence_scores`): the last valid token's final hidden state
+  through the one-output linear head (``score`` of a ``...ForSequenceClassification``
+  decoder, or the ``value_head`` of an rlzoo critic directory), with position ids counted
+  over the valid tokens, so left and right padding give the same score; an encoder
+  classifier (no ``score`` head) is called as it is and its one logit taken;
+- **the directory**: a ``save_pretrained`` directory of an
+  ``AutoModelForSequenceClassification`` with ``num_labels = 1`` plus its tokenizer
+  (:func:`load_reward_model` reads it, or an rlzoo critic: backbone + ``value_head.safetensors``).
+
+:class:`RunningMoments` is the running mean / std of the optional score normalisation:
+plain floats, so a checkpoint holds it and a resume continues it exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoConfig, AutoModelForSequenceClassification, PreTrainedModel, PreTrainedTokenizerBase
+
+from rlzoo.core.errors import ConfigError
+from rlzoo.models.build import DTYPES, ValueModel, load_tokenizer, unreadable_model
+from rlzoo.core.tokens import left_pad
+
+VALUE_HEAD_FILE = "value_head.safetensors"
+"""Marks an rlzoo critic directory (:class:`rlzoo.models.build.ValueModel`): scored by its value head."""
+
+Text = str | list[dict[str, str]]
+"""A prompt or response: plain text, or chat messages (``[{"role": ..., "content": ...}]``)."""
+
+
+def _messages(value: Text, role: str) -> list[dict[str, str]]:
+    return list(value) if isinstance(value, list) else [{"role": role, "content": value}]
+
+
+def _plain(value: Text) -> str:
+    return value if isinstance(value, str) else "".join(str(m.get("content", "")) for m in value)
+
+
+def uses_chat_template(tokenizer: PreTrainedTokenizerBase, chat_template: bool | None) -> bool:
+    """Whether the reward model's text is its chat template's rendering (``chat_template``
+    true, or null and the tokenizer has a template).
+
+    :raises ConfigError: ``chat_template`` is true but the tokenizer has no template.
+    """
+    has = bool(getattr(tokenizer, "chat_template", None))
+    if chat_template is True and not has:
+        raise ConfigError("chat_template=true but the reward model's tokenizer has no chat template")
+    return has if chat_template is None else bool(chat_template)
+
+
+def reward_text(tokenizer: PreTrainedTokenizerBase, prompt: Text, response: Text, templated: bool) -> str:
+    """The text a reward model reads for ``prompt`` + ``response`` (see the module docstring).
+
+    :param templated: render with the tokenizer's chat template (:func:`uses_chat_template`).
+    """
+    if templated:
+        conversation = _messages(prompt, "user") + _messages(response, "assistant")
+        return tokenizer.apply_chat_template(conversation, tokenize=False)
+    return _plain(prompt) + _plain(response)
+
+
+def encode(tokenizer: PreTrainedTokenizerBase, texts: list[str], templated: bool) -> list[list[int]]:
+    """Token ids of each text (special tokens added unless the chat template wrote them).
+
+    :raises ValueError: a text has no tokens (the reward model would have nothing to read).
+    """
+    ids = tokenizer(texts, add_special_tokens=not templated).input_ids
+    for i, row in enumerate(ids):
+        if not row:
+            raise ValueError(f"text {i} ({texts[i]!r}) has no tokens under the reward model's tokenizer")
+    return ids
+
+
+def is_reward_model_dir(path: str | Path) -> str | None:
+    """Why ``path`` is not a reward-model directory, or ``None`` when it looks like one
+    (reads ``config.json`` only: a cheap check before anything is built)."""
+    path = Path(path)
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        return (f"{str(path)!r} is not a local model directory (no config.json); rlzoo never downloads "
+                "models: pass a directory written by `rlzoo rm` or save_pretrained")
+    if (path / VALUE_HEAD_FILE).is_file():
+        return None
+    try:
+        config = json.loads(config_file.read_text())
+    except (OSError, ValueError) as exc:
+        return f"cannot read {config_file}: {exc}"
+    architectures = config.get("architectures") or []
+    if not any(str(a).endswith("ForSequenceClassification") for a in architectures):
+        return (f"{str(path)!r} holds a {', '.join(architectures) or 'model without architectures'}, not a "
+                "...ForSequenceClassification reward model or an rlzoo critic (value_head.safetensors)")
+    labels = len(config.get("id2label") or {}) or int(config.get("num_labels", 2))
+    if labels != 1:
+        return f"{str(path)!r} has {labels} labels; a reward model has one (num_labels=1)"
+    return None
+
+
+def load_reward_model(path: str | Path, dtype: str, device: torch.device) -> tuple[torch.nn.Module,
+                                                                                    PreTrainedTokenizerBase]:
+    """The frozen reward model of ``path`` and its tokenizer, on ``device``.
+
+    :param dtype: ``auto`` (the dtype its ``config.json`` records) or a key of
+        :data:`rlzoo.models.build.DTYPES`.
+    :raises ConfigError: not a reward-model directory (:func:`is_reward_model_dir`) or unreadable.
+    """
+    reason = is_reward_model_dir(path)
+    if reason is not None:
+        raise ConfigError(reason)
+    path = Path(path)
+    torch_dtype: Any = "auto" if dtype == "auto" else DTYPES[dtype]
+    with unreadable_model(path):
+        tokenizer = load_tokenizer(path)
+        if (path / VALUE_HEAD_FILE).is_file():
+            config = AutoConfig.from_pretrained(str(path))
+            model: torch.nn.Module = ValueModel.from_policy_config(config)
+            model.load_from(path)
+            saved = str(getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or "float32")
+            model.to(DTYPES.get(saved.removeprefix("torch."), torch.float32) if dtype == "auto" else DTYPES[dtype])
+        else:
+            model = AutoModelForSequenceClassification.from_pretrained(str(path), dtype=torch_dtype)
+    return model.to(device).eval().requires_grad_(False), tokenizer
+
+
+def sequence_scores(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """One float32 score per row of ``input_ids`` ``(B, L)`` (either padding side): the last
+    valid token's hidden state through the head. Carries gradients when ``model`` does."""
+    position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+    last = attention_mask.shape[1] - 1 - attention_mask.long().flip(-1).argmax(-1)  # (B,) last valid index
+    rows = torch.arange(input_ids.shape[0], device=input_ids.device)
+    if isinstance(model, ValueModel):
+        return model(input_ids, attention_mask, position_ids)[rows, last].float()
+    head = getattr(model, "score", None)
+    if not isinstance(head, torch.nn.Linear):  # an encoder classifier: its own pooling
+        return model(input_ids=input_ids, attention_mask=attention_mask).logits[:, 0].float()
+    backbone = getattr(model, model.base_model_prefix)
+    hidden = backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                      use_cache=False).last_hidden_state
+    return head(hidden[rows, last]).squeeze(-1).float()
+
+
+@torch.no_grad()
+def score_ids(model: torch.nn.Module, ids: list[list[int]], pad_id: int, batch_size: int,
+              device: torch.device) -> torch.Tensor:
+    """``(B,)`` float32 scores of token-id lists, ``batch_size`` sequences per forward
+    (left-padded; the padding side does not change a score)."""
+    out = []
+    for start in range(0, len(ids), batch_size):
+        input_ids, mask = left_pad(ids[start:start + batch_size], pad_id)
+        out.append(sequence_scores(model, input_ids.to(device), mask.to(device)).cpu())
+    return torch.cat(out) if out else torch.zeros(0)
+
+
+def from_causal_lm(policy: PreTrainedModel) -> PreTrainedModel:
+    """A one-label ``...ForSequenceClassification`` with ``policy``'s architecture and
+    backbone weights; its ``score`` head starts at zero (every score 0, as the critic's)."""
+    config = policy.config.__class__.from_dict(policy.config.to_dict())
+    config.num_labels = 1
+    config.id2label, config.label2id = {0: "score"}, {"score": 0}
+    config.architectures = None
+    model = AutoModelForSequenceClassification.from_config(config).to(policy.dtype)
+    backbone = policy.get_decoder() if hasattr(policy, "get_decoder") else policy.model
+    getattr(model, model.base_model_prefix).load_state_dict(backbone.state_dict())
+    torch.nn.init.zeros_(model.score.weight)
+    return model
+
+
+class RunningMoments:
+    """Running mean and (population) standard deviation of every score seen (Chan et al.'s
+    parallel update, float64). :meth:`normalize` gives ``(x − mean) / (std + 1e-8)``."""
+
+    def __init__(self) -> None:
+        self.count, self.mean, self.m2 = 0, 0.0, 0.0
+
+    def update(self, values: torch.Tensor) -> None:
+        """Fold a batch of values into the statistics."""
+        x = values.double().flatten()
+        n = int(x.numel())
+        if n == 0:
+            return
+        batch_mean = float(x.mean())
+        batch_m2 = float(((x - batch_mean) ** 2).sum())
+        total = self.count + n
+        delta = batch_mean - self.mean
+        self.mean += delta * n / total
+        self.m2 += batch_m2 + delta * delta * self.count * n / total
+        self.count = total
+
+    @property
+    def std(self) -> float:
+        return math.sqrt(self.m2 / self.count) if self.count else 1.0
+
+    def normalize(self, values: torch.Tensor) -> torch.Tensor:
+        return ((values.double() - self.mean) / (self.std + 1e-8)).float()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"count": self.count, "mean": self.mean, "m2": self.m2}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.count, self.mean, self.m2 = int(state["count"]), float(state["mean"]), float(state["m2"])

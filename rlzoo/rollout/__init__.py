@@ -1,0 +1,2 @@
+"""Rollout: prompts to scored completions (the sampler), staleness, the asynchronous generator.
+"""

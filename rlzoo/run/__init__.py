@@ -1,0 +1,2 @@
+"""A run: its directory, checkpoints, resume, tracking, evaluation, the trainer that drives the steps.
+"""

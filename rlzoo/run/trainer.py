@@ -1,0 +1,406 @@
+"""The trainer: builds a run from its plan and orchestrates the steps.
+
+One step, data flowing downhill::
+
+    sampler.sample ─▶ rlzoo_after_rollout ─▶ rlzoo_shape_rewards ─▶ learner.prepare
+      ─▶ rlzoo_before_update ─▶ learner.update ─▶ backend.sync_weights ─▶ rlzoo_step_end
+
+Where each concern lives: the plan (:mod:`rlzoo.plan.planner`), the models
+(:func:`rlzoo.models.build.build_run_models`), sampling and scoring (:mod:`rlzoo.rollout.sampler`), the
+losses and optimizer steps (:mod:`rlzoo.learn.learner`), the run directory and checkpoints
+(:mod:`rlzoo.run.rundir`), the hook-facing context (:mod:`rlzoo.run.context`).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rlzoo.core import distributed
+
+from rlzoo.core import processes
+from rlzoo.rollout.async_generator import AsyncRollout, GeneratorSpec, to_bytes
+from rlzoo.core.batch import RolloutBatch
+from rlzoo.config.resolved import ResolvedConfig
+from rlzoo.run.checkpoint import CHECKPOINT_DIR, STATE_FILE, check_optimizer_fits, checkpoint_name, first_non_finite
+from rlzoo.run.context import RunContext
+from rlzoo.agents.episodes import environment_factory
+from rlzoo.core.errors import ConfigError, TrainingError
+from rlzoo.run.evaluation import Evaluator, eval_only
+from rlzoo.learn.learner import Learner
+from rlzoo.models.build import build_run_models
+from rlzoo.contract.loading import PluginManager
+from rlzoo.tasks.prompts import PromptFormat
+from rlzoo.rollout.staleness import RolloutQueue
+from rlzoo.core.rng import global_rng_state, seed_everything, set_global_rng_state
+from rlzoo.run.rundir import RunDirectory, in_sweep, summary_line
+from rlzoo.rollout.sampler import Sampler
+from rlzoo.rollout.scoring import Rewards
+from rlzoo.core.stopping import StopRequest
+from rlzoo.tasks.task import check_encodable
+from rlzoo.run.tracking import Progress, Sample, Tracker, batch_metrics, group_samples
+
+class Trainer:
+    """One RL run: ``Trainer(resolved, pm).run()``; see :func:`train`.
+
+    Construction claims the run directory (:class:`rlzoo.run.rundir.RunDirectory`: creates and
+    locks it, or refuses it) and builds everything the plan asks for (with ``resume=``,
+    loading the checkpoint); the run's files are written from :meth:`run` on.
+    ``overwrite``: a new run may delete another run's files in its directory first.
+    """
+
+    def __init__(self, resolved: ResolvedConfig, pm: PluginManager, overwrite: bool = False) -> None:
+        self.resolved, self.pm, self.plan = resolved, pm, resolved.plan
+        cfg = self.cfg = resolved.cfg
+        if cfg.trainer.device == "cuda" and not torch.cuda.is_available():
+            raise ConfigError("trainer.device=cuda but no CUDA device is available")
+        device_type = cfg.trainer.device
+        if device_type == "auto":
+            device_type = "cuda" if torch.cuda.is_available() else "cpu"
+        if cfg.trainer.threads:
+            torch.set_num_threads(int(cfg.trainer.threads))
+        self.dist = distributed.init(cfg.distributed.backend, device_type, cfg.distributed.timeout_s)
+        self.device = (torch.device(device_type, self.dist.local_rank) if device_type == "cuda"
+                       and self.dist.enabled else torch.device(device_type))
+        self.run_dir = RunDirectory(cfg, self.dist, overwrite)
+        try:
+            self._build(resolved, pm)
+        except BaseException:
+            self.run_dir.close()
+            raise
+        self.thread_record = None  # CPU runs share cores: warn when their threads oversubscribe them
+        if self.device.type == "cpu":
+            self.thread_record = processes.register(torch.get_num_threads())
+            warning = processes.oversubscription(torch.get_num_threads())
+            if warning and self.dist.is_main:
+                print(f"rlzoo: warning: {warning}", file=sys.stderr, flush=True)
+
+    def _build(self, resolved: ResolvedConfig, pm: PluginManager) -> None:
+        """Everything after the run directory is claimed: models, sampler, learner, state."""
+        cfg = self.cfg
+        resume_state = self.run_dir.load_state() if self.run_dir.resume_from is not None else None
+        if resume_state is not None and int(resume_state["world_size"]) != self.dist.world:
+            raise ConfigError(f"{self.run_dir.resume_from} was written by {resume_state['world_size']} "
+                              f"process(es); resume it with the same number (this job has {self.dist.world})")
+
+        seed_everything(cfg.seed)
+        task = resolved.build("task")
+        self.models = build_run_models(cfg, self.plan, task, self.device, self.dist,
+                                       self.run_dir.resume_from, self.run_dir.init_model)
+        if self.dist.is_main:
+            for name, check in self.models.checks.items():
+                if check.warning:
+                    print(f"rlzoo: warning: {name}: {check.warning}", file=sys.stderr, flush=True)
+                if cfg.model.path or name != "policy":  # the embedded tiny model: nothing to say
+                    print(f"rlzoo: {name} {check.summary()}", flush=True)
+        if self.dist.rank:
+            torch.manual_seed(cfg.seed + 1_000_003 * self.dist.rank)  # distinct rollouts per rank
+        backend = resolved.build("rollout.backend", name=self.plan.rollout.backend, policy=self.models.policy,
+                                 tokenizer=self.models.tokenizer, device=self.device, dtype=self.plan.rollout.dtype,
+                                 generation_context=self.models.generation_context)
+        # rank 0 draws the prompts a single process draws; other ranks their own streams
+        stream = cfg.seed if self.dist.rank == 0 else f"{cfg.seed}/rank{self.dist.rank}"
+        rewards = Rewards.for_run(resolved, device=self.device, tokenizer=self.models.tokenizer)
+        prompt_format = PromptFormat.for_run(resolved)
+        self.sampler = Sampler(task, rewards, self.models.tokenizer, backend, cfg, self.plan, self.device, stream,
+                               prompt_format, environment_factory(resolved, self.models.tokenizer, prompt_format))
+        task_name = resolved.components["task"].name
+        for warning in check_encodable(task, task_name, self.models.tokenizer, self.sampler.holdout):
+            if self.dist.is_main:
+                print(f"rlzoo: warning: {warning}", file=sys.stderr, flush=True)
+        self.evaluator = Evaluator.build(cfg, task, task_name, self.sampler, self.dist)
+        self.learner = Learner(resolved, self.models, self.dist)
+        self.generator: AsyncRollout | None = None  # rollout.mode=async: started by run()
+        resample = self.sampler.sample if self.plan.rollout.mode == "sync" else _no_resample
+        self.ctx = RunContext(cfg=cfg, plan=self.plan, run_dir=self.run_dir.path, resample=resample,
+                              prompts=self.plan.rollout.prompts_per_process)
+        self.extensions = [(component.name, component.bind(params)()) for component, params in resolved.extensions]
+        pm.register_run_extensions(self.extensions)
+        self.queue = RolloutQueue(self.plan.rollout.staleness)
+        self.step = 0
+        self.last_samples: list[Sample] = []
+        if resume_state is not None:
+            self._restore(resume_state)
+
+    # ---------------------------------------------------------------- one step
+
+    def train_step(self) -> dict[str, float]:
+        """Run one training step (rollout → update) and return its metrics; no logging,
+        checkpointing or ``rlzoo_step_end`` (:meth:`run` does those)."""
+        self.step += 1
+        self.ctx.step = self.step
+        self.ctx.metrics, self.ctx.counts = {}, {}
+        start = time.perf_counter()
+        if self.generator is None:
+            with distributed.failing_together(self.dist):  # a reward or rollout failing on one rank stops them all
+                batch, staleness = self.queue.next(self.step, int(self.cfg.trainer.total_steps), self._produce)
+        else:  # rollout.mode=async: one process (refused under torchrun)
+            batch, staleness = self._receive()
+        batch = batch.to(self.device)
+        rollout_s = time.perf_counter() - start
+        if self.plan.record:
+            self.run_dir.record_rollout(self.step, batch)
+        metrics = batch_metrics(batch, self.sampler.rewards.names, self.dist, self.sampler.rewards.weights.tolist())
+        metrics.update(distributed.all_reduce_floats(self.sampler.rewards.metrics(), self.dist, op="mean"))
+        self.last_samples = group_samples(batch)
+        update_start = time.perf_counter()
+        metrics.update(self.learn(batch))
+        self._check_weights()
+        self.sampler.backend.sync_weights(self.models.policy_weights)
+        if self.generator is not None and self.step % self.plan.rollout.weight_sync_every == 0:
+            self.generator.publish(self.step, self.models.policy_weights())
+        update_s = time.perf_counter() - update_start
+        tokens = distributed.all_reduce_floats(
+            {"tokens": float(batch.response_mask.sum() + batch.prompt_mask.sum())}, self.dist)["tokens"]
+        metrics.setdefault("kl/value", 0.0)
+        metrics["kl/coef"] = float(self.learner.kl_controller.value) if self.plan.kl else 0.0
+        metrics["lr"] = float(self.learner.scheduler.get_last_lr()[0])
+        metrics["rollout/staleness"] = float(staleness)
+        metrics["timing/rollout_s"] = rollout_s
+        metrics["timing/update_s"] = update_s
+        metrics["timing/step_s"] = time.perf_counter() - start
+        metrics["throughput/tokens_per_s"] = tokens / max(metrics["timing/step_s"], 1e-9)
+        metrics.update(distributed.all_reduce_floats(self.ctx.metrics, self.dist, op="mean"))
+        metrics.update(distributed.all_reduce_floats(self.ctx.counts, self.dist, op="sum"))
+        return metrics
+
+    def _produce(self) -> RolloutBatch:
+        """Generate and score one batch with the current policy, through the rollout
+        lifecycle hooks (``rlzoo_after_rollout``, ``rlzoo_shape_rewards``): what the
+        rollout queue holds (:mod:`rlzoo.rollout.staleness`)."""
+        batch = self.sampler.sample(self.ctx.prompts)
+        self.pm.hook.rlzoo_after_rollout(batch=batch, ctx=self.ctx)
+        self.pm.hook.rlzoo_shape_rewards(batch=batch, ctx=self.ctx)
+        return batch
+
+    def _receive(self) -> tuple[RolloutBatch, int]:
+        """rollout.mode=async: the generator's next batch within the version bound, through
+        the rollout lifecycle hooks here (the extensions and their state live in the
+        trainer); the sampler mirrors the generator's prompt position, for checkpoints."""
+        batch, staleness, dropped, sampler_state = self.generator.next(self.step)
+        self.sampler.load_state_dict(sampler_state)
+        self.ctx.metrics["rollout/dropped"] = float(dropped)
+        self.ctx.metrics["rollout/beyond_bound"] = float(staleness > self.plan.rollout.max_staleness)
+        self.pm.hook.rlzoo_after_rollout(batch=batch, ctx=self.ctx)
+        self.pm.hook.rlzoo_shape_rewards(batch=batch, ctx=self.ctx)
+        return batch, staleness
+
+    def _start_generator(self) -> None:
+        """rollout.mode=async: start the generator process from this step's weights and
+        prompt position (a resume regenerates the batches that were waiting)."""
+        if (self.plan.rollout.mode != "async" or self.generator is not None
+                or self.step >= int(self.cfg.trainer.total_steps)):
+            return
+        if self.dist.enabled:
+            raise ConfigError("rollout.mode=async is not supported under torchrun: use rollout.mode=sync")
+        spec = GeneratorSpec(config_yaml=self.resolved.to_yaml(), device=str(self.device),
+                             threads=torch.get_num_threads(), seed=int(self.cfg.seed) + 7919 * (self.step + 1),
+                             sampler_state=to_bytes(self.sampler.state_dict()), parent=os.getpid())
+        self.generator = AsyncRollout(self.plan.rollout, spec, self.models.policy_weights(), self.step)
+        if self.dist.is_main:
+            print(f"rlzoo: rollout generator process started (pid {self.generator.pid}, rollout.mode=async)",
+                  flush=True)
+
+    def learn(self, batch: RolloutBatch) -> dict[str, float]:
+        """Everything after scoring on this process's share of the global batch: the plan's
+        passes, KL, advantages, ``rlzoo_before_update``, the optimizer steps. Fills
+        ``batch`` and returns the metrics (averaged over all ranks)."""
+        metrics = self.learner.prepare(batch)
+        self.pm.hook.rlzoo_before_update(batch=batch, ctx=self.ctx)
+        metrics.update(self.learner.update(batch))
+        return metrics
+
+    def _check_weights(self) -> None:
+        """:raises TrainingError: the update left a NaN or inf weight, or a rank's learner
+        found a non-finite value the gradient check let through (on any rank: one all-reduce)."""
+        trained = {"policy": self.models.policy, "critic": self.models.critic}
+        bad = first_non_finite({name: model for name, model in trained.items() if model is not None})
+        failure = self.learner.failure or (f"non-finite weights after the update of step {self.step} ({bad})"
+                                           if bad is not None else None)
+        if not self.dist.enabled and failure is not None:
+            raise TrainingError(f"{failure}; the run stopped before any checkpoint of this step, the newest one stays "
+                                "resumable")
+        if distributed.all_reduce_floats({"bad": float(failure is not None)}, self.dist, "max")["bad"]:
+            distributed.raise_failures(failure, self.dist)
+
+    # ---------------------------------------------------------------- checkpoints
+
+    def _state(self) -> dict[str, Any]:
+        """Everything but the weights; a collective (every rank calls it)."""
+        rng = {**global_rng_state(), "sampler": self.sampler.state_dict(), "ctx_state": dict(self.ctx.state),
+               "queue": self.queue.state_dict()}
+        return {"step": self.step, "world_size": self.dist.world,
+                "ranks": distributed.gather_objects(rng, self.dist), "learner": self.learner.state_dict(),
+                "extensions": {name: plugin.state_dict() for name, plugin in self.extensions
+                               if hasattr(plugin, "state_dict")}}
+
+    def _restore(self, state: dict[str, Any]) -> None:
+        where = self.run_dir.resume_from / STATE_FILE
+        try:
+            self.step = int(state["step"])
+            self.learner.load_state_dict(state["learner"])
+            for optimizer in (self.learner.optimizer, self.learner.critic_optimizer):
+                check_optimizer_fits(optimizer, where)
+            rng = state["ranks"][self.dist.rank]
+            set_global_rng_state(rng)
+            self.sampler.load_state_dict(rng["sampler"])
+            self.ctx.state.update(rng["ctx_state"])
+            if "queue" in rng:
+                self.queue.load_state_dict(rng["queue"])
+            for name, plugin in self.extensions:
+                if name in state["extensions"] and hasattr(plugin, "load_state_dict"):
+                    plugin.load_state_dict(state["extensions"][name])
+        except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as exc:
+            raise ConfigError(f"{where} does not fit this run ({type(exc).__name__}: {exc}); was it written by "
+                              "another run?") from exc
+        if self.step > self.cfg.trainer.total_steps:
+            raise ConfigError(f"trainer.total_steps={self.cfg.trainer.total_steps} is below the step of "
+                              f"{self.run_dir.resume_from.name}; resume with trainer.total_steps >= {self.step}")
+
+    def save(self) -> None:
+        """Write a checkpoint of this step (a collective: every rank calls it; rank 0 writes)."""
+        models, state = self.models.saveable(), self._state()
+        self.run_dir.save_checkpoint(self.step, models, state, keep=self.cfg.checkpoint.keep)
+
+    # ---------------------------------------------------------------- the loop
+
+    def run(self) -> dict[str, float]:
+        """Train for ``trainer.total_steps`` steps; returns the last step's metrics."""
+        cfg, main = self.cfg, self.dist.is_main
+        if self.run_dir.resume_from is None:
+            with self.run_dir.starting():  # a start that fails leaves the directory as it was
+                self.run_dir.start(cfg, self.plan.render(), self.models.saveable_initial(), self.models.tokenizer)
+                self.save()  # step 0: from here on, the run is resumable
+        else:
+            self.run_dir.record_resume(self.step, self.resolved.resume_changes, self.plan.render())
+        tracker = None
+        if main:
+            verb = f"resuming from step {self.step} in" if self.run_dir.resume_from is not None else "run directory"
+            print(f"rlzoo: {verb} {self.run_dir.path} (tensorboard --logdir {self.run_dir.path})", flush=True)
+            tracker = Tracker(str(self.run_dir.path), purge_step=self.step + 1 if self.run_dir.resume_from else None)
+            if self.run_dir.resume_from is None:
+                tracker.log_hparams(cfg, self.plan, experiment=not in_sweep(self.run_dir.path))
+            if self.evaluator is not None:
+                print(self.evaluator.describe(), flush=True)
+        if self.evaluator is not None and self.evaluator.at_start and self.step == 0:
+            start_metrics = self.evaluator.run(0)
+            if tracker is not None:
+                tracker.log_scalars(0, start_metrics)
+                tracker.log_samples(0, self.evaluator.samples, tag="eval_samples")
+                print("rlzoo: evaluation before the first step: " + ", ".join(
+                    f"{tag} {value:.3f}" for tag, value in start_metrics.items() if tag.startswith("eval/")),
+                    flush=True)
+        stop = StopRequest(announce=main).__enter__()
+        progress = Progress(cfg, self.step) if main else None
+        status, metrics, failing = "failed", {}, False
+        try:
+            self._start_generator()
+            while self.step < cfg.trainer.total_steps:
+                metrics = self.train_step()
+                last = self.step == cfg.trainer.total_steps
+                if self.evaluator is not None and self.evaluator.due(self.step, last):
+                    metrics.update(self.evaluator.run(self.step))
+                failure = None
+                try:
+                    self._step_end(metrics, tracker, progress, last)
+                except Exception as exc:  # noqa: BLE001 - under torchrun the ranks agree on it below
+                    if not self.dist.enabled:
+                        raise
+                    failure = exc
+                if self.dist.enabled:  # every rank stops at the same step (signals reach them apart), or fails
+                    flag = distributed.all_reduce_floats({"stop": float(stop.requested),
+                                                          "failed": float(failure is not None)}, self.dist, "max")
+                    if flag["failed"]:
+                        distributed.raise_failures(failure, self.dist)
+                    stop.requested = flag["stop"] > 0
+                every = cfg.checkpoint.every
+                if stop.requested or (every and self.step % every == 0) or last:
+                    if tracker is not None:
+                        tracker.flush()
+                    self.save()
+                if stop.requested:
+                    status = "interrupted"
+                    break
+            else:
+                status = "completed"
+        except BaseException:
+            failing = True  # its error is what the user sees, not a status file that failed too
+            stop.exiting = self.dist.enabled  # torchrun SIGTERMs the other ranks when one exits: finish exiting
+            raise
+        finally:
+            if progress is not None:
+                progress.close()
+            if tracker is not None:
+                tracker.close()
+            stop.__exit__()
+            self.pm.hook.rlzoo_run_end(ctx=self.ctx, status=status)
+            self.run_dir.write_status(status, self.step, cfg.trainer.total_steps, quiet=failing)
+            self.close()
+        if main and status == "interrupted":
+            print(f"rlzoo: checkpoint written at step {self.step}; continue with "
+                  f"`rlzoo train resume={self.run_dir.path}`", flush=True)
+        elif main and status == "completed":
+            print(summary_line(self.run_dir.path), flush=True)
+            print(next_steps(self.run_dir.path, self.step), flush=True)
+        return metrics
+
+    def _step_end(self, metrics: dict[str, float], tracker: Tracker | None, progress: Progress | None,
+                  last: bool) -> None:
+        """After a step: ``rlzoo_step_end`` and, on rank 0, the logs and the progress bar."""
+        cfg = self.cfg
+        if tracker is not None and self.evaluator is not None and self.evaluator.due(self.step, last):
+            tracker.log_samples(self.step, self.evaluator.samples, tag="eval_samples")
+        self.pm.hook.rlzoo_step_end(step=self.step, metrics=metrics, ctx=self.ctx)
+        if tracker is not None:
+            on_grid = self.step % cfg.logging.log_every == 0 or last
+            tracker.log_scalars(self.step, metrics if on_grid else eval_only(metrics))
+        if tracker is not None and cfg.logging.sample_every and self.step % cfg.logging.sample_every == 0:
+            tracker.log_samples(self.step, self.last_samples)
+        if progress is not None:
+            progress.update(self.step, metrics)
+
+    def close(self) -> None:
+        """Unregister the run's extensions and release the run directory (idempotent)."""
+        if getattr(self, "generator", None) is not None:
+            self.generator.close()
+            self.generator = None
+        processes.unregister(getattr(self, "thread_record", None))
+        self.thread_record = None
+        for _, plugin in self.extensions:
+            if self.pm.is_registered(plugin):
+                self.pm.unregister(plugin)
+        self.run_dir.close()
+
+
+def _no_resample(n_prompts: int) -> RolloutBatch:
+    """``ctx.resample`` under rollout.mode=async: generation belongs to the generator."""
+    raise TrainingError(f"ctx.resample({n_prompts}) cannot generate with rollout.mode=async: the generator process "
+                        "owns generation (an extension that refills batches, such as dynamic_sampling, needs "
+                        "rollout.mode=sync)")
+
+
+def next_steps(run_dir: Path, step: int) -> str:
+    """What a finished run prints last: where its checkpoints are and what to run next."""
+    return (f"rlzoo: checkpoints in {run_dir / CHECKPOINT_DIR} (the newest, {checkpoint_name(step)}/policy, is a model "
+            f"directory: model.path=); next: `rlzoo compare {run_dir}` (table and curves), or train on with "
+            f"`rlzoo train resume={run_dir} trainer.total_steps={2 * step}`")
+
+
+def train(resolved: ResolvedConfig, pm: PluginManager, overwrite: bool = False) -> dict[str, float]:
+    """Build a :class:`Trainer` and run it; returns the last step's metrics.
+
+    Under ``torchrun`` every process calls this; the process group is left at the end.
+    ``overwrite``: a new run may delete another run in its directory first (``--overwrite``).
+    """
+    try:
+        metrics = Trainer(resolved, pm, overwrite).run()
+    except RuntimeError as exc:
+        distributed.check_collective_failure(exc)  # a dead peer: one line, not a traceback
+        raise
+    distributed.shutdown()  # on an error the process exits instead, and torchrun stops the others
+    return metrics

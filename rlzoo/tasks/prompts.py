@@ -1,0 +1,97 @@
+"""How a task's prompt becomes the text the model reads: one code path for RL, evaluation
+and ``rlzoo sft``.
+
+A prompt goes through, in order:
+
+1. ``task.instruction``: a template around the question, ``{question}`` standing for the
+   task's prompt and ``{format}`` for the answer format's hint (``answer_format``'s
+   ``hint``, e.g. "Give your final answer between <answer> and </answer>."). Unset, the
+   prompt is the question, followed on a new line by the hint when the format has one.
+2. ``model.system_prompt``: a system turn before it.
+3. the tokenizer's chat template (``model.chat_template``; null applies it when the
+   tokenizer has one): a user turn (after the system turn) and the generation prompt.
+   Without a chat template the system prompt and the instructed question are joined by a
+   blank line.
+
+A prompt of chat messages (a file task whose prompt column holds ``[{role, content}]``,
+verl's and TRL's layout) keeps its turns: the instruction applies to its last user turn,
+and the system prompt is put first unless the messages start with a system turn of their
+own. The embedded tiny model's tokenizer has no chat template and every setting above is
+unset by default: the default run's prompts are the task's prompts unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from rlzoo.core.errors import ConfigError
+from rlzoo.config.resolved import ResolvedConfig
+from rlzoo.tasks.task import Example
+
+
+@dataclass(frozen=True)
+class PromptFormat:
+    """The prompt settings of a run (see the module docstring).
+
+    :ivar instruction: ``task.instruction`` (``None``: the question, then the hint).
+    :ivar format_hint: the answer format's hint ("" for none).
+    :ivar system_prompt: ``model.system_prompt``.
+    :ivar chat_template: ``model.chat_template`` (``None``: when the tokenizer has one).
+    """
+
+    instruction: str | None = None
+    format_hint: str = ""
+    system_prompt: str | None = None
+    chat_template: bool | None = None
+
+    @classmethod
+    def from_config(cls, cfg: Any, format_hint: str = "") -> "PromptFormat":
+        """The run's settings: ``task.instruction``, ``model.system_prompt``,
+        ``model.chat_template`` and the chosen answer format's ``hint``."""
+        task = cfg.task
+        instruction = task.get("instruction") if hasattr(task, "get") else None
+        return cls(instruction=instruction, format_hint=format_hint or "",
+                   system_prompt=cfg.model.get("system_prompt"), chat_template=cfg.model.chat_template)
+
+    @classmethod
+    def for_run(cls, resolved: ResolvedConfig) -> "PromptFormat":
+        """:meth:`from_config` with the hint of the run's ``answer_format``."""
+        chosen = resolved.components.get("answer_format")
+        return cls.from_config(resolved.cfg, chosen.meta.get("hint", "") if chosen is not None else "")
+
+    def check(self, tokenizer: Any) -> None:
+        """:raises ConfigError: ``model.chat_template=true`` and the tokenizer has none."""
+        if self.chat_template is True and not getattr(tokenizer, "chat_template", None):
+            raise ConfigError("model.chat_template=true but the tokenizer has no chat template")
+
+    def instruct(self, question: str) -> str:
+        """The question inside the instruction template."""
+        if self.instruction is None:
+            return f"{question}\n{self.format_hint}" if self.format_hint else question
+        return self.instruction.format(question=question, format=self.format_hint)
+
+    def messages(self, prompt: Example | str) -> list[dict[str, str]]:
+        """The conversation: the system turn (if any) and the instructed user turn(s)."""
+        given = prompt.messages if isinstance(prompt, Example) else None
+        text = prompt.prompt if isinstance(prompt, Example) else prompt
+        turns = [dict(m) for m in given] if given else [{"role": "user", "content": text}]
+        last_user = max((i for i, m in enumerate(turns) if m["role"] == "user"), default=None)
+        if last_user is not None:
+            turns[last_user]["content"] = self.instruct(turns[last_user]["content"])
+        if self.system_prompt and turns[0]["role"] != "system":
+            turns.insert(0, {"role": "system", "content": self.system_prompt})
+        return turns
+
+    def render(self, prompt: Example | str, tokenizer: Any) -> str:
+        """The text the model reads (before tokenisation)."""
+        turns = self.messages(prompt)
+        if self.chat_template is False or not getattr(tokenizer, "chat_template", None):
+            if len(turns) == 1:
+                return turns[0]["content"]
+            return "\n\n".join(m["content"] for m in turns)
+        return tokenizer.apply_chat_template(turns, tokenize=False, add_generation_prompt=True)
+
+    def encode(self, prompts: Sequence[Example | str], tokenizer: Any) -> list[list[int]]:
+        """Token ids of each prompt as the model reads it (:meth:`render`), unpadded."""
+        return tokenizer([self.render(p, tokenizer) for p in prompts], add_special_tokens=False).input_ids
