@@ -36,10 +36,7 @@ from typing import Optional
 
 import torch
 
-from rlzoo import hookimpl
-from rlzoo.core.distributed import batch_sum
-from rlzoo.core.errors import TrainingError
-from rlzoo.core.masked import masked_mean, masked_sum, masked_var, masked_whiten
+from rlzoo.api import batch_sum, hookimpl, masked_mean, masked_sum, masked_var, masked_whiten, TrainingError
 from rlzoo_plugins.kl import kl_abs, kl_k1, kl_k2, kl_k3
 
 RLZOO_API_VERSION = "2"

@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from rlzoo import hookimpl
-from rlzoo.core.batch import BatchCounts
-from rlzoo.core.masked import masked_sum
+from rlzoo.api import BatchCounts, hookimpl, masked_sum
 
 RLZOO_API_VERSION = "2"
 

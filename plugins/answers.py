@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 
-from rlzoo import hookimpl
+from rlzoo.api import hookimpl
 RLZOO_API_VERSION = "2"
 
 

@@ -22,12 +22,9 @@ from typing import Optional
 
 import torch
 
-from rlzoo import hookimpl
-from rlzoo.core.masked import masked_mean, masked_sum
+from rlzoo.api import LOG_RATIO_CLAMP, hookimpl, masked_mean, masked_sum
 
 RLZOO_API_VERSION = "2"
-
-LOG_RATIO_CLAMP = 20.0
 
 Metrics = dict[str, torch.Tensor]
 

@@ -26,10 +26,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlzoo import hookimpl
-from rlzoo.agents.environment import Environment, StepResult
-from rlzoo.contract.tool_schema import Tool
-from rlzoo.agents.tool_calls import ToolCall, call_tool, parse_tool_calls
+from rlzoo.api import call_tool, Environment, hookimpl, parse_tool_calls, StepResult, Tool, ToolCall
 
 RLZOO_API_VERSION = "2"
 STYLES = ("auto", "hermes", "plain")

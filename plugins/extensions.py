@@ -12,8 +12,7 @@ from typing import Any, Optional
 
 import torch
 
-from rlzoo import hookimpl
-from rlzoo.core.batch import RolloutBatch
+from rlzoo.api import hookimpl, RolloutBatch
 
 RLZOO_API_VERSION = "2"
 

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from rlzoo import hookimpl
+from rlzoo.api import hookimpl
 RLZOO_API_VERSION = "2"
 
 SCHULMAN_KL_BLOG = "http://joschu.net/blog/kl-approx.html"

@@ -27,8 +27,7 @@ from typing import Optional
 
 import torch
 
-from rlzoo import hookimpl
-from rlzoo.core.masked import masked_mean, masked_sum
+from rlzoo.api import hookimpl, masked_mean, masked_sum
 
 RLZOO_API_VERSION = "2"
 

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 from importlib import resources
 
-from rlzoo import hookimpl
-from rlzoo.config.preset_cards import read_card_file
+from rlzoo.api import hookimpl, read_card_file
 
 RLZOO_API_VERSION = "2"
 

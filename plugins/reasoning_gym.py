@@ -25,9 +25,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Dict, List, Optional
 
-from rlzoo import hookimpl
-from rlzoo.core.errors import did_you_mean
-from rlzoo.tasks.task import Example, Holdout, Task
+from rlzoo.api import did_you_mean, Example, Holdout, hookimpl, Task
 
 RLZOO_API_VERSION = "2"
 INSTALL = "pip install 'rlzoo[reasoning]' (reasoning-gym)"

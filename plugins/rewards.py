@@ -15,16 +15,8 @@ from typing import Any, Optional
 
 import torch
 
-from rlzoo import hookimpl
-from rlzoo.models.reward_model import (
-    RunningMoments,
-    encode,
-    is_reward_model_dir,
-    load_reward_model,
-    reward_text,
-    score_ids,
-    uses_chat_template,
-)
+from rlzoo.api import (encode, hookimpl, is_reward_model_dir, load_reward_model, reward_text, RunningMoments,
+                       score_ids, uses_chat_template)
 from rlzoo_plugins.tasks import eval_expression
 
 RLZOO_API_VERSION = "2"

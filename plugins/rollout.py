@@ -18,11 +18,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from rlzoo import hookimpl
-from rlzoo.models.build import DTYPES
-from rlzoo.core.batch import Generation
-from rlzoo.models.decode import generate
-from rlzoo.core.tokens import left_pad
+from rlzoo.api import DTYPES, generate, Generation, hookimpl, left_pad
 
 RLZOO_API_VERSION = "2"
 

@@ -13,8 +13,7 @@ import random
 from dataclasses import dataclass
 from typing import Optional
 
-from rlzoo import hookimpl
-from rlzoo.tasks.task import Example, FileTask, Task
+from rlzoo.api import Example, FileTask, hookimpl, Task
 
 RLZOO_API_VERSION = "2"
 DIGITS = "0123456789"

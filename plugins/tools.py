@@ -13,7 +13,7 @@ import math
 import operator
 from typing import Any, Callable
 
-from rlzoo import hookimpl
+from rlzoo.api import hookimpl
 RLZOO_API_VERSION = "2"
 
 _BINARY: dict[type, Callable[[Any, Any], Any]] = {

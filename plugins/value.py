@@ -15,8 +15,7 @@ from typing import Optional
 
 import torch
 
-from rlzoo import hookimpl
-from rlzoo.core.masked import masked_mean
+from rlzoo.api import hookimpl, masked_mean
 
 RLZOO_API_VERSION = "2"
 

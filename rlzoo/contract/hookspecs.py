@@ -50,8 +50,11 @@ The ``rlzoo_`` prefix is reserved for hook implementations: a plugin with a func
 method of that name that matches no hook below, or one not marked ``@hookimpl``, is
 refused with the plugin named (a misspelt hook would otherwise be ignored silently).
 
-``API_VERSION`` is the version of this contract. A plugin module may declare
-``RLZOO_API_VERSION = "2"``; a plugin whose major version differs is refused at load.
+``API_VERSION`` is the version of this contract and of the import surface plugins use
+(:mod:`rlzoo.api`). A plugin module may declare ``RLZOO_API_VERSION = "2"``; a plugin whose
+major version differs is refused at load. Version 2.1 (rlzoo's modules in layer folders):
+plugins import from :mod:`rlzoo.api` only; the 2.0 import paths still work with a
+deprecation warning until version 3 (:mod:`rlzoo.compat`).
 Version 2 (rlzoo 0.2): inputs by name; ``rlzoo_after_rollout`` modifies the batch in
 place instead of returning a replacement; rollout backends; rollout log-probs
 (``rollout_logp``) for policy losses; the ``kl_estimator`` config key is ``kl.estimator``.
@@ -70,7 +73,7 @@ if TYPE_CHECKING:
     from rlzoo.run.context import RunContext
 
 PROJECT_NAME = "rlzoo"
-API_VERSION = "2"
+API_VERSION = "2.1"
 
 hookspec = pluggy.HookspecMarker(PROJECT_NAME)
 hookimpl = pluggy.HookimplMarker(PROJECT_NAME)

@@ -21,13 +21,11 @@ import torch
 
 from rlzoo.core import distributed
 from rlzoo.core.batch import RolloutBatch
+from rlzoo.core.ratios import LOG_RATIO_CLAMP
 from rlzoo.core.errors import TrainingError
 from rlzoo.core.masked import masked_mean
 from rlzoo.plan.planner import CorrectionStep
 from rlzoo.config.resolved import ResolvedConfig
-
-LOG_RATIO_CLAMP = 20.0
-"""Log-ratios (and their sums) are clamped to ±20 before an exp, as verl's SAFETY_BOUND."""
 
 
 def metric_key(step: CorrectionStep, key: str) -> str:

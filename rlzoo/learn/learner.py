@@ -22,12 +22,12 @@ from rlzoo.core import distributed
 from rlzoo.core.batch import BatchCounts, RolloutBatch
 from rlzoo.learn.correcting import Corrections, offpolicy_metrics
 from rlzoo.config.resolved import ResolvedConfig
+from rlzoo.core.ratios import LOG_RATIO_CLAMP
 from rlzoo.core.errors import TrainingError
 from rlzoo.models.logprobs import full_sequence, sum_of_squared_probs
 from rlzoo.core.masked import masked_mean
 from rlzoo.models.build import RunModels
 
-LOG_RATIO_CLAMP = 20.0
 
 
 def lr_factor(schedule: str, warmup: int, total: int) -> Callable[[int], float]:

@@ -1,2 +1,6 @@
 """Rollout: prompts to scored completions (the sampler), staleness, the asynchronous generator.
 """
+
+from rlzoo.compat import package_getattr
+
+__getattr__ = package_getattr("rlzoo.rollout")  # its API 2.0 names, deprecated

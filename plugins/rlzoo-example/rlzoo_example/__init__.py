@@ -6,8 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rlzoo import hookimpl
-from rlzoo.core.masked import masked_mean
+from rlzoo.api import hookimpl, masked_mean
 
 RLZOO_API_VERSION = "2"
 
