@@ -1,4 +1,4 @@
-"""Advantage estimators (kind ``advantage``): plugins/advantages.py against hand-computed
+"""Advantage estimators (kind ``advantage``): plugins/{group_baselines,returns,distillation}.py against hand-computed
 values, formula fixtures written independently in plain Python, invariants, the registry
 and the docs page."""
 

@@ -390,7 +390,7 @@ def test_generate_with_the_preallocated_cache_equals_the_growing_cache(monkeypat
 
 
 def test_hf_backend_generates_with_a_synced_copy_in_another_dtype() -> None:
-    from rlzoo_plugins.rollout import HFRollout
+    from rlzoo_plugins.rollout_backends import HFRollout
 
     torch.manual_seed(0)
     tok = build_char_tokenizer("0123456789=")

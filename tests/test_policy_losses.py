@@ -1,4 +1,4 @@
-"""Policy losses (kind ``policy_loss``): plugins/policy_losses.py against hand-computed
+"""Policy losses (kind ``policy_loss``): plugins/{clip,sequence,reinforce}_losses.py against hand-computed
 values, per-element formula fixtures written here in plain Python, property tests (masks,
 padding width, edge cases, gradient flow), the registry and the docs page.
 
@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from rlzoo.config.params import build_params
 from rlzoo.core.errors import ConfigError
 from rlzoo.testing import check_component
-from rlzoo_plugins import policy_losses as module
+from rlzoo_plugins import clip_losses, loss_parts, reinforce_losses, sequence_losses
 import zoo
 from zoo import builtin_names
 
@@ -395,7 +395,7 @@ def test_cispo_hand_computed_and_stop_gradient() -> None:
 
 
 def test_cispo_defaults_no_lower_bound_and_cap_five() -> None:
-    assert REG.get("policy_loss", "cispo").default_params() == module.CISPOParams(clip_low=1.0, clip_high=4.0)
+    assert REG.get("policy_loss", "cispo").default_params() == reinforce_losses.CISPOParams(clip_low=1.0, clip_high=4.0)
     # ratios e^-5 = 0.0067 (kept: no lower bound), e^2 = 7.389 -> capped at 5
     logp = torch.tensor([[-5.0, 2.0]], requires_grad=True)
     loss, metrics = call("cispo", logp, torch.zeros(1, 2), torch.ones(1, 2))
@@ -847,18 +847,18 @@ def test_retired_alias_vanilla_names_its_replacement() -> None:
 
 def test_documented_defaults() -> None:
     defaults = {name: REG.get("policy_loss", name).default_params() for name in NAMES}
-    assert defaults["ppo_clip"] == module.PPOClipParams(0.2, 0.2, None)
-    assert defaults["dual_clip"] == module.DualClipParams(0.2, 0.2, 3.0)
-    assert defaults["gspo"] == module.GSPOParams(3e-4, 4e-4)
-    assert defaults["geo_mean"] == module.GeoMeanParams(0.4, 0.4)
-    assert defaults["sapo"] == module.SAPOParams(1.0, 1.05)
-    assert defaults["clip_cov"] == module.ClipCovParams(0.2, 0.2, 2e-4, 1.0, 5.0)
-    assert defaults["kl_cov"] == module.KLCovParams(2e-4, 0.1)          # verl's policy_loss.ppo_kl_coef
-    assert defaults["dro"] == module.DROParams(0.05)
+    assert defaults["ppo_clip"] == clip_losses.PPOClipParams(0.2, 0.2, None)
+    assert defaults["dual_clip"] == clip_losses.DualClipParams(0.2, 0.2, 3.0)
+    assert defaults["gspo"] == sequence_losses.GSPOParams(3e-4, 4e-4)
+    assert defaults["geo_mean"] == sequence_losses.GeoMeanParams(0.4, 0.4)
+    assert defaults["sapo"] == clip_losses.SAPOParams(1.0, 1.05)
+    assert defaults["clip_cov"] == clip_losses.ClipCovParams(0.2, 0.2, 2e-4, 1.0, 5.0)
+    assert defaults["kl_cov"] == clip_losses.KLCovParams(2e-4, 0.1)          # verl's policy_loss.ppo_kl_coef
+    assert defaults["dro"] == reinforce_losses.DROParams(0.05)
     assert defaults["vanilla_pg"] is None
-    assert defaults["luspo"] == module.LUSPOParams(2e-3, 2.5e-3)
-    assert defaults["vespo"] == module.VESPOParams(2.0, 3.0, 3.0, 2.0)
-    assert defaults["dppo"] == module.DPPOParams("tv", None, None, 10.0, "rollout")
+    assert defaults["luspo"] == sequence_losses.LUSPOParams(2e-3, 2.5e-3)
+    assert defaults["vespo"] == sequence_losses.VESPOParams(2.0, 3.0, 3.0, 2.0)
+    assert defaults["dppo"] == reinforce_losses.DPPOParams("tv", None, None, 10.0, "rollout")
 
 
 @pytest.mark.parametrize("name, given, fragment", [
@@ -919,7 +919,7 @@ def test_keyword_params_and_bound_params_agree() -> None:
 
 def test_one_ratio_helper_clamps_at_twenty() -> None:
     log_ratio = torch.tensor([-50.0, -20.0, 0.0, 20.0, 50.0], requires_grad=True)
-    ratio = module._ratio(log_ratio)
+    ratio = loss_parts.importance_ratio(log_ratio)
     assert ratio.tolist() == pytest.approx([math.exp(-20), math.exp(-20), 1.0, math.exp(20), math.exp(20)], rel=1e-6)
     ratio.sum().backward()
     assert log_ratio.grad[0] == 0 and log_ratio.grad[-1] == 0    # flat outside the clamp

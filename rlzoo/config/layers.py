@@ -38,8 +38,8 @@ from rlzoo.config.resolved import ResolvedConfig
 from rlzoo.config.schema import (FLOAT32_MAX, RENAMED_KEYS, TASK_KEYS, RunConfig, check_instruction, check_values,
                           schema_keys, type_message)
 
-__all__ = ["PRESET_REFUSED_KEYS", "ResolvedConfig", "build_params", "default_config_path", "load_config",
-           "parse_overrides", "plugin_modules", "read_layers"]
+__all__ = ["PRESET_REFUSED_KEYS", "default_config_path", "parse_overrides", "plugin_modules", "read_layers",
+           "resolve_config"]
 
 PRESET_REFUSED_KEYS: tuple[str, ...] = ("algo", "plugins", "seed", "run_name", "run_dir", "resume")
 """Top-level keys an algorithm preset may not set: they choose the preset, are read before

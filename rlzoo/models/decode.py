@@ -3,7 +3,7 @@
 A plain sampling loop over ``model.forward`` with the cache, rather than
 ``model.generate``: for the small models RL research runs on a CPU the per-token overhead
 of ``generate``'s processors dominates, and the loop is short enough to read. The ``hf``
-rollout backend (``rlzoo_plugins.rollout``) runs it; :class:`Generation` is what every
+rollout backend (``rlzoo_plugins.rollout_backends``) runs it; :class:`Generation` is what every
 rollout backend returns.
 """
 
@@ -17,7 +17,7 @@ from transformers.cache_utils import DynamicLayer
 
 from rlzoo.core.batch import Generation
 from rlzoo.core.errors import TrainingError
-from rlzoo.core.tokens import left_pad, position_ids_from_mask
+from rlzoo.core.tokens import position_ids_from_mask
 from rlzoo.models.head import CACHE_MODES, fast_paths
 
 

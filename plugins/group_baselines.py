@@ -1,32 +1,9 @@
-"""Advantage estimators: from token rewards (and values / groups / greedy baselines) to
-per-token advantages and returns.
+"""Advantage estimators whose baseline comes from the other responses to the same prompt:
+GRPO (and its scale options), Dr. GRPO, RLOO, REINFORCE++ with a group baseline, OPO,
+pass@k training, GPG, MaxRL, GDPO and the optimal token baseline.
 
-Formulas: ../docs/algorithms/advantages.md (from ALGORITHMS.md "Advantage estimators",
-following verl ``core_algos.py`` ``compute_*_advantage*``; GRPO's ``scale`` follows TRL's
-``scale_rewards``).
-
-Every estimator names the inputs it uses (the engine passes them by name,
-:data:`rlzoo.contract.hookspecs.INPUTS`):
-
-- ``token_rewards`` ``(B, T)``: outcome reward on the last valid token (KL folded in);
-- ``response_mask`` ``(B, T)`` in {0, 1};
-- ``group_ids`` ``(B,)`` long: the prompt of each sequence, in any order, any values;
-- ``values`` ``(B, T)``: critic values (naming it makes the run build a critic: ``gae``);
-- ``baseline_scores`` ``(B,)``: greedy-completion scores (a greedy rollout: ``remax``);
-
-and returns ``(advantages, returns)``, both ``(B, T)``, zero on padding, without gradient.
-
-Shared conventions:
-
-- the sequence score is ``s_i = Σ_t r[i,t]·M[i,t]`` (padding zeroed with ``where``, so
-  NaN/inf there cannot leak);
-- group statistics are vectorised with a one-hot ``(B, G)`` matrix of the group ids (no
-  loop over groups or sequences) and computed in float64 on scores shifted by the group
-  minimum, so all-equal scores give exactly 0;
-- an empty response (all-zero mask row) is a member of its group with score 0, as in verl,
-  and receives no advantage (it has no valid token);
-- a group of size 1 has mean 0 (and std 1 where a std is used): its advantage is its raw
-  score, as verl's reference loops do (``grpo_passk`` gives it 0; see there).
+The call convention, shapes and shared conventions: :mod:`rlzoo_plugins.advantage_parts`.
+Formulas: ../docs/algorithms/advantages.md.
 """
 
 from __future__ import annotations
@@ -36,43 +13,13 @@ from typing import Optional
 
 import torch
 
-from rlzoo.api import batch_sum, hookimpl, masked_mean, masked_sum, masked_var, masked_whiten, TrainingError
-from rlzoo_plugins.kl import kl_abs, kl_k1, kl_k2, kl_k3
+from rlzoo.api import TrainingError, batch_sum, hookimpl, masked_mean, masked_var, masked_whiten
+from rlzoo_plugins.advantage_parts import Groups, broadcast, check_positive, returns_to_go, scores64
 
 RLZOO_API_VERSION = "2"
 
+
 GRPO_SCALES = ("group", "batch", "none")
-
-
-# ------------------------------------------------------------------------------ parameters
-
-
-def _check_unit_interval(name: str, value: float) -> None:
-    if not 0.0 <= value <= 1.0:  # also rejects NaN
-        raise ValueError(f"{name} must be in [0, 1], got {value}")
-
-
-def _check_positive(name: str, value: float) -> None:
-    if not value > 0.0:
-        raise ValueError(f"{name} must be > 0, got {value}")
-
-
-@dataclass
-class GAEParams:
-    """Parameters of ``gae``.
-
-    :ivar gamma: discount γ in [0, 1].
-    :ivar lam: GAE λ in [0, 1] (λ=1: Monte-Carlo returns minus values; λ=0: one-step TD).
-    :ivar whiten: whiten the advantages over the valid tokens of the batch (verl always does).
-    """
-
-    gamma: float = 1.0
-    lam: float = 1.0
-    whiten: bool = True
-
-    def __post_init__(self) -> None:
-        _check_unit_interval("gamma", self.gamma)
-        _check_unit_interval("lam", self.lam)
 
 
 @dataclass
@@ -89,23 +36,10 @@ class GRPOParams:
     scale: str = "group"
 
     def __post_init__(self) -> None:
-        _check_positive("epsilon", self.epsilon)
+        check_positive("epsilon", self.epsilon)
         if self.scale not in GRPO_SCALES:
             choices = ", ".join(repr(choice) for choice in GRPO_SCALES)
             raise ValueError(f"scale must be one of {choices}, got {self.scale!r}")
-
-
-@dataclass
-class ReinforcePPParams:
-    """Parameters of ``reinforce_pp``.
-
-    :ivar gamma: discount γ in [0, 1] of the returns-to-go.
-    """
-
-    gamma: float = 1.0
-
-    def __post_init__(self) -> None:
-        _check_unit_interval("gamma", self.gamma)
 
 
 @dataclass
@@ -121,136 +55,7 @@ class GRPOPassKParams:
     norm_by_std: bool = True
 
     def __post_init__(self) -> None:
-        _check_positive("epsilon", self.epsilon)
-
-
-# ------------------------------------------------------------------------------- helpers
-
-
-def sequence_scores(token_rewards: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
-    """s_i = Σ_t r[i,t]·M[i,t]: ``(B, T)`` -> ``(B,)``; padding cannot leak (``where``)."""
-    return masked_sum(token_rewards, response_mask, dim=-1)
-
-
-@dataclass(frozen=True)
-class _Groups:
-    """The group structure of a batch, for vectorised per-group statistics.
-
-    :ivar inverse: ``(B,)`` long, the group of each sequence renumbered 0..G−1.
-    :ivar onehot: ``(B, G)`` float64, ``onehot[i, g] = 1`` when sequence i is in group g.
-    :ivar size: ``(B,)`` float64, the size of each sequence's group.
-    """
-
-    inverse: torch.Tensor
-    onehot: torch.Tensor
-    size: torch.Tensor
-
-    @classmethod
-    def of(cls, group_ids: torch.Tensor, device: torch.device) -> "_Groups":
-        ids = torch.as_tensor(group_ids, device=device).reshape(-1)
-        _, inverse = torch.unique(ids, return_inverse=True)           # (B,) in 0..G-1
-        n_groups = int(inverse.max()) + 1 if inverse.numel() else 0
-        onehot = (inverse[:, None] == torch.arange(n_groups, device=device)[None, :]).double()
-        return cls(inverse=inverse, onehot=onehot, size=onehot.sum(0)[inverse])
-
-    def total(self, x: torch.Tensor) -> torch.Tensor:
-        """Σ_{j in g(i)} x_j for each i: ``(B,)`` float64 -> ``(B,)``."""
-        return (self.onehot.T @ x)[self.inverse]
-
-    def max(self, x: torch.Tensor) -> torch.Tensor:
-        """max_{j in g(i)} x_j for each i: ``(B,)`` float64 -> ``(B,)`` (may be −inf)."""
-        outside = torch.full_like(self.onehot, -torch.inf)
-        return torch.where(self.onehot.bool(), x[:, None], outside).amax(0)[self.inverse]
-
-    def min(self, x: torch.Tensor) -> torch.Tensor:
-        """min_{j in g(i)} x_j for each i: ``(B,)`` float64 -> ``(B,)``."""
-        return -self.max(-x)
-
-    def centered(self, scores: torch.Tensor) -> torch.Tensor:
-        """s_i − mean_g(s) in float64; a group of size 1 has mean 0 (keeps s_i).
-
-        Shifted by the group minimum first, so all-equal scores give exactly 0.
-        """
-        shifted = scores - self.min(scores)
-        centered = shifted - self.total(shifted) / self.size
-        return torch.where(self.size > 1, centered, scores)
-
-    def std(self, centered: torch.Tensor) -> torch.Tensor:
-        """Unbiased std of the group of each sequence from its centered scores; 1 for size 1."""
-        var = self.total(centered.square()) / (self.size - 1).clamp(min=1)
-        return torch.where(self.size > 1, var.sqrt(), torch.ones_like(var))
-
-
-def _broadcast(per_sequence: torch.Tensor, response_mask: torch.Tensor,
-               dtype: torch.dtype) -> torch.Tensor:
-    """``(B,)`` -> ``(B, T)`` of ``dtype``: the value on every valid token, 0 on padding."""
-    full = per_sequence.to(dtype)[:, None].expand(response_mask.shape)
-    return torch.where(response_mask.bool(), full, torch.zeros_like(full))
-
-
-def _scores64(token_rewards: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
-    return sequence_scores(token_rewards, response_mask).double()
-
-
-def returns_to_go(token_rewards: torch.Tensor, response_mask: torch.Tensor,
-                  gamma: float = 1.0) -> torch.Tensor:
-    """G_t = r_t + γ·G_{t'} over the valid tokens, t' the next valid token; ``(B, T)``.
-
-    Masked steps are skipped (their reward ignored), the running return carried across
-    them undiscounted, exactly as ``gae`` carries values and advantages; 0 on padding.
-    For right-padded responses this is verl's ``compute_reinforce_plus_plus_outcome_
-    advantage`` loop; verl resets the running return at masked steps instead, which only
-    differs for masked steps inside a response (multi-turn tool output).
-    """
-    valid = response_mask.bool()
-    rewards = torch.where(valid, token_rewards, torch.zeros_like(token_rewards))
-    running = torch.zeros_like(rewards[:, 0])
-    out = torch.zeros_like(rewards)
-    for t in reversed(range(rewards.shape[1])):
-        running = torch.where(valid[:, t], rewards[:, t] + gamma * running, running)
-        out[:, t] = torch.where(valid[:, t], running, torch.zeros_like(running))
-    return out
-
-
-# ---------------------------------------------------------------------------- estimators
-
-
-@torch.no_grad()
-def gae(token_rewards: torch.Tensor, response_mask: torch.Tensor, values: Optional[torch.Tensor],
-        params: Optional[GAEParams] = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Generalised advantage estimation (Schulman et al. 2015, arXiv:1506.02438; PPO).
-
-    δ_t = r_t + γ·V_{t'} − V_t,  A_t = δ_t + γλ·A_{t'}, with t' the next *valid* token
-    (V and A beyond the last valid token are 0); masked steps inside a response are
-    skipped, the next value and advantage carried across them. returns = A + V (before
-    whitening); then A is whitened over the valid tokens of the batch when ``whiten``.
-
-    Follows verl ``compute_gae_advantage_return`` (the version that skips observation
-    tokens), with ``torch.where`` instead of products with the mask so that NaN/inf in
-    padded rewards or values cannot leak. Shapes: ``(B, T)`` in and out.
-
-    :raises ValueError: ``values`` is ``None`` (gae needs the critic).
-    """
-    params = params or GAEParams()
-    if values is None:
-        raise ValueError("advantage 'gae' needs critic values (values=None was given)")
-    valid = response_mask.bool()
-    zeros = torch.zeros_like(token_rewards)
-    rewards = torch.where(valid, token_rewards, zeros)
-    values = torch.where(valid, values.to(token_rewards.dtype), zeros)
-    next_value = torch.zeros_like(rewards[:, 0])
-    next_advantage = torch.zeros_like(rewards[:, 0])
-    advantages = torch.zeros_like(rewards)
-    for t in reversed(range(rewards.shape[1])):
-        delta = rewards[:, t] + params.gamma * next_value - values[:, t]
-        advantage_t = delta + params.gamma * params.lam * next_advantage
-        next_value = torch.where(valid[:, t], values[:, t], next_value)
-        next_advantage = torch.where(valid[:, t], advantage_t, next_advantage)
-        advantages[:, t] = torch.where(valid[:, t], advantage_t, torch.zeros_like(advantage_t))
-    returns = torch.where(valid, advantages + values, zeros)
-    if params.whiten:
-        advantages = masked_whiten(advantages, response_mask)
-    return advantages, returns
+        check_positive("epsilon", self.epsilon)
 
 
 @torch.no_grad()
@@ -267,8 +72,8 @@ def grpo(token_rewards: torch.Tensor, response_mask: torch.Tensor, group_ids: to
     (``scale_rewards``). Shapes: ``(B, T)`` in and out.
     """
     params = params or GRPOParams()
-    scores = _scores64(token_rewards, response_mask)
-    groups = _Groups.of(group_ids, scores.device)
+    scores = scores64(token_rewards, response_mask)
+    groups = Groups.of(group_ids, scores.device)
     centered = groups.centered(scores)
     if params.scale == "none":
         advantage = centered
@@ -279,7 +84,7 @@ def grpo(token_rewards: torch.Tensor, response_mask: torch.Tensor, group_ids: to
             batch_std = masked_var(scores, torch.ones_like(scores)).sqrt()
             std = torch.where(groups.size > 1, batch_std, torch.ones_like(scores))
         advantage = centered / (std + params.epsilon)
-    advantages = _broadcast(advantage, response_mask, token_rewards.dtype)
+    advantages = broadcast(advantage, response_mask, token_rewards.dtype)
     return advantages, advantages
 
 
@@ -292,9 +97,9 @@ def dr_grpo(token_rewards: torch.Tensor, response_mask: torch.Tensor, group_ids:
     has mean 0. verl: ``compute_grpo_outcome_advantage(norm_adv_by_std_in_grpo=False)``.
     Shapes: ``(B, T)`` in and out.
     """
-    scores = _scores64(token_rewards, response_mask)
-    centered = _Groups.of(group_ids, scores.device).centered(scores)
-    advantages = _broadcast(centered, response_mask, token_rewards.dtype)
+    scores = scores64(token_rewards, response_mask)
+    centered = Groups.of(group_ids, scores.device).centered(scores)
+    advantages = broadcast(centered, response_mask, token_rewards.dtype)
     return advantages, advantages
 
 
@@ -307,27 +112,13 @@ def rloo(token_rewards: torch.Tensor, response_mask: torch.Tensor, group_ids: to
     size 1 keeps its raw score. Broadcast over valid tokens; returns = advantages. verl
     ``compute_rloo_outcome_advantage``. Shapes: ``(B, T)`` in and out.
     """
-    scores = _scores64(token_rewards, response_mask)
-    groups = _Groups.of(group_ids, scores.device)
+    scores = scores64(token_rewards, response_mask)
+    groups = Groups.of(group_ids, scores.device)
     centered = groups.centered(scores)
     n = groups.size
     advantage = torch.where(n > 1, centered * n / (n - 1).clamp(min=1), scores)
-    advantages = _broadcast(advantage, response_mask, token_rewards.dtype)
+    advantages = broadcast(advantage, response_mask, token_rewards.dtype)
     return advantages, advantages
-
-
-@torch.no_grad()
-def reinforce_pp(token_rewards: torch.Tensor, response_mask: torch.Tensor,
-                 params: Optional[ReinforcePPParams] = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """REINFORCE++ (Hu 2025, arXiv:2501.03262): whitened returns-to-go.
-
-    G_t = Σ_{k≥t} γ^{k−t} r_k over the valid tokens (see :func:`returns_to_go`), then
-    A = whiten(G) over the valid tokens of the batch; returns = G (before whitening).
-    verl ``compute_reinforce_plus_plus_outcome_advantage``. Shapes: ``(B, T)`` in and out.
-    """
-    params = params or ReinforcePPParams()
-    returns = returns_to_go(token_rewards, response_mask, params.gamma)
-    return masked_whiten(returns, response_mask), returns
 
 
 @torch.no_grad()
@@ -339,33 +130,11 @@ def reinforce_pp_baseline(token_rewards: torch.Tensor, response_mask: torch.Tens
     batch (a group of size 1 has mean 0); returns = advantages. verl
     ``compute_reinforce_plus_plus_baseline_outcome_advantage``. Shapes: ``(B, T)``.
     """
-    scores = _scores64(token_rewards, response_mask)
-    centered = _Groups.of(group_ids, scores.device).centered(scores)
-    centered = _broadcast(centered, response_mask, token_rewards.dtype)
+    scores = scores64(token_rewards, response_mask)
+    centered = Groups.of(group_ids, scores.device).centered(scores)
+    centered = broadcast(centered, response_mask, token_rewards.dtype)
     advantages = masked_whiten(centered, response_mask)
     return advantages, advantages
-
-
-@torch.no_grad()
-def remax(token_rewards: torch.Tensor, response_mask: torch.Tensor,
-          baseline_scores: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """ReMax (Li et al. 2023, arXiv:2310.10505): A_t = G_t − b_i.
-
-    G_t the undiscounted returns-to-go over the valid tokens, b_i = ``baseline_scores[i]``
-    the score of the greedy completion of the same prompt; returns = G. verl
-    ``compute_remax_outcome_advantage``. Shapes: ``(B, T)`` in and out, ``baseline_scores``
-    ``(B,)``.
-
-    :raises ValueError: ``baseline_scores`` is ``None`` (remax needs greedy rollouts).
-    """
-    if baseline_scores is None:
-        raise ValueError("advantage 'remax' needs baseline_scores, the scores of greedy "
-                         "completions (needs=('greedy',)); got None")
-    returns = returns_to_go(token_rewards, response_mask, 1.0)
-    baseline = torch.as_tensor(baseline_scores, device=returns.device).reshape(-1)
-    baseline = _broadcast(baseline, response_mask, returns.dtype)
-    advantages = torch.where(response_mask.bool(), returns - baseline, torch.zeros_like(returns))
-    return advantages, returns
 
 
 @torch.no_grad()
@@ -379,8 +148,8 @@ def opo(token_rewards: torch.Tensor, response_mask: torch.Tensor, group_ids: tor
     1 (or whose responses are all empty) has b = 0, as verl
     ``compute_opo_outcome_advantage``. Shapes: ``(B, T)`` in and out.
     """
-    scores = _scores64(token_rewards, response_mask)
-    groups = _Groups.of(group_ids, scores.device)
+    scores = scores64(token_rewards, response_mask)
+    groups = Groups.of(group_ids, scores.device)
     lengths = response_mask.sum(-1).double()
     weight = groups.total(lengths)
     # shifted by the group minimum so that all-equal scores give exactly 0
@@ -388,7 +157,7 @@ def opo(token_rewards: torch.Tensor, response_mask: torch.Tensor, group_ids: tor
     baseline = shift + groups.total(lengths * (scores - shift)) / weight.clamp(min=1)
     use_baseline = (groups.size > 1) & (weight > 0)
     advantage = torch.where(use_baseline, scores - baseline, scores)
-    advantages = _broadcast(advantage, response_mask, token_rewards.dtype)
+    advantages = broadcast(advantage, response_mask, token_rewards.dtype)
     return advantages, advantages
 
 
@@ -405,8 +174,8 @@ def grpo_passk(token_rewards: torch.Tensor, response_mask: torch.Tensor, group_i
     Shapes: ``(B, T)`` in and out.
     """
     params = params or GRPOPassKParams()
-    scores = _scores64(token_rewards, response_mask)
-    groups = _Groups.of(group_ids, scores.device)
+    scores = scores64(token_rewards, response_mask)
+    groups = Groups.of(group_ids, scores.device)
     batch = scores.numel()
     index = torch.arange(batch, device=scores.device, dtype=torch.float64)
     best_score = groups.max(scores)
@@ -418,7 +187,7 @@ def grpo_passk(token_rewards: torch.Tensor, response_mask: torch.Tensor, group_i
     if params.norm_by_std:
         gap = gap / (groups.std(groups.centered(scores)) + params.epsilon)
     advantage = torch.where(is_best & (groups.size > 1), gap, torch.zeros_like(gap))
-    advantages = _broadcast(advantage, response_mask, token_rewards.dtype)
+    advantages = broadcast(advantage, response_mask, token_rewards.dtype)
     return advantages, advantages
 
 
@@ -433,13 +202,13 @@ def gpg(token_rewards: torch.Tensor, response_mask: torch.Tensor, group_ids: tor
     the paper's α = B/(B − M) counts instead the M samples whose advantage is 0 (groups
     with all-equal rewards). Shapes: ``(B, T)`` in and out.
     """
-    scores = _scores64(token_rewards, response_mask)
+    scores = scores64(token_rewards, response_mask)
     nonzero = batch_sum(torch.count_nonzero(scores))
     total = batch_sum(torch.tensor(scores.numel(), device=scores.device))
     alpha = torch.where(nonzero > 0, total.double() / nonzero.clamp(min=1).double(),
                         torch.ones((), dtype=torch.float64, device=scores.device))
-    centered = _Groups.of(group_ids, scores.device).centered(scores)
-    advantages = _broadcast(alpha * centered, response_mask, token_rewards.dtype)
+    centered = Groups.of(group_ids, scores.device).centered(scores)
+    advantages = broadcast(alpha * centered, response_mask, token_rewards.dtype)
     return advantages, advantages
 
 
@@ -453,7 +222,7 @@ class MaxRLParams:
     epsilon: float = 1e-6
 
     def __post_init__(self) -> None:
-        _check_positive("epsilon", self.epsilon)
+        check_positive("epsilon", self.epsilon)
 
 
 @torch.no_grad()
@@ -469,8 +238,8 @@ def maxrl(token_rewards: torch.Tensor, response_mask: torch.Tensor, group_ids: t
     :raises TrainingError: a group's mean score is negative.
     """
     params = params or MaxRLParams()
-    scores = _scores64(token_rewards, response_mask)
-    groups = _Groups.of(group_ids, scores.device)
+    scores = scores64(token_rewards, response_mask)
+    groups = Groups.of(group_ids, scores.device)
     mean = groups.total(scores) / groups.size
     negative = (groups.size > 1) & (mean < 0)
     if bool(negative.any()):
@@ -480,7 +249,7 @@ def maxrl(token_rewards: torch.Tensor, response_mask: torch.Tensor, group_ids: t
     centered = groups.centered(scores)
     ratio = centered / (mean + params.epsilon)
     advantage = torch.where(groups.size > 1, torch.where(mean > 0, ratio, torch.zeros_like(ratio)), scores)
-    advantages = _broadcast(advantage, response_mask, token_rewards.dtype)
+    advantages = broadcast(advantage, response_mask, token_rewards.dtype)
     return advantages, advantages
 
 
@@ -497,7 +266,7 @@ class GDPOParams:
     whiten: bool = True
 
     def __post_init__(self) -> None:
-        _check_positive("epsilon", self.epsilon)
+        check_positive("epsilon", self.epsilon)
 
 
 @torch.no_grad()
@@ -522,7 +291,7 @@ def gdpo(reward_scores: Optional[torch.Tensor], reward_weights: torch.Tensor, re
         raise TrainingError("advantage 'gdpo' needs the batch's reward_scores (each reward function's scores), "
                             "which this batch lacks: build batches with ctx.resample / the sampler")
     scores = reward_scores.double()
-    groups = _Groups.of(group_ids, scores.device)
+    groups = Groups.of(group_ids, scores.device)
     normalised = []
     for k in range(scores.shape[1]):
         centered = groups.centered(scores[:, k])
@@ -531,65 +300,7 @@ def gdpo(reward_scores: Optional[torch.Tensor], reward_weights: torch.Tensor, re
     if params.whiten:
         every = torch.ones_like(total)
         total = (total - masked_mean(total, every)) / (masked_var(total, every).sqrt() + params.epsilon)
-    advantages = _broadcast(total, response_mask, response_mask.dtype)
-    return advantages, advantages
-
-
-OPD_ESTIMATORS = {"k1": kl_k1, "abs": kl_abs, "k2": kl_k2, "k3": kl_k3}
-"""``opd``'s estimators of the per-token reverse KL(π‖π_T) from the sampled token's two
-log-probs (rlzoo_plugins.kl's functions, verl's ``kl_penalty`` names)."""
-
-
-@dataclass
-class OPDParams:
-    """Parameters of ``opd``.
-
-    :ivar coef: weight of the per-token teacher term (> 0).
-    :ivar task_reward_weight: weight of the task reward (the sequence score on every token;
-        >= 0); 0 distils only.
-    :ivar estimator: the per-token estimate D of KL(π‖π_T) whose negative is the advantage:
-        ``k1`` (log π_old − log π_T, unbiased), ``abs`` (its absolute value), ``k2`` (½ of its
-        square), ``k3`` (e^{−x} + x − 1, clamped as verl's ``low_var_kl``).
-    """
-
-    coef: float = 1.0
-    task_reward_weight: float = 0.0
-    estimator: str = "k1"
-
-    def __post_init__(self) -> None:
-        _check_positive("coef", self.coef)
-        if not self.task_reward_weight >= 0:
-            raise ValueError(f"task_reward_weight must be >= 0, got {self.task_reward_weight}")
-        if self.estimator not in OPD_ESTIMATORS:
-            raise ValueError(f"estimator must be one of {', '.join(OPD_ESTIMATORS)}, got {self.estimator!r}")
-
-
-@torch.no_grad()
-def opd(teacher_logp: torch.Tensor, old_logp: torch.Tensor, token_rewards: torch.Tensor,
-        response_mask: torch.Tensor, params: Optional[OPDParams] = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """On-policy distillation (Agarwal et al. 2024, arXiv:2306.13649; Thinking Machines,
-    "On-Policy Distillation", 2025): the student samples, a teacher scores every sampled
-    token, and the per-token advantage is the negative reverse-KL estimate
-
-        A_t = −coef · D(log π_old(y_t), log π_T(y_t)) + task_reward_weight · s_i
-
-    with D the ``estimator`` (k1: D = log π_old − log π_T, so A_t = coef·(log π_T − log π_old);
-    abs, k2, k3 as verl's distillation losses of those names, used as a negative reward
-    with ``use_policy_gradient``); no gradient through it; s_i the sequence's score,
-    broadcast over its valid tokens; returns = advantages. With a policy-gradient loss this
-    minimises the per-token reverse KL(π‖π_T) on the student's own samples. π_old is the
-    student before this step's update (Tinker's cookbook uses the sampler's log-probs, equal
-    up to the rollout mismatch). Shapes: ``(B, T)`` in and out.
-    """
-    params = params or OPDParams()
-    student, teacher = old_logp.double(), teacher_logp.double()
-    if params.estimator == "k1":
-        per_token = params.coef * (teacher - student)
-    else:
-        per_token = -params.coef * OPD_ESTIMATORS[params.estimator](student, teacher)
-    if params.task_reward_weight:
-        per_token = per_token + params.task_reward_weight * _scores64(token_rewards, response_mask)[:, None]
-    advantages = torch.where(response_mask.bool(), per_token, torch.zeros_like(per_token)).to(token_rewards.dtype)
+    advantages = broadcast(total, response_mask, response_mask.dtype)
     return advantages, advantages
 
 
@@ -618,7 +329,7 @@ class OTBParams:
     def __post_init__(self) -> None:
         if self.align not in OTB_ALIGNMENTS:
             raise ValueError(f"align must be one of {', '.join(OTB_ALIGNMENTS)}, got {self.align!r}")
-        _check_positive("epsilon", self.epsilon)
+        check_positive("epsilon", self.epsilon)
 
 
 def _compact(x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -663,7 +374,7 @@ def optimal_token_baseline(token_rewards: torch.Tensor, response_mask: torch.Ten
         groups_of = torch.where(lengths > 0, inverse, singletons)                  # empty responses: alone
     else:
         returns_c, energy_c, on = returns, energy, valid
-    groups = _Groups.of(groups_of, valid.device)
+    groups = Groups.of(groups_of, valid.device)
     weight = torch.where(on, energy_c, torch.zeros_like(energy_c))
     numerator = groups.onehot.T @ (returns_c * weight)                             # (G, T)
     denominator = groups.onehot.T @ weight + params.epsilon
@@ -686,27 +397,17 @@ def optimal_token_baseline(token_rewards: torch.Tensor, response_mask: torch.Ten
     return advantages.to(dtype), returns.to(dtype)
 
 
-# -------------------------------------------------------------------------- registration
-
-
 @hookimpl
 def rlzoo_register_advantage_estimators(register) -> None:
-    register("gae", gae, params=GAEParams, paper="arXiv:1506.02438",
-             description="generalised advantage estimation with a critic, whitened (PPO)")
     register("grpo", grpo, params=GRPOParams, needs=("groups",), paper="arXiv:2402.03300",
              description="(s − group mean) / (group std + ε), broadcast over tokens")
     register("dr_grpo", dr_grpo, needs=("groups",), paper="arXiv:2503.20783",
              description="s − group mean, no std division (Dr. GRPO)")
     register("rloo", rloo, needs=("groups",), paper="arXiv:2402.14740",
              description="s − mean of the other n−1 scores of the group (leave-one-out)")
-    register("reinforce_pp", reinforce_pp, params=ReinforcePPParams,
-             aliases=("reinforce_plus_plus",), paper="arXiv:2501.03262",
-             description="returns-to-go whitened over the batch (REINFORCE++)")
     register("reinforce_pp_baseline", reinforce_pp_baseline, needs=("groups",),
              aliases=("reinforce_plus_plus_baseline",), paper="arXiv:2501.03262",
              description="s − group mean, whitened over the batch (REINFORCE++ baseline)")
-    register("remax", remax, paper="arXiv:2310.10505",
-             description="returns-to-go minus the greedy completion's score (ReMax)")
     register("opo", opo, needs=("groups",), paper="arXiv:2505.23585",
              description="s − length-weighted group mean (optimal baseline)")
     register("grpo_passk", grpo_passk, params=GRPOPassKParams, needs=("groups",),
@@ -717,9 +418,6 @@ def rlzoo_register_advantage_estimators(register) -> None:
              description="(s − group mean) / group mean: the success-rate-normalised advantage (MaxRL)")
     register("gdpo", gdpo, params=GDPOParams, needs=("groups",), paper="arXiv:2601.05242",
              description="each reward function normalised in its group, weighted sum whitened over the batch (GDPO)")
-    register("opd", opd, params=OPDParams, paper="arXiv:2306.13649",
-             description="minus a per-token reverse-KL estimate (k1, abs, k2, k3), student vs teacher "
-                         "(on-policy distillation, teacher.path)")
     register("optimal_token_baseline", optimal_token_baseline, params=OTBParams, needs=("groups",),
              aliases=("otb",), paper="arXiv:2602.07078",
              description="G_t − a per-step group baseline weighted by the realised energy Σ(1−2π+Σπ²) (OTB)")
