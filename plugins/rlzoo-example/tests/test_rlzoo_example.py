@@ -3,10 +3,7 @@
 import pytest
 import torch
 
-from rlzoo.config.params import build_params
-from rlzoo.core.errors import ConfigError
-from rlzoo.contract.loading import build_registry, make_plugin_manager
-from rlzoo.testing import check_component
+from rlzoo.api import build_params, build_registry, check_component, ConfigError, make_plugin_manager
 
 REGISTRY = build_registry(make_plugin_manager())
 
