@@ -62,7 +62,7 @@ def test_an_api_2_0_import_path_still_works_and_names_the_new_one(statement: str
 
 
 def test_every_old_module_s_new_homes_exist() -> None:
-    for old, homes in OLD_MODULES.items():
+    for homes in OLD_MODULES.values():
         for home in homes:
             importlib.import_module(home)
 

@@ -191,6 +191,7 @@ def test_no_file_is_over_500_lines() -> None:
 def test_the_layering_test_sees_a_hidden_upward_import(tmp_path: Path) -> None:
     module = tmp_path / "m.py"
     module.write_text("from typing import TYPE_CHECKING\nfrom rlzoo.core import errors\nif TYPE_CHECKING:\n"
-                      "    from rlzoo.plan.records import RunPlan\n\ndef f():\n    from rlzoo.run.trainer import Trainer\n")
+                      "    from rlzoo.plan.records import RunPlan\n\n"
+                      "def f():\n    from rlzoo.run.trainer import Trainer\n")
     assert _imports(module) == [("core.errors", None), ("plan.records", TYPING), ("run.trainer", FUNCTION)]
     assert _layer("plan.records") > _layer("core.errors") and _layer("run.trainer") > _layer("plan.records")

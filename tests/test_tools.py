@@ -373,7 +373,7 @@ def test_unsafe_tool_works_from_a_script_without_a_main_file() -> None:
     import subprocess
     import sys
 
-    script = ("import tool_fns\nfrom rlzoo.agents.tool_calls import ToolCall, call_tool; from rlzoo.contract.tool_schema import tool_from_callable\n"
+    script = ("import tool_fns\nfrom rlzoo.api import ToolCall, call_tool, tool_from_callable\n"
               "print(call_tool(tool_from_callable(tool_fns.add, unsafe=True), ToolCall('add', {'a': 1, 'b': 2})))\n")
     done = subprocess.run([sys.executable, "-"], input=script, capture_output=True, text=True, timeout=60,
                           cwd=Path(__file__).parent)
