@@ -9,14 +9,17 @@ training prompts through :meth:`Task.sample_train` and evaluation prompts throug
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
 from rlzoo.errors import ConfigError
+from rlzoo.yamlfile import read_utf8
 
 PROBE_DRAWS = 256
 """Examples drawn (with a throw-away RNG) to check a task that cannot list its examples."""
@@ -369,17 +372,23 @@ def read_rows(path: Path, what: str = "task file", split: str = "train") -> list
     """The rows of a ``.jsonl`` / ``.json`` (one object a line) or ``.parquet`` file, or of
     a ``datasets`` ``save_to_disk`` directory (``split`` of a ``DatasetDict``).
 
+    Every data file of rlzoo is read here (``task=file``, ``rlzoo rm``'s ``rm.data``), so a
+    file is refused the same way whichever command reads it.
+
     :param what: how errors name the file (``task file``, ``preference file``).
-    :raises ConfigError: missing file, a line that is not JSON, an unknown extension.
+    :raises ConfigError: missing file, bytes that are not UTF-8, a line that is not JSON, an
+        unknown extension, a Parquet or Arrow file pyarrow cannot read (a damaged footer).
     """
     if path.is_dir():
-        return _read_saved_dataset(path, split, what)
+        with _unreadable_arrow(path, what):
+            return _read_saved_dataset(path, split, what)
     if not path.is_file():
         raise ConfigError(f"{what} {str(path)!r} does not exist")
     suffix = path.suffix.lower()
     if suffix in (".jsonl", ".json"):
         rows = []
-        for lineno, line in enumerate(path.read_text().splitlines(), 1):
+        text = read_utf8(path, what, "give JSON lines (one object a line)")
+        for lineno, line in enumerate(text.splitlines(), 1):
             if not line.strip():
                 continue
             try:
@@ -388,9 +397,26 @@ def read_rows(path: Path, what: str = "task file", split: str = "train") -> list
                 raise ConfigError(f"{what} {str(path)!r} line {lineno} is not valid JSON: {exc}") from exc
         return rows
     if suffix == ".parquet":
-        return _pyarrow(path, what).parquet.read_table(path).to_pylist()
+        pyarrow = _pyarrow(path, what)
+        with _unreadable_arrow(path, what):
+            return pyarrow.parquet.read_table(path).to_pylist()
     raise ConfigError(f"{what} {str(path)!r}: unsupported extension {suffix!r}; use .jsonl, .parquet or a "
                       "directory written by datasets' save_to_disk")
+
+
+@contextlib.contextmanager
+def _unreadable_arrow(path: Path, what: str) -> Iterator[None]:
+    """Turn pyarrow's failure to read a Parquet / Arrow file (a damaged or lying footer,
+    not Parquet at all) into a :class:`ConfigError` naming the file."""
+    try:
+        yield
+    except ConfigError:
+        raise
+    except (OSError, ValueError, TypeError, KeyError, IndexError, NotImplementedError) as exc:
+        # pyarrow's errors derive from these (ArrowInvalid: ValueError, ArrowIOError: OSError, ...)
+        lines = str(exc).strip().splitlines()
+        raise ConfigError(f"{what} {str(path)!r} cannot be read ({type(exc).__name__}: "
+                          f"{lines[0] if lines else ''})") from exc
 
 
 def _pyarrow(path: Path, what: str) -> Any:

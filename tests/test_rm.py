@@ -136,3 +136,46 @@ def test_rm_starts_from_a_model_path_backbone(tmp_path: Path) -> None:
     assert main(["rm", *TINY, f"rm.data={data}", "rm.steps=2", f"model.path={tmp_path / 'lm'}", f"run_dir={run}"]) == 0
     config = json.loads((run / "reward_model" / "config.json").read_text())
     assert config["architectures"] == ["LlamaForSequenceClassification"] and config["num_hidden_layers"] == 1
+
+
+# ------------------------------------------------------------------ bad inputs: one line, no run directory
+
+
+def _error_line(capsys) -> str:
+    """The one ``rlzoo: error:`` line of the last command (no traceback)."""
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("rlzoo: error:")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+def _lying_parquet(path: Path) -> Path:
+    """A Parquet file whose footer claims to be 2 GB long."""
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.Table.from_pylist([{"prompt": "1=", "chosen": "1", "rejected": "2", "answer": "1"}]), path)
+    data = bytearray(path.read_bytes())
+    data[-8:-4] = (2_000_000_000).to_bytes(4, "little")  # footer length, before the closing b"PAR1"
+    path.write_bytes(bytes(data))
+    return path
+
+
+@pytest.mark.parametrize("make, fragment", [
+    (lambda p: (p.with_suffix(".jsonl").write_bytes(b'{"prompt": "1=", "chosen": "1", "rejected": "2", '
+                                                    b'"answer": "1"}\n{"prompt": "\xff\xfe"}\n'),
+                p.with_suffix(".jsonl"))[1], "is not a UTF-8 text file (line 2: byte 76 is 0xff)"),
+    (lambda p: _lying_parquet(p.with_suffix(".parquet")), "cannot be read (ArrowInvalid: "),
+])
+def test_unreadable_data_files_are_refused_alike_by_rm_and_task_file(tmp_path: Path, capsys, make,
+                                                                     fragment: str) -> None:
+    """rm.data and task=file read files through one reader (rlzoo.tasks.read_rows): the same
+    bytes give the same one-line refusal, before any run directory."""
+    path = make(tmp_path / "data")
+    assert main(["rm", *TINY, f"rm.data={path}", f"run_dir={tmp_path / 'rm'}"]) == 2
+    line = _error_line(capsys)
+    assert f"preference file {str(path)!r}" in line and fragment in line, line
+    assert main(["train", *zoo.TINY, f"task={{name: file, path: {path}}}", f"run_dir={tmp_path / 'train'}"]) == 2
+    line = _error_line(capsys)
+    assert f"task file {str(path)!r}" in line and fragment in line, line
+    assert not (tmp_path / "rm").exists() and not (tmp_path / "train").exists()
