@@ -378,10 +378,10 @@ def test_the_calculator_demonstrates_a_call_then_the_answer_and_sft_trains_on_it
     out = tmp_path / "sft"
     assert main(["sft", *TINY_ENV, "--steps", "2", "--out", str(out)]) == 0, capsys.readouterr().err
     assert (out / "model.safetensors").is_file()
-    assert main(["sft", *TINY_ENV, "--steps", "2", "--target", "format", "--out", str(out)]) == 2
+    assert main(["sft", *TINY_ENV, "--steps", "2", "--target", "format", "--out", str(tmp_path / "sft2")]) == 2
     assert "--target format has no form under env='calculator'" in capsys.readouterr().err
     tools_env = [*TINY_ENV, "env={name: tools, tools: [calculator]}"]
-    assert main(["sft", *tools_env, "--steps", "1", "--out", str(out)]) == 2
+    assert main(["sft", *tools_env, "--steps", "1", "--out", str(tmp_path / "sft3")]) == 2
     assert "env='tools' has no demonstration for the prompt" in capsys.readouterr().err
 
 
