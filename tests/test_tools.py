@@ -191,6 +191,32 @@ def test_malformed_hermes_call_is_an_observation(text: str, message: str) -> Non
     assert isinstance(result, str) and result.startswith("error: ") and message in result, result
 
 
+TOO_DEEP = "is not valid JSON for a tool call (brackets nested deeper than 100)"
+
+
+@pytest.mark.parametrize("text, message", [
+    ("<tool_call>" + "[" * 500 + "</tool_call>", TOO_DEEP),
+    ("<tool_call>" + "[" * 1000 + "</tool_call>", TOO_DEEP),
+    ("<tool_call>" + "{" * 100_000 + "</tool_call>", TOO_DEEP),
+    ('<tool_call>{"name": "f", "arguments": {"x": ' + "[" * 990 + "]" * 990 + "}}</tool_call>", TOO_DEEP),
+    ('<tool_call>{"name": "f", "arguments": "' + "[" * 5000 + '"}</tool_call>',
+     "the arguments of the call to 'f' must be a JSON object"),
+    ("<tool_call>" + "[" * 100 + "</tool_call>", "is not valid JSON (Expecting value at character 100)"),
+])
+def test_a_call_nested_to_any_depth_is_an_observation(text: str, message: str) -> None:
+    """1000 brackets raised RecursionError where 500 gave the error observation: any depth
+    is an observation now (brackets inside strings do not count)."""
+    result = parse_tool_calls(text, "hermes")
+    assert isinstance(result, str) and result.startswith("error: ") and message in result, result[:300]
+
+
+def test_brackets_inside_strings_do_not_count_as_nesting() -> None:
+    text = '<tool_call>{"name": "f", "arguments": {"x": "' + "[{" * 500 + '", "y": [[1]]}}</tool_call>'
+    assert parse_tool_calls(text, "hermes") == [ToolCall("f", {"x": "[{" * 500, "y": [[1]]})]
+    deep = '<tool_call>{"name": "f", "arguments": {"x": ' + "[" * 98 + "]" * 98 + "}}</tool_call>"
+    assert isinstance(parse_tool_calls(deep, "hermes"), list)  # 100 levels with the two objects: accepted
+
+
 def test_plain_calls_one_per_line() -> None:
     text = ('I will use the tool.\nCALL calculator(expression="12*34")\n  CALL search(query=\'x\', limit=3, '
             'exact=true, tags=["a"], weights={"b": 1.5}, mode=None)\nA CALL in prose is not a call.')
