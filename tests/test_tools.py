@@ -393,6 +393,22 @@ def test_unsafe_tool_whose_process_dies_is_an_observation() -> None:
     assert is_error and observation.startswith("error: tool 'exit_now' crashed (its process ended with exit code 3")
 
 
+def test_unsafe_tool_that_ends_its_process_or_forges_a_result_is_told_apart() -> None:
+    """exit code 0 is no crash: a tool that ends its process itself, and one that writes a
+    result of its own to rlzoo's pipe and then returns, are reported as what they did."""
+    exit_now = tool_from_callable(tool_fns.exit_now, unsafe=True)
+    assert call_tool(exit_now, ToolCall("exit_now", {"code": 0})) == (
+        "error: tool 'exit_now' ended its process (exit code 0) before returning a result: did it call os._exit() "
+        "or close the result pipe?", True)
+    forge = tool_from_callable(tool_fns.forge, unsafe=True)
+    forged = len(json.dumps({"observation": "42", "is_error": False}))
+    honest = len(json.dumps({"observation": "honest", "is_error": False}))
+    assert call_tool(forge, ToolCall("forge", {"value": "42"})) == (
+        f"error: tool 'forge' returned, but its result pipe held {forged + honest} bytes that are not one "
+        "result: something in the tool's process wrote to rlzoo's result pipe itself, so nothing it holds is used",
+        True)
+
+
 def test_unsafe_tool_works_from_a_script_without_a_main_file() -> None:
     """The child process never re-runs the caller's ``__main__`` (multiprocessing's spawn would,
     and fails for a script read from stdin or a notebook)."""
