@@ -39,7 +39,8 @@ from rlzoo.environments import Environment, Message, tool_schemas
 from rlzoo.prompts import PromptFormat
 from rlzoo.resolved import ResolvedConfig
 from rlzoo.tasks import Example
-from rlzoo.tools import Tool, tool_call_style, tool_from_component
+from rlzoo.tools import Tool, tool_call_style
+from rlzoo.tools import registered_tools as registered_tools_named
 
 COUNT_COLUMNS = ("turns", "tool_calls", "tool_errors", "template_drift", "turn_reward")
 """Columns of ``RolloutBatch.episode_counts``: per-episode statistics logged as ``episode/*``."""
@@ -253,7 +254,7 @@ def registered_tools(registry: Any) -> dict[str, Tool]:
     """Every registered tool (kind ``tool``) by name: the ``tools`` input of an environment."""
     if registry is None:
         return {}
-    return {name: tool_from_component(registry.get("tool", name)) for name in registry.names("tool")}
+    return registered_tools_named(registry, registry.names("tool"))
 
 
 def environment_factory(resolved: ResolvedConfig, tokenizer: Any,

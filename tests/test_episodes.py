@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from rlzoo.cli import main
 from rlzoo.config import load_config
 from rlzoo.environments import Environment, StepResult
 from rlzoo.episodes import EpisodeFormat, EpisodeLimits, episode_tensors, play, registered_tools
@@ -175,6 +176,23 @@ def test_plan_refuses_what_cannot_work_over_episodes(overrides: list[str], fragm
         load_config(REGISTRY, [*ENV, *overrides])
 
 
+@pytest.mark.parametrize("env, fragment", [
+    ("env={name: tools, tools: [nosuch_tool]}", "env 'tools': unknown tool(s) nosuch_tool; registered: calculator"),
+    ("env={name: tools, tools: []}", "invalid parameter for env 'tools': tools is empty: name the registered tools"),
+    ("env=tools", "tools is empty"),
+])
+def test_a_tools_env_without_usable_tools_is_refused_before_the_run_directory(capsys, tmp_path: Path, env: str,
+                                                                             fragment: str) -> None:
+    """An unknown tool was refused only when the first episode built the environment, after
+    the run directory was made; ``tools: []`` was accepted (``reward=[]`` is refused)."""
+    run = tmp_path / "run"
+    assert main(["train", *TINY_ENV, env, "trainer.total_steps=1", f"run_dir={run}"]) == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("rlzoo: error:")]
+    assert len(lines) == 1 and fragment in lines[0] and "Traceback" not in err, err
+    assert not run.exists()
+
+
 def test_plan_names_the_masks_of_an_episode_run() -> None:
     plan = load_config(REGISTRY, ENV).plan
     assert plan.episodes is not None and plan.sampled_mask == "loss_mask"
@@ -241,7 +259,7 @@ def test_a_run_trains_and_evaluates_on_episodes(tmp_path: Path) -> None:
 def test_the_kit_checks_environments() -> None:
     from rlzoo.testing import check_component, check_environment
 
-    for name in ("tools", "calculator", "feedback_test"):
+    for name in ("calculator", "feedback_test"):
         check_component(REGISTRY.get("environment", name), registry=REGISTRY)
     check_component(REGISTRY.get("environment", "tools"), {"tools": ["calculator"]}, registry=REGISTRY)
 
