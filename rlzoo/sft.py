@@ -19,6 +19,7 @@ environment's tokens are read, never trained on.
 from __future__ import annotations
 
 import random
+import sys
 from pathlib import Path
 from typing import Any, Callable
 
@@ -34,7 +35,7 @@ from rlzoo.models import build_policy
 from rlzoo.prompts import PromptFormat
 from rlzoo.rollout import left_pad
 from rlzoo.rundir import check_new_output_dir
-from rlzoo.tasks import Example, Holdout
+from rlzoo.tasks import Example, Holdout, check_references
 
 TARGETS = ("answer", "format")
 
@@ -63,6 +64,9 @@ def run_sft(resolved: ResolvedConfig, steps: int = 100,
     model_dir = Path(out_dir or Path("runs") / f"{cfg.run_name or 'sft'}-{task_name}" / "model")
     check_new_output_dir(model_dir, "--out" if out_dir else "the default --out")
     task = resolved.build("task")
+    reads = target == "answer" and resolved.components.get("env") is None  # its targets are the references
+    for warning in check_references(task, task_name, "rlzoo sft trains on them (the text 'None')" if reads else None):
+        print(f"rlzoo: warning: {warning}", file=sys.stderr, flush=True)
     torch.manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)
     model, tokenizer = build_policy(cfg, task)

@@ -169,6 +169,30 @@ def _unencodable(texts: list[str], tokenizer: Any) -> list[tuple[str, str]]:
     return bad
 
 
+def check_references(task: Task, task_name: str, use: str | None) -> list[str]:
+    """Check that the examples of a task that lists them (a file) have reference answers
+    when something reads them: a reward that compares with a null reference scores 0
+    whatever the policy writes, and an SFT target would be the text ``None``.
+
+    :param use: how the run reads the references, completing "but ..." (``reward
+        'exact_match' compares completions with them``); ``None``: nothing reads them, no check.
+    :returns: a warning to print when some references are null.
+    :raises ConfigError: every reference is null (naming the count and the use).
+    """
+    examples = task.examples()
+    if examples is None or use is None:
+        return []
+    null = sum(example.reference is None for example in examples)
+    where = f"task {task_name!r}"
+    if null and null == len(examples):
+        raise ConfigError(f"{where}: every reference answer is null (all {null} examples), but {use}: fill the "
+                          "answers, set task.answer_key to the column that holds them, or use a reward that reads "
+                          "none (reward_model)")
+    if null:
+        return [f"{where}: {null} of {len(examples)} examples have a null reference answer, but {use}"]
+    return []
+
+
 def check_encodable(task: Task, task_name: str, tokenizer: Any, holdout: Holdout) -> list[str]:
     """Check that the tokenizer can encode the task's prompts and answers.
 
