@@ -127,9 +127,10 @@ def test_null_reference_answers_are_refused_or_warned(capsys, tmp_path: Path) ->
     assert ("task 'file': every reference answer is null (all 10 examples), but reward 'exact_match' compares "
             "completions with them") in lines[0]
     assert not run.exists()
-    assert main(["sft", f"task={{name: file, path: {none}}}", *short, "--steps", "1", "--out", str(tmp_path / "m")]) == 2
+    out = tmp_path / "m"
+    assert main(["sft", f"task={{name: file, path: {none}}}", *short, "--steps", "1", "--out", str(out)]) == 2
     assert "but rlzoo sft trains on them (the text 'None')" in capsys.readouterr().err
-    assert not (tmp_path / "m").exists()
+    assert not out.exists()
     some = _jsonl(tmp_path / "some.jsonl", [{"prompt": f"{a}+{a}=", "answer": None if a < 3 else str(2 * a)}
                                             for a in range(10)])
     assert main(["train", f"task={{name: file, path: {some}}}", "reward=exact_match", *short, f"run_dir={run}"]) == 0
