@@ -267,9 +267,10 @@ def _characters(value: Text) -> set[str]:
 
 
 TINY_CONTEXT = 1024
-"""The longest context of the embedded tiny backbone: it covers the longest pair of the data
-up to this many tokens (characters); longer texts keep their last tokens (:class:`PairScorer`),
-so one long row cannot make the model (and its attention) grow without bound."""
+"""How far the embedded tiny backbone's context grows to cover the longest pair of the data
+(tokens = characters; it is at least the policy's, ``4 × (rollout.max_new_tokens + 64)``):
+longer texts keep their last tokens (:class:`PairScorer`), so one long row cannot make the
+model, and its attention, grow without bound."""
 
 
 def _initial_model(resolved: ResolvedConfig, pairs: list[Pair]) -> tuple[torch.nn.Module, Any]:
@@ -286,7 +287,7 @@ def _initial_model(resolved: ResolvedConfig, pairs: list[Pair]) -> tuple[torch.n
         tokenizer = build_char_tokenizer("".join(sorted(chars)))
         longest = max((len(p.prompt) + max(len(p.chosen), len(p.rejected)) for p in pairs
                        if all(isinstance(x, str) for x in (p.prompt, p.chosen, p.rejected))), default=0)
-        context = min(max(4 * (cfg.rollout.max_new_tokens + 64), longest + 8), TINY_CONTEXT)
+        context = max(4 * (cfg.rollout.max_new_tokens + 64), min(longest + 8, TINY_CONTEXT))
         policy = build_tiny_model(cfg.model, tokenizer, context)
         policy = policy.to(DTYPES[cfg.model.dtype])
     return from_causal_lm(policy), tokenizer
