@@ -179,6 +179,45 @@ def describe_run(run_dir: Path) -> str:
     return f"checkpoint {newest.name}" if newest is not None else "no checkpoint"
 
 
+# ----------------------------------------------------------------------------- output directories
+
+
+def check_output_dir(path: Path, flag: str) -> None:
+    """Refuse ``path`` as a directory a command writes into (``rlzoo sweep --dir``,
+    ``rlzoo compare --out``, a ``run_dir``) when it, or the nearest of its parents that
+    exists, is a file, or that parent is not writable. Reads only.
+
+    :param flag: how the message names the path (``--dir``, ``--out``, ``run_dir``).
+    :raises ConfigError: naming the path and what is in the way.
+    """
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"{flag} {str(path)!r} is a file, not a directory; choose another {flag}")
+    existing = next((p for p in [path, *path.parents] if p.exists()), Path("."))
+    if not existing.is_dir():
+        raise ConfigError(f"{flag} {str(path)!r} cannot be created: {str(existing)!r} is a file, not a directory; "
+                          f"choose another {flag}")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"{flag} {str(path)!r} cannot be written: no permission to write in {str(existing)!r}")
+
+
+def check_new_output_dir(path: Path, flag: str) -> None:
+    """Refuse ``path`` as the new directory a command writes (``rlzoo export OUT``,
+    ``rlzoo sft --out``, ``rlzoo ab --out``) unless it is absent or an empty directory: such
+    a command never writes into, or over, what is there (another run's files least of all).
+    Reads only.
+
+    :raises ConfigError: what :func:`check_output_dir` refuses, or a non-empty directory
+        (naming the run it holds, if any).
+    """
+    check_output_dir(path, flag)
+    path = Path(path)
+    if path.is_dir() and any(path.iterdir()):
+        held = f" (it holds a run: {describe_run(path)})" if run_files(path) else ""
+        raise ConfigError(f"{flag} {str(path)!r} exists and is not an empty directory{held}; write into a new "
+                          "(or empty) one")
+
+
 def check_new_run_dir(path: Path, overwrite: bool) -> None:
     """Refuse a new run in ``path`` when it is a file, is in use by a live run, or holds
     another run (unless ``overwrite``). Reads only; :class:`RunDirectory` repeats the last
@@ -186,8 +225,7 @@ def check_new_run_dir(path: Path, overwrite: bool) -> None:
 
     :raises ConfigError: naming the running pid, or ``resume=`` and ``--overwrite``.
     """
-    if path.exists() and not path.is_dir():
-        raise ConfigError(f"run_dir {str(path)!r} is a file, not a directory; choose another run_dir")
+    check_output_dir(path, "run_dir")
     holder = lock_holder(path)
     if holder is not None:
         raise _in_use(path, holder)
