@@ -41,7 +41,7 @@ from rlzoo.config.resolved import ResolvedConfig
 from rlzoo.tasks.task import Example
 from rlzoo.contract.tool_schema import Tool
 from rlzoo.agents.tool_calls import tool_call_style
-from rlzoo.agents.tool_calls import registered_tools as registered_tools_named
+from rlzoo.contract.tool_schema import registered_tools as registered_tools_named
 
 COUNT_COLUMNS = ("turns", "tool_calls", "tool_errors", "template_drift", "turn_reward")
 """Columns of ``RolloutBatch.episode_counts``: per-episode statistics logged as ``episode/*``."""

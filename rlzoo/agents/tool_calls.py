@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlzoo.agents.sandbox import run_in_subprocess, run_in_thread
-from rlzoo.contract.tool_schema import Tool, argument_error, tool_from_component
+from rlzoo.contract.tool_schema import Tool, argument_error
 
 STYLES = ("hermes", "plain")
 """The tool-call formats :func:`parse_tool_calls` reads."""
@@ -193,8 +193,3 @@ def tool_call_style(tokenizer: Any) -> str:
     return "plain"
 
 
-def registered_tools(registry: Any, names: list[str]) -> dict[str, Tool]:
-    """Name -> :class:`Tool` for the registered tools ``names`` (aliases resolved); an
-    unknown name raises the registry's error listing the tools there are."""
-    tools = [tool_from_component(registry.get("tool", name)) for name in names]
-    return {tool.name: tool for tool in tools}

@@ -13,7 +13,7 @@ from __future__ import annotations
 from rlzoo.core.errors import ConfigError
 from rlzoo.plan.records import EpisodePlan
 from rlzoo.config.resolved import ResolvedConfig
-from rlzoo.agents.tool_calls import registered_tools
+from rlzoo.contract.tool_schema import registered_tools
 
 REFUSED_NEEDS: dict[str, str] = {
     "critic": "a critic's values and value loss would cover the environment tokens of the response "
