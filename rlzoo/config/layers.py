@@ -31,12 +31,13 @@ from omegaconf.errors import (
 from rlzoo.core.errors import ConfigError, did_you_mean
 from rlzoo.config.yamlfile import read_yaml
 from rlzoo.contract.kinds import COMPONENT_FIELDS, LIST_FIELDS
-from rlzoo.config.params import build_params, expand, resolve_component
+from rlzoo.config.params import expand, resolve_component
 from rlzoo.config.preset_cards import load_preset
 from rlzoo.contract.registry import Component, Registry
 from rlzoo.config.resolved import ResolvedConfig
-from rlzoo.config.schema import (FLOAT32_MAX, RENAMED_KEYS, TASK_KEYS, RunConfig, check_instruction, check_values,
-                          schema_keys, type_message)
+from rlzoo.config.keys import renamed_keys, run_schema
+from rlzoo.config.schema import (FLOAT32_MAX, TASK_KEYS, check_instruction, check_values, schema_keys,
+                                 type_message)
 
 __all__ = ["PRESET_REFUSED_KEYS", "default_config_path", "parse_overrides", "plugin_modules", "read_layers",
            "resolve_config"]
@@ -168,7 +169,7 @@ def _flat_keys(data: Any, prefix: str = "") -> list[str]:
 
 
 def _check_renamed(label: str, layer: dict[str, Any]) -> None:
-    for old, new in RENAMED_KEYS.items():
+    for old, new in renamed_keys().items():
         if _get_path(layer, old)[0]:
             raise ConfigError(f"config key {old!r} ({label}) was renamed to {new!r} in rlzoo 0.2; use {new}")
 
@@ -254,7 +255,7 @@ def resolve_config(
         for key in _flat_keys(layer):
             sources[key] = label
 
-    schema = OmegaConf.structured(RunConfig)
+    schema = OmegaConf.structured(run_schema())
     for path in COMPONENT_FIELDS:
         OmegaConf.update(schema, path, None, force_add=True)
     OmegaConf.update(schema, "extensions", [], force_add=True)
