@@ -19,9 +19,9 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from rlzoo.config import layers as config
+from rlzoo.config.choices import CHOICE_PATHS
 from rlzoo.run.checkpoint import latest_checkpoint
 from rlzoo.core.errors import ConfigError
-from rlzoo.contract.kinds import COMPONENT_FIELDS
 from rlzoo.contract.registry import Registry
 from rlzoo.config.resolved import ResolvedConfig
 from rlzoo.plan.planner import load_config
@@ -122,7 +122,7 @@ def check_before_plugins(resume: str, saved: dict[str, Any], overrides: list[str
             old = node
             if isinstance(old, dict) and "name" in old and isinstance(new, str):
                 key, old = f"{key}.name", old["name"]  # a component chosen by name: compare the names
-            component = key.split(".")[0] in {path.split(".")[0] for path in COMPONENT_FIELDS} or key == "extensions"
+            component = key.split(".")[0] in {path.split(".")[0] for path in CHOICE_PATHS}
             if component and (isinstance(new, (list, dict)) or isinstance(old, (list, dict))):
                 continue
             if not _same(old, new):
