@@ -249,11 +249,11 @@ PLAN_DECIDED_KEYS = (
 )
 """Config keys whose decision the run plan prints: the engine reads them from the plan."""
 
-ENGINE_MODULES = ("trainer", "learner", "sampler", "evaluation", "models", "scoring", "tracking", "lora",
-                  "async_rollout")
+ENGINE_MODULES = ("run/trainer", "learn/learner", "rollout/sampler", "run/evaluation", "models/build",
+                  "rollout/scoring", "run/tracking", "models/lora", "rollout/async_generator")
 CONFIG_ALIASES = {"trainer_cfg": "trainer", "rollout_cfg": "rollout", "t": "trainer"}
 CONFIG_ROOTS = {"cfg", "trainer_cfg", "rollout_cfg", "t"}
-ALLOWED_READS = {("models", "rollout.max_new_tokens")}
+ALLOWED_READS = {("models/build", "rollout.max_new_tokens")}
 """The embedded model's position table is sized by the response budget (``rlzoo sft`` builds
 it too, without a plan)."""
 
@@ -284,8 +284,8 @@ def test_the_engine_reads_no_config_key_the_plan_decides(module: str) -> None:
 
 
 def test_the_config_read_scan_sees_a_read() -> None:
-    assert _config_reads("learner") == set()
-    original = Path(__file__).parents[1] / "rlzoo" / "learner.py"
+    assert _config_reads("learn/learner") == set()
+    original = Path(__file__).parents[1] / "rlzoo" / "learn" / "learner.py"
     assert "self.plan.precision" in original.read_text()
     assert "trainer.precision" in _config_reads_of("x = self.trainer_cfg.precision\ny = rollout.n\n")
     assert _config_reads_of("y = cfg.rollout.n\nz = self.plan.rollout.n\nw = rollout.n\n") == {"rollout.n"}

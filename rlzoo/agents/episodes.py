@@ -39,8 +39,9 @@ from rlzoo.agents.environment import Environment, Message, tool_schemas
 from rlzoo.tasks.prompts import PromptFormat
 from rlzoo.config.resolved import ResolvedConfig
 from rlzoo.tasks.task import Example
-from rlzoo.contract.tool_schema import Tool, tool_from_component
+from rlzoo.contract.tool_schema import Tool
 from rlzoo.agents.tool_calls import tool_call_style
+from rlzoo.contract.tool_schema import registered_tools as registered_tools_named
 
 COUNT_COLUMNS = ("turns", "tool_calls", "tool_errors", "template_drift", "turn_reward")
 """Columns of ``RolloutBatch.episode_counts``: per-episode statistics logged as ``episode/*``."""
@@ -254,7 +255,7 @@ def registered_tools(registry: Any) -> dict[str, Tool]:
     """Every registered tool (kind ``tool``) by name: the ``tools`` input of an environment."""
     if registry is None:
         return {}
-    return {name: tool_from_component(registry.get("tool", name)) for name in registry.names("tool")}
+    return registered_tools_named(registry, registry.names("tool"))
 
 
 def environment_factory(resolved: ResolvedConfig, tokenizer: Any,

@@ -19,6 +19,7 @@ environment's tokens are read, never trained on.
 from __future__ import annotations
 
 import random
+import sys
 from pathlib import Path
 from typing import Any, Callable
 
@@ -33,7 +34,8 @@ from rlzoo.core.masked import masked_mean
 from rlzoo.models.build import build_policy
 from rlzoo.tasks.prompts import PromptFormat
 from rlzoo.core.tokens import left_pad
-from rlzoo.tasks.task import Example, Holdout
+from rlzoo.run.rundir import check_new_output_dir
+from rlzoo.tasks.task import Example, Holdout, check_references
 
 TARGETS = ("answer", "format")
 
@@ -46,6 +48,9 @@ def run_sft(resolved: ResolvedConfig, steps: int = 100,
     :param steps: optimizer steps of ``batch_size`` examples.
     :param target: ``answer`` (reference answers) or ``format`` (format-only targets).
     :param lr: learning rate (default ``trainer.lr``).
+    :raises ConfigError: before anything is built: a bad target or count, LoRA, or an
+        ``out_dir`` that exists and is not an empty directory (a run's directory, an
+        earlier SFT model: nothing is written over).
     """
     if target not in TARGETS:
         raise ConfigError(f"unknown SFT target {target!r}; choose one of {', '.join(TARGETS)}")
@@ -56,7 +61,12 @@ def run_sft(resolved: ResolvedConfig, steps: int = 100,
                           "is for rlzoo train: set model.lora.rank=0")
     cfg = resolved.cfg
     task_name = resolved.components["task"].name
+    model_dir = Path(out_dir or Path("runs") / f"{cfg.run_name or 'sft'}-{task_name}" / "model")
+    check_new_output_dir(model_dir, "--out" if out_dir else "the default --out")
     task = resolved.build("task")
+    reads = target == "answer" and resolved.components.get("env") is None  # its targets are the references
+    for warning in check_references(task, task_name, "rlzoo sft trains on them (the text 'None')" if reads else None):
+        print(f"rlzoo: warning: {warning}", file=sys.stderr, flush=True)
     torch.manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)
     model, tokenizer = build_policy(cfg, task)
@@ -93,11 +103,10 @@ def run_sft(resolved: ResolvedConfig, steps: int = 100,
         optimizer.step()
         if step == 1 or step % max(1, steps // 10) == 0 or step == steps:
             print(f"sft step {step}/{steps}: loss {float(loss.detach()):.4f}", flush=True)
-    out = Path(out_dir or Path("runs") / f"{cfg.run_name or 'sft'}-{task_name}" / "model")
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(str(out))
-    tokenizer.save_pretrained(str(out))
-    return out
+    model_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(model_dir))
+    tokenizer.save_pretrained(str(model_dir))
+    return model_dir
 
 
 def _demonstrations(resolved: ResolvedConfig, tokenizer: Any, prompt_format: PromptFormat,

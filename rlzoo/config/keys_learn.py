@@ -39,7 +39,9 @@ COMPONENTS = Section(None, (
         "`rollout.max_new_tokens` then bounds the whole episode", old=None),
     Key("rollout_correction", Any, "none",
         "none, or a correction (tis, seq_tis, icepop, ...) or a list applied in order: for a rollout that "
-        "samples from μ ≠ the trained policy"),
+        "samples from μ ≠ the trained policy",
+        "`[]` is the same as `none` (no correction), as `extensions=[]` is no extension, while `reward=[]` is refused "
+        "(a run needs a reward) ([corrections.md](algorithms/corrections.md))"),
     Key("advantage", Any, "grpo", "advantage estimator (rlzoo list --kind advantage)"),
     Key("policy_loss", Any, "ppo_clip", "policy loss (rlzoo list --kind policy_loss)"),
     Key("loss_agg", Any, "token-mean", "how a per-token loss becomes a scalar (rlzoo list --kind loss_agg)"),

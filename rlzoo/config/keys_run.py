@@ -113,8 +113,10 @@ MODEL = Section("model", (
         "and `rlzoo sft` alike", old=None),
     Section("lora", (
         Key("rank", int, 0, "0: train every weight; r > 0: train rank-r adapters on frozen base weights",
-            "through peft (`pip install -e \".[lora]\"`; refused at config time without peft). The KL reference is "
-            "then the policy with its adapters disabled, not a second copy; checkpoints hold the adapters; "
+            "through peft (`pip install -e \".[lora]\"`; refused at config time without peft, and above the model's "
+            "`hidden_size` or, when the model is built, above every adapted layer's width: a layer's update has rank "
+            "at most min(inputs, outputs)). The KL reference is then the policy with its adapters disabled, not a "
+            "second copy; checkpoints hold the adapters; "
             "`rlzoo export RUN_DIR OUT` merges them ([training.md](training.md#lora))", range=">= 0", old=0),
         Key("alpha", float, 16.0, "the adapters' product is scaled by alpha / rank", range="> 0",
             why="the adapters' product is scaled by alpha / rank", old=16.0),

@@ -342,3 +342,10 @@ def tool_from_component(component: Any) -> Tool:
     """The :class:`Tool` of a registered component of kind ``tool``
     (``registry.get("tool", name)``)."""
     return component.meta["tool"]
+
+
+def registered_tools(registry: Any, names: list[str]) -> dict[str, Tool]:
+    """Name -> :class:`Tool` for the registered tools ``names`` (aliases resolved); an
+    unknown name raises the registry's error listing the tools there are."""
+    tools = [tool_from_component(registry.get("tool", name)) for name in names]
+    return {tool.name: tool for tool in tools}

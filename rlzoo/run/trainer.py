@@ -21,9 +21,7 @@ from typing import Any
 
 import torch
 
-from rlzoo.core import distributed
-
-from rlzoo.core import processes
+from rlzoo.core import distributed, processes
 from rlzoo.rollout.async_generator import AsyncRollout, GeneratorSpec, to_bytes
 from rlzoo.core.batch import RolloutBatch
 from rlzoo.config.resolved import ResolvedConfig
@@ -42,7 +40,7 @@ from rlzoo.run.rundir import RunDirectory, in_sweep, summary_line
 from rlzoo.rollout.sampler import Sampler
 from rlzoo.rollout.scoring import Rewards
 from rlzoo.core.stopping import StopRequest
-from rlzoo.tasks.task import check_encodable
+from rlzoo.tasks.task import check_encodable, check_references
 from rlzoo.run.tracking import Progress, Sample, Tracker, batch_metrics, group_samples
 
 class Trainer:
@@ -90,6 +88,11 @@ class Trainer:
 
         seed_everything(cfg.seed)
         task = resolved.build("task")
+        readers = [repr(c.name) for c, _, _ in resolved.rewards if "references" in c.inputs]
+        use = f"reward {' and '.join(readers)} compares completions with them (0 whatever the policy writes)"
+        for warning in check_references(task, resolved.components["task"].name, use if readers else None):
+            if self.dist.is_main:
+                print(f"rlzoo: warning: {warning}", file=sys.stderr, flush=True)
         self.models = build_run_models(cfg, self.plan, task, self.device, self.dist,
                                        self.run_dir.resume_from, self.run_dir.init_model)
         if self.dist.is_main:
