@@ -102,6 +102,10 @@ def _parser() -> argparse.ArgumentParser:
     with_config(explain)
     explain.add_argument("--presets-markdown", action="store_true",
                          help="print docs/algorithms/presets.md (every built-in preset's card) instead")
+    explain.add_argument("--default-yaml", action="store_true",
+                         help="print configs/default.yaml as the key records write it (rlzoo/config/keys*.py)")
+    explain.add_argument("--keys-markdown", action="store_true",
+                         help="print docs/config.md's key tables as the key records write them")
 
     diff = sub.add_parser("diff", help="the knobs two configs set differently, with their sources",
                           description="Resolve two configs and print the knobs and plan lines that "
@@ -181,12 +185,15 @@ def _cmd_config(args: argparse.Namespace) -> int:
 
 
 def _cmd_explain(args: argparse.Namespace) -> int:
-    from rlzoo.commands.explain import explain, presets_markdown
+    from rlzoo.commands.explain import default_yaml_text, explain, keys_markdown_text, presets_markdown
 
-    if args.presets_markdown:
-        _, registry, _ = _resolve_registry(args)
-        sys.stdout.write(presets_markdown(registry))
-        return 0
+    generated = {"presets_markdown": presets_markdown, "default_yaml": default_yaml_text,
+                 "keys_markdown": keys_markdown_text}
+    for flag, page in generated.items():
+        if getattr(args, flag):
+            _, registry, _ = _resolve_registry(args)
+            sys.stdout.write(page(registry))
+            return 0
     _, registry, resolved = _resolve(args)
     sys.stdout.write(explain(resolved, registry))
     return 0

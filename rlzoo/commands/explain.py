@@ -6,7 +6,8 @@ ppo_clip``) and, when a preset set it, the preset card's source and deviation. T
 run plan (models, passes, KL placement and units, aggregation, update structure) and its
 warnings for choices that cannot act. ``diff`` resolves two configs and lists the knobs
 that differ, each side with its source. docs/algorithms/presets.md is
-:func:`presets_markdown`'s output (a test checks it is current).
+:func:`presets_markdown`'s output, ``configs/default.yaml`` :func:`default_yaml_text`'s and
+docs/config.md's key tables :func:`keys_markdown_text`'s (tests check all three are current).
 """
 
 from __future__ import annotations
@@ -16,18 +17,15 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from rlzoo.config import key_docs
+from rlzoo.config.key_record import show
+from rlzoo.config.keys import TABLE, explained_keys, key_records
+from rlzoo.contract.kinds import COMPONENT_FIELDS
 from rlzoo.plan.planner import load_config
 from rlzoo.config.resolved import ResolvedConfig
 from rlzoo.config.preset_cards import Preset, load_preset
 from rlzoo.contract.registry import Registry
 
-SECTIONS = ("algo", "seed", "task", "reward", "model.path", "rollout", "env", "rollout_correction", "advantage",
-            "policy_loss", "loss_agg", "value_loss", "kl", "trainer", "extensions", "eval")
-"""The config keys (and subtrees) that define what a run does algorithmically."""
-
-OPERATIONAL = {"trainer.device", "trainer.threads", "trainer.logprob_chunk_size", "trainer.logprob_keep_mb",
-               "trainer.micro_batch_size"}
-"""Knobs under ``trainer`` that change how fast a run goes, not what it computes."""
 
 
 @dataclass(frozen=True)
@@ -67,7 +65,9 @@ def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def _in_sections(key: str) -> bool:
-    return any(key == s or key.startswith((s + ".", s + "[")) for s in SECTIONS) and key not in OPERATIONAL
+    """``key`` is an algorithmic knob (its record's ``explain``, :func:`rlzoo.config.keys.explained_keys`),
+    or a parameter of a component chosen by one."""
+    return any(key == s or key.startswith((s + ".", s + "[")) for s in explained_keys())
 
 
 def _unused(key: str, resolved: ResolvedConfig) -> str:
@@ -203,3 +203,39 @@ def presets_markdown(registry: Registry, package: str = "rlzoo") -> str:
         for warning in resolved.plan.warnings:
             lines += [f"Warning: {warning}", ""]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def default_preset_changes(registry: Registry) -> tuple[str, dict[str, Any]]:
+    """The default preset's name and the keys it sets to another value than their record's
+    default: dotted key -> its value (a component choice's name)."""
+    keys = key_records()
+    algo = str(keys["algo"].default)
+    config = load_preset(registry.get("algorithm", algo)).config
+    changed = {}
+    for path, key in keys.items():
+        node: Any = config
+        for part in path.split("."):
+            node = node.get(part, KeyError) if isinstance(node, dict) else KeyError
+        if node is KeyError:
+            continue
+        if path in COMPONENT_FIELDS:
+            node = node.get("name", key.default) if isinstance(node, dict) else node
+            default = key.default.get("name") if isinstance(key.default, dict) else key.default
+        else:
+            default = key.default
+        if node != default:
+            changed[path] = node
+    return algo, changed
+
+
+def default_yaml_text(registry: Registry) -> str:
+    """``configs/default.yaml``: the key records, each key's comment noting what the default
+    preset sets it to instead."""
+    algo, changed = default_preset_changes(registry)
+    return key_docs.default_yaml(TABLE, {path: f"{algo} sets {show(value)}" for path, value in changed.items()})
+
+
+def keys_markdown_text(registry: Registry) -> str:
+    """docs/config.md's key tables (the block between :data:`rlzoo.config.key_docs.BEGIN` and ``END``)."""
+    algo, changed = default_preset_changes(registry)
+    return key_docs.keys_markdown(key_records(), algo, changed)

@@ -14,7 +14,7 @@ Resuming a run (``resume=RUN_DIR``: its saved config as the lowest layer) is
 from __future__ import annotations
 
 import copy
-import math
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -28,18 +28,18 @@ from omegaconf.errors import (
     ValidationError,
 )
 
-from rlzoo.core.errors import ConfigError, did_you_mean
-from rlzoo.config.yamlfile import read_yaml
-from rlzoo.contract.kinds import COMPONENT_FIELDS, LIST_FIELDS
-from rlzoo.config.params import expand, resolve_component
+from rlzoo.config.choices import CHOICE_PATHS, choose_components, take_choices, task_default_reward
+from rlzoo.config.keys import renamed_keys, run_schema
 from rlzoo.config.preset_cards import load_preset
-from rlzoo.contract.registry import Component, Registry
 from rlzoo.config.resolved import ResolvedConfig
-from rlzoo.config.schema import (FLOAT32_MAX, RENAMED_KEYS, TASK_KEYS, RunConfig, check_instruction, check_values,
-                          schema_keys, type_message)
+from rlzoo.config.schema import check_values, schema_keys, type_message
+from rlzoo.config.yamlfile import read_yaml
+from rlzoo.contract.kinds import COMPONENT_FIELDS
+from rlzoo.contract.registry import Registry
+from rlzoo.core.errors import ConfigError, did_you_mean
 
-__all__ = ["PRESET_REFUSED_KEYS", "default_config_path", "parse_overrides", "plugin_modules", "read_layers",
-           "resolve_config"]
+__all__ = ["PRESET_REFUSED_KEYS", "Layers", "check_merged", "default_config_path", "labelled_layers",
+           "merge_into_schema", "parse_overrides", "plugin_modules", "preset_of", "read_layers", "resolve_config"]
 
 PRESET_REFUSED_KEYS: tuple[str, ...] = ("algo", "plugins", "seed", "run_name", "run_dir", "resume")
 """Top-level keys an algorithm preset may not set: they choose the preset, are read before
@@ -120,43 +120,6 @@ def _get_path(data: dict[str, Any], path: str) -> tuple[bool, Any]:
     return True, node
 
 
-def _pop_path(data: dict[str, Any], path: str) -> tuple[bool, Any]:
-    parts = path.split(".")
-    node: Any = data
-    for part in parts[:-1]:
-        if not isinstance(node, dict) or part not in node:
-            return False, None
-        node = node[part]
-    if not isinstance(node, dict) or parts[-1] not in node:
-        return False, None
-    return True, node.pop(parts[-1])
-
-
-def _as_spec(value: Any, where: str) -> dict[str, Any] | None:
-    """A component choice as a mapping ``{name: ..., **params}`` (``None`` stays ``None``)."""
-    if value is None:
-        return None
-    if isinstance(value, str):
-        return {"name": value}
-    if isinstance(value, dict):
-        return dict(value)
-    raise ConfigError(
-        f"{where} must be a component name or a mapping with 'name', got {value!r}"
-    )
-
-
-def _merge_spec(current: dict[str, Any] | None, layer: dict[str, Any] | None) -> dict[str, Any] | None:
-    """A later layer naming another component replaces the choice and its parameters;
-    a mapping without ``name`` (or with the same name) updates the parameters."""
-    if layer is None:
-        return None
-    if current is None or ("name" in layer and layer["name"] != current.get("name")):
-        return dict(layer)
-    merged = dict(current)
-    merged.update(layer)
-    return merged
-
-
 def _flat_keys(data: Any, prefix: str = "") -> list[str]:
     """Dotted paths of the leaves of a nested dict (a list counts as one leaf)."""
     if not isinstance(data, dict):
@@ -168,9 +131,23 @@ def _flat_keys(data: Any, prefix: str = "") -> list[str]:
 
 
 def _check_renamed(label: str, layer: dict[str, Any]) -> None:
-    for old, new in RENAMED_KEYS.items():
+    for old, new in renamed_keys().items():
         if _get_path(layer, old)[0]:
             raise ConfigError(f"config key {old!r} ({label}) was renamed to {new!r} in rlzoo 0.2; use {new}")
+
+
+@dataclass(frozen=True)
+class Layers:
+    """The config layers of one load, lowest first.
+
+    :ivar labelled: ``(label, layer)``: defaults (or the base), the preset, the file, the command line.
+    :ivar preset_label: how errors name the algorithm preset, or ``None`` without one.
+    :ivar user_labels: the labels of the user's own layers (the file, the command line).
+    """
+
+    labelled: list[tuple[str, dict[str, Any]]]
+    preset_label: str | None
+    user_labels: set[str]
 
 
 def resolve_config(
@@ -192,148 +169,95 @@ def resolve_config(
         which is how ``resume=RUN_DIR`` is loaded); later layers may still override keys.
     :param base_label: how ``sources`` names the base layer.
     """
+    layers = labelled_layers(registry, overrides, config_file, base, base_label)
+    choices = take_choices(layers.labelled)
+    cfg = merge_into_schema(layers, choices.sources)
+    check_merged(cfg)
+    task_default_reward(registry, choices)
+    chosen = choose_components(registry, choices, cfg, layers.preset_label, layers.user_labels)
+    return ResolvedConfig(cfg=cfg, components=chosen.components, params=chosen.params,
+                          extensions=[(c, p) for c, p, _ in chosen.items("extensions")], sources=choices.sources,
+                          rewards=[(c, p, w) for c, p, w in chosen.items("reward")], registry=registry,
+                          corrections=[(c, p) for c, p, _ in chosen.items("rollout_correction")])
+
+
+def labelled_layers(registry: Registry, overrides: list[str] | None, config_file: str | Path | None,
+                    base: dict[str, Any] | None, base_label: str) -> Layers:
+    """Read the layers (the defaults or ``base``, the preset ``algo`` names, the file, the
+    command line), each a private copy, and refuse renamed keys.
+
+    :raises ConfigError: an unreadable layer, ``resume=`` without its base, an unknown
+        preset or one that sets a key presets may not, a key renamed since rlzoo 0.1.
+    """
     file_layer, cli_layer = read_layers(overrides, config_file)
     resume = cli_layer.get("resume", file_layer.get("resume"))
     if base is None and resume:
         raise ConfigError(f"resume={resume!r} continues a run from its saved config: load it with "
                           "rlzoo.run.resume.load_run_config (what `rlzoo train resume=...` does)")
     defaults = base if base is not None else read_yaml(default_config_path(), "default config")
-
     algo = defaults.get("algo")
     for layer in (file_layer, cli_layer):
         if "algo" in layer:
             algo = layer["algo"]
-    preset_layer: dict[str, Any] = {}
-    preset_label = None
-    if algo is not None and base is None:
-        preset = registry.get("algorithm", str(algo))
-        preset_layer = _preset_mapping(preset)
-        preset_label = f"algorithm preset {preset.name!r} (package {preset.package or '?'})"
-        refused = sorted(set(preset_layer) & set(PRESET_REFUSED_KEYS))
-        if refused:
-            raise ConfigError(f"{preset_label} sets {', '.join(refused)}: a preset holds a recipe (components, "
-                              f"their parameters, rollout / trainer / kl / eval / model keys), not "
-                              f"{', '.join(PRESET_REFUSED_KEYS)}")
+    preset_layer, preset_label = preset_of(registry, algo) if algo is not None and base is None else ({}, None)
     labelled = [("defaults" if base is None else base_label, defaults), (f"preset {algo}", preset_layer),
                 (f"--config {config_file}", file_layer), ("command line", cli_layer)]
     labelled = [(label, copy.deepcopy(layer)) for label, layer in labelled]
     for label, layer in labelled:
         _check_renamed(label, layer)
+    return Layers(labelled, preset_label, {f"--config {config_file}", "command line"})
 
-    sources: dict[str, str] = {}
-    specs: dict[str, dict[str, Any] | None] = {}
-    lists: dict[str, list[Any]] = {}
-    for path in COMPONENT_FIELDS:
-        spec: dict[str, Any] | None = None
-        for label, layer in labelled:
-            present, value = _pop_path(layer, path)
-            if present and isinstance(value, list) and path in LIST_FIELDS:
-                spec, lists[path] = None, value
-                sources = {k: v for k, v in sources.items() if not k.startswith(path + ".")}
-                sources[path] = label
-            elif present:
-                lists.pop(path, None)
-                layer_spec = _as_spec(value, path)
-                if spec is None or layer_spec is None or layer_spec.get("name", spec.get("name")) != spec.get("name"):
-                    sources = {k: v for k, v in sources.items() if not k.startswith(path + ".")}
-                spec = _merge_spec(spec, layer_spec)
-                for key in (layer_spec or {"name": None}):
-                    sources[f"{path}.{key}"] = label
-        specs[path] = spec
-    task_extras: dict[str, Any] = {}
-    if specs["task"] is not None:  # every task's own keys (task.instruction), not its factory's parameters
-        task_extras = {key: specs["task"].pop(key, None) for key in TASK_KEYS}
-        check_instruction(task_extras["instruction"])
-    ext_specs: list[Any] = []
-    for label, layer in labelled:
-        present, value = _pop_path(layer, "extensions")
-        if present:
-            ext_specs = list(value or [])
-            sources["extensions"] = label
-    for label, layer in labelled:
+
+def preset_of(registry: Registry, algo: Any) -> tuple[dict[str, Any], str]:
+    """The config keys the preset ``algo`` sets, and how errors name it.
+
+    :raises ConfigError: an unknown preset, or one setting :data:`PRESET_REFUSED_KEYS`.
+    """
+    preset = registry.get("algorithm", str(algo))
+    layer = load_preset(preset).config
+    label = f"algorithm preset {preset.name!r} (package {preset.package or '?'})"
+    refused = sorted(set(layer) & set(PRESET_REFUSED_KEYS))
+    if refused:
+        raise ConfigError(f"{label} sets {', '.join(refused)}: a preset holds a recipe (components, "
+                          f"their parameters, rollout / trainer / kl / eval / model keys), not "
+                          f"{', '.join(PRESET_REFUSED_KEYS)}")
+    return layer, label
+
+
+def merge_into_schema(layers: Layers, sources: dict[str, str]) -> DictConfig:
+    """Merge the layers (their component choices already taken out) into the run schema,
+    lowest first, recording in ``sources`` the layer that set each plain key last.
+
+    :raises ConfigError: an unknown key (did-you-mean) or a wrongly typed value; inside the
+        preset, naming it.
+    """
+    for label, layer in layers.labelled:
         for key in _flat_keys(layer):
             sources[key] = label
-
-    schema = OmegaConf.structured(RunConfig)
-    for path in COMPONENT_FIELDS:
-        OmegaConf.update(schema, path, None, force_add=True)
-    OmegaConf.update(schema, "extensions", [], force_add=True)
+    schema = OmegaConf.structured(run_schema())
+    for path in CHOICE_PATHS:  # a choice's value is the choices' business, not the schema's
+        OmegaConf.update(schema, path, None if path in COMPONENT_FIELDS else [], force_add=True)
     OmegaConf.set_struct(schema, True)
     cfg = schema
-    for label, layer in labelled:
+    for label, layer in layers.labelled:
         try:
             cfg = _merge_checked(cfg, layer)
         except ConfigError as exc:
-            raise ConfigError(f"{preset_label}: {exc}" if label.startswith("preset ") else str(exc)) from exc
+            raise ConfigError(f"{layers.preset_label}: {exc}" if label.startswith("preset ") else str(exc)) from exc
+    return cfg
+
+
+def check_merged(cfg: DictConfig) -> None:
+    """Resolve every interpolation in place, then refuse a key without a value and any value
+    outside its record (:func:`rlzoo.config.schema.check_values`).
+
+    :raises ConfigError: the first problem, one line.
+    """
     _resolve_interpolations(cfg)
     missing = sorted(OmegaConf.missing_keys(cfg))
     if missing:
         raise ConfigError(f"config keys without a value: {', '.join(missing)}")
     check_values(cfg)
-
-    if specs["reward"] is None and "reward" not in lists and specs["task"] is not None:
-        task = resolve_component(registry, "task", "task", specs["task"])[0]
-        if task.meta.get("reward") is None:
-            raise ConfigError(f"task {task.name!r} names no default reward: set reward=NAME "
-                              f"(registered: {', '.join(registry.names('reward'))})")
-        specs["reward"] = {"name": task.meta["reward"]}
-        sources["reward.name"] = f"task {task.name}'s default reward"
-    components: dict[str, Component] = {}
-    params: dict[str, Any] = {}
-    rewards = _resolve_rewards(registry, lists["reward"]) if "reward" in lists else []
-    if rewards:
-        OmegaConf.update(cfg, "reward", [{**expand(c, p), "weight": w} for c, p, w in rewards], force_add=True)
-    elif specs["reward"] is not None and "weight" in specs["reward"]:
-        raise ConfigError(f"reward.weight={specs['reward']['weight']!r}: a weight belongs to one of several "
-                          f"reward functions; write reward=[{{name: a, weight: 1.0}}, {{name: b, weight: 0.5}}]")
-    for path, kind in COMPONENT_FIELDS.items():
-        spec = specs[path]
-        if spec is None:
-            continue
-        try:
-            component, instance, expanded = resolve_component(registry, kind, path, spec)
-        except ConfigError as exc:
-            setters = {v for k, v in sources.items() if k.startswith(path + ".")}
-            from_preset = any(v.startswith("preset ") for v in setters) and not setters & {
-                f"--config {config_file}", "command line"}
-            raise ConfigError(f"{preset_label}: {exc}" if from_preset and preset_label else str(exc)) from exc
-        components[path] = component
-        params[path] = instance
-        if path == "task":
-            expanded = {**expanded, **task_extras}
-        OmegaConf.update(cfg, path, expanded, force_add=True)
-        for key in expanded:
-            sources.setdefault(f"{path}.{key}", f"default of {kind} {component.name}")
-    extensions = []
-    expanded_exts = []
-    for i, raw in enumerate(ext_specs):
-        spec = _as_spec(raw, f"extensions[{i}]")
-        if spec is None:
-            continue
-        component, instance, expanded = resolve_component(
-            registry, "extension", f"extensions[{i}]", spec
-        )
-        extensions.append((component, instance))
-        expanded_exts.append(expanded)
-    OmegaConf.update(cfg, "extensions", expanded_exts, force_add=True)
-    for required in ("task", "advantage", "policy_loss", "loss_agg", "rollout.backend"):
-        if required not in components:
-            raise ConfigError(f"'{required}' must name a component; got null")
-    if not rewards and "reward" in components:
-        rewards = [(components["reward"], params["reward"], 1.0)]
-    if "rollout_correction" in lists:
-        corrections = _resolve_corrections(registry, lists["rollout_correction"], sources)
-        OmegaConf.update(cfg, "rollout_correction", [expand(c, p) for c, p in corrections], force_add=True)
-    elif "rollout_correction" in components and components["rollout_correction"].name != "none":
-        corrections = [(components["rollout_correction"], params["rollout_correction"])]
-    else:
-        corrections = []
-    return ResolvedConfig(cfg=cfg, components=components, params=params, extensions=extensions,
-                          sources=sources, rewards=rewards, registry=registry, corrections=corrections)
-
-
-def _preset_mapping(preset: Component) -> dict[str, Any]:
-    return load_preset(preset).config
 
 
 def _merge_checked(cfg: DictConfig, layer: dict[str, Any]) -> DictConfig:
@@ -367,69 +291,3 @@ def _resolve_interpolations(cfg: DictConfig) -> None:
         raise ConfigError(f"cannot resolve {exc.full_key or 'an interpolation'}: {message} (OmegaConf's "
                           "resolvers: oc.env, oc.select, oc.decode, oc.create, oc.dict.keys, oc.dict.values; "
                           "${a.b} refers to another key)") from exc
-
-
-def _resolve_corrections(registry: Registry, items: list[Any], sources: dict[str, str]) -> list[tuple[Component, Any]]:
-    """``rollout_correction=[a, {name: b, **params}, ...]`` as ``(component, params)`` in
-    order (``[]``: no correction); records each parameter's source as
-    ``rollout_correction[i].<key>`` (the list's layer, or the component's default).
-
-    :raises ConfigError: a bad item, ``none`` beside other corrections, or a correction
-        named twice (its metrics are logged under its name).
-    """
-    label = sources.get("rollout_correction", "?")
-    out: list[tuple[Component, Any]] = []
-    for i, raw in enumerate(items):
-        spec = _as_spec(raw, f"rollout_correction[{i}]")
-        if spec is None:
-            raise ConfigError(f"rollout_correction[{i}] is null; every item names a correction")
-        component, instance, expanded = resolve_component(registry, "rollout_correction",
-                                                          f"rollout_correction[{i}]", spec)
-        for key in expanded:
-            sources[f"rollout_correction[{i}].{key}"] = (label if key in spec
-                                                         else f"default of rollout_correction {component.name}")
-        out.append((component, instance))
-    names = [c.name for c, _ in out]
-    if "none" in names and len(names) > 1:
-        raise ConfigError(f"rollout_correction={names}: none is no correction; list only the corrections to apply "
-                          "(or write rollout_correction=none)")
-    twice = sorted({n for n in names if names.count(n) > 1})
-    if twice:
-        raise ConfigError(f"rollout_correction names {', '.join(twice)} more than once; each correction's metrics "
-                          f"are logged as rollout_correction/<name>/..., so list each once")
-    return [(c, p) for c, p in out if c.name != "none"]
-
-
-def _resolve_rewards(registry: Registry, items: list[Any]) -> list[tuple[Component, Any, float]]:
-    """``reward=[a, {name: b, weight: 0.5, **params}, ...]`` as ``(component, params, weight)``
-    (weight 1.0 unless given).
-
-    :raises ConfigError: an empty list, a bad item or weight, or a function named twice.
-    """
-    if not items:
-        raise ConfigError(f"reward=[] names no reward function; registered: {', '.join(registry.names('reward'))}")
-    out: list[tuple[Component, Any, float]] = []
-    for i, raw in enumerate(items):
-        spec = _as_spec(raw, f"reward[{i}]")
-        if spec is None:
-            raise ConfigError(f"reward[{i}] is null; every item names a reward function")
-        weight = spec.pop("weight", 1.0)
-        if (isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight)
-                or abs(weight) > FLOAT32_MAX):
-            raise ConfigError(f"reward[{i}].weight must be a finite number within float32's range "
-                              f"(|x| <= 3.4e38), got {weight!r}")
-        component, instance, _ = resolve_component(registry, "reward", f"reward[{i}]", spec)
-        out.append((component, instance, float(weight)))
-    if all(w == 0 for _, _, w in out):
-        raise ConfigError(f"every reward weight is 0 (reward={[c.name for c, _, _ in out]}): the run would train on "
-                          "a constant reward of 0; give at least one function a non-zero weight")
-    names = [c.name for c, _, _ in out]
-    taken = sorted(set(names) & {"mean", "std", "max", "shaped_mean"})
-    if taken:
-        raise ConfigError(f"reward function {taken[0]!r} would be logged as reward/{taken[0]}, which rlzoo writes "
-                          "itself: register it under another name")
-    twice = sorted({n for n in names if names.count(n) > 1})
-    if twice:
-        raise ConfigError(f"reward names {', '.join(twice)} more than once; each reward function is logged as "
-                          f"reward/<name>, so list each once (register a second function for other parameters)")
-    return out

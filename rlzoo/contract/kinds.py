@@ -35,6 +35,34 @@ loss, metrics)``, ``(per-token weights, metrics)``, a per-token KL, a scalar."""
 
 
 @dataclass(frozen=True)
+class ListRules:
+    """How a config key lists several components of one kind (``reward=[a, {name: b, weight:
+    0.5}]``, ``extensions=[...]``): :mod:`rlzoo.config.layers` resolves every such list by
+    these rules, one path for every kind.
+
+    :ivar path: the config key that holds the list.
+    :ivar noun: what one item is, in messages (``"reward function"``).
+    :ivar nonempty: ``[]`` is refused (a run needs at least one).
+    :ivar skip_null: a ``null`` item is skipped (else refused).
+    :ivar weighted: an item may carry ``weight`` (1.0 unless given; finite, not all 0),
+        recorded beside its parameters; a single choice given a weight is refused.
+    :ivar none_name: the component that means "none of these": alone it lists nothing, beside
+        others it is refused (``""``: no such component).
+    :ivar reserved: names refused because rlzoo logs its own metrics as ``<path>/<name>``.
+    :ivar once: why a component may be listed only once (``""``: it may repeat).
+    """
+
+    path: str
+    noun: str
+    nonempty: bool = False
+    skip_null: bool = False
+    weighted: bool = False
+    none_name: str = ""
+    reserved: tuple[str, ...] = ()
+    once: str = ""
+
+
+@dataclass(frozen=True)
 class Kind:
     """A component kind.
 
@@ -49,7 +77,8 @@ class Kind:
     :ivar output: the output contract checked at every call (one of :data:`OUTPUTS`), or
         ``None`` when the kind returns objects the engine uses directly (tasks, backends).
     :ivar required_metrics: metric keys the output's metrics dict must hold.
-    :ivar takes_list: ``config_path`` also takes a list of choices (``reward=[a, b]``).
+    :ivar listing: how the config lists several components of the kind (:class:`ListRules`),
+        or ``None`` when it chooses one at most.
     :ivar setup_inputs: input name -> :class:`Input` for a component registered as a *class*
         (a stateful scorer): its constructor may name these and ``params``; it is built once
         per run, and its instances are called with :attr:`inputs` (empty: the kind takes no
@@ -68,8 +97,13 @@ class Kind:
     tested_in: str
     inputs: dict[str, Input] = field(default_factory=dict)
     required_metrics: tuple[str, ...] = ()
-    takes_list: bool = False
+    listing: ListRules | None = None
     setup_inputs: dict[str, Input] = field(default_factory=dict)
+
+    @property
+    def takes_list(self) -> bool:
+        """``config_path`` also takes a list of choices (``reward=[a, b]``)."""
+        return self.listing is not None and self.listing.path == self.config_path
 
 
 _MASK = "(B, T) float in {0, 1}: 1 on the tokens the loss covers (the batch's loss_mask)"
@@ -124,7 +158,10 @@ KINDS: dict[str, Kind] = {kind.name: kind for kind in (
         }),
     Kind(
         name='rollout_correction', hook='rlzoo_register_rollout_corrections', title='Rollout corrections',
-        config_path='rollout_correction', output='weights_metrics', takes_list=True,
+        config_path='rollout_correction', output='weights_metrics',
+        listing=ListRules('rollout_correction', 'correction', none_name='none',
+                          once="each correction's metrics are logged as rollout_correction/<name>/..., so list "
+                               "each once"),
         docs='docs/algorithms/corrections.md', tested_in='rlzoo.testing',
         inputs={
             "old_logp": Input("old_logp", "(B, T) float: log-probs under π_old, the trained policy before this "
@@ -176,7 +213,11 @@ KINDS: dict[str, Kind] = {kind.name: kind for kind in (
         }),
     Kind(
         name='reward', hook='rlzoo_register_reward_functions', title='Reward functions',
-        config_path='reward', takes_list=True, output=None,
+        config_path='reward', output=None,
+        listing=ListRules('reward', 'reward function', nonempty=True, weighted=True,
+                          reserved=('mean', 'std', 'max', 'shaped_mean'),
+                          once="each reward function is logged as reward/<name>, so list each once (register a "
+                               "second function for other parameters)"),
         docs='docs/tasks.md', tested_in='rlzoo.testing',
         inputs={
             "prompts": Input(None, "list[str] of B prompts (as the task wrote them)"),
@@ -240,7 +281,7 @@ KINDS: dict[str, Kind] = {kind.name: kind for kind in (
         inputs={}),
     Kind(
         name='extension', hook='rlzoo_register_extensions', title='Extensions',
-        config_path=None, output=None,
+        config_path=None, output=None, listing=ListRules('extensions', 'extension', skip_null=True),
         docs='docs/algorithms/extensions.md', tested_in='tests/test_extensions.py',
         inputs={}),
 )}
@@ -251,3 +292,7 @@ COMPONENT_FIELDS: dict[str, str] = {kind.config_path: kind.name for kind in KIND
 
 LIST_FIELDS: tuple[str, ...] = tuple(kind.config_path for kind in KINDS.values() if kind.takes_list)
 """Component paths that also take a list of choices (``reward=[{name: a, weight: 1.0}, ...]``)."""
+
+LISTS: dict[str, Kind] = {kind.listing.path: kind for kind in KINDS.values() if kind.listing is not None}
+"""Config key holding a list of components -> their kind: the keys that also take a single
+choice (:data:`LIST_FIELDS`) and ``extensions``, which takes only a list."""

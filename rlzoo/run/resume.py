@@ -19,22 +19,21 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from rlzoo.config import layers as config
+from rlzoo.config.choices import CHOICE_PATHS
 from rlzoo.run.checkpoint import latest_checkpoint
 from rlzoo.core.errors import ConfigError
-from rlzoo.contract.kinds import COMPONENT_FIELDS
 from rlzoo.contract.registry import Registry
 from rlzoo.config.resolved import ResolvedConfig
 from rlzoo.plan.planner import load_config
 from rlzoo.run.rundir import CONFIG_FILE, PLAN_FILE
-from rlzoo.config.schema import ADDED_KEYS
+from rlzoo.config.keys import added_keys, resumable_keys
 
-RESUMABLE_KEYS = ("trainer.total_steps", "logging.", "checkpoint.every", "checkpoint.keep", "trainer.threads",
-                  "trainer.micro_batch_size", "trainer.logprob_chunk_size", "trainer.logprob_keep_mb",
-                  "distributed.timeout_s", "rm.steps", "rm.eval_every")
+RESUMABLE_KEYS: tuple[str, ...] = resumable_keys()
 """Config keys (a trailing dot: every key below it) that ``resume=`` may change: run
 length, logging, checkpointing, and knobs of speed and memory that leave the math as it
 is (micro-batching and chunking may change float rounding). Every other key keeps the
-value the run was started with."""
+value the run was started with. Derived from the key records' ``resumable``
+(:mod:`rlzoo.config.keys`)."""
 
 
 def _flat(data: Any, prefix: str = "") -> dict[str, Any]:
@@ -48,7 +47,7 @@ def _flat(data: Any, prefix: str = "") -> dict[str, Any]:
 
 def resumable(key: str) -> bool:
     """True when ``resume=`` may change config key ``key`` (see :data:`RESUMABLE_KEYS`)."""
-    return any(key == k or (k.endswith(".") and key.startswith(k)) for k in RESUMABLE_KEYS)
+    return any(key == k or (k.endswith(".") and key.startswith(k)) for k in resumable_keys())
 
 
 def resume_changes(saved: dict[str, Any], resolved: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
@@ -63,7 +62,7 @@ def resume_changes(saved: dict[str, Any], resolved: dict[str, Any]) -> dict[str,
                if key != "resume" and old.get(key) != new.get(key)}
     refused = [f"{key} ({a!r} -> {b!r})" for key, (a, b) in changes.items() if not resumable(key)]
     if refused:
-        allowed = ", ".join(k + "*" if k.endswith(".") else k for k in RESUMABLE_KEYS)
+        allowed = ", ".join(k + "*" if k.endswith(".") else k for k in resumable_keys())
         raise ConfigError(f"cannot change {', '.join(refused)}: a resumed run keeps its config except "
                           f"{allowed}; start a new run (another run_dir) to change the rest")
     return changes
@@ -123,23 +122,23 @@ def check_before_plugins(resume: str, saved: dict[str, Any], overrides: list[str
             old = node
             if isinstance(old, dict) and "name" in old and isinstance(new, str):
                 key, old = f"{key}.name", old["name"]  # a component chosen by name: compare the names
-            component = key.split(".")[0] in {path.split(".")[0] for path in COMPONENT_FIELDS} or key == "extensions"
+            component = key.split(".")[0] in {path.split(".")[0] for path in CHOICE_PATHS}
             if component and (isinstance(new, (list, dict)) or isinstance(old, (list, dict))):
                 continue
             if not _same(old, new):
                 refused.append(f"{key} ({old!r} -> {new!r})")
     if refused:
-        allowed = ", ".join(k + "*" if k.endswith(".") else k for k in RESUMABLE_KEYS)
+        allowed = ", ".join(k + "*" if k.endswith(".") else k for k in resumable_keys())
         raise ConfigError(f"resume={resume} cannot change {', '.join(refused)}: a resumed run keeps its config except "
                           f"{allowed}; start a new run (another run_dir) to change the rest (nothing was imported: "
                           "the run's plugins load only once a resume is accepted)")
 
 
 def with_added_keys(saved: dict[str, Any]) -> dict[str, Any]:
-    """``saved`` with every :data:`rlzoo.config.schema.ADDED_KEYS` key it lacks set to the value
-    the run ran with (a run saved before the key existed)."""
+    """``saved`` with every key it lacks that was added since (:func:`rlzoo.config.keys.added_keys`)
+    set to the value the run ran with (a run saved before the key existed)."""
     out = copy.deepcopy(saved)
-    for key, value in ADDED_KEYS.items():
+    for key, value in added_keys().items():
         node = out
         *parents, leaf = key.split(".")
         for part in parents:
