@@ -21,6 +21,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, LlamaForCausalLM
 
 from rlzoo import head as head_module
 from rlzoo.cli import main
+from rlzoo.dropout import disable_dropout
 from rlzoo.events import read_scalars
 from rlzoo.head import FastPaths, LogitTransform, fast_paths, known_transform, set_fast_paths
 from rlzoo.logprobs import head_logits, response_forward, token_logprobs
@@ -63,10 +64,11 @@ LARGE = 25.0
 
 def tiny_model(arch: str, large: bool = True, overrides: dict | None = None) -> torch.nn.Module:
     """A tiny random ``arch`` model (config: :data:`COMMON`, then ``overrides`` or its
-    :data:`ARCHITECTURES` entry), in eval mode, its logits scaled to about :data:`LARGE`."""
+    :data:`ARCHITECTURES` entry), in eval mode, its logits scaled to about :data:`LARGE`,
+    its dropout off as rlzoo's commands switch it off (GPT-2's config has 0.1)."""
     torch.manual_seed(0)
     config = AutoConfig.for_model(arch, **{**COMMON, **(ARCHITECTURES[arch] if overrides is None else overrides)})
-    model = AutoModelForCausalLM.from_config(config)
+    model = disable_dropout(AutoModelForCausalLM.from_config(config))
     model.eval()
     if large:
         ids = torch.arange(2, 12)[None]
