@@ -12,6 +12,7 @@ import re
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Optional
 
 import torch
@@ -28,6 +29,7 @@ from rlzoo.api import (
     load_reward_model,
     reward_text,
     score_ids,
+    tokenizer_dir,
     uses_chat_template,
 )
 
@@ -197,6 +199,8 @@ class RewardModel:
             raise ValueError(reason)
         extra = (", normalised by running mean/std" if params.normalize else "") + \
             (f", clipped to ±{params.clip:g}" if params.clip > 0 else "")
+        if (where := tokenizer_dir(params.path)) != Path(params.path):
+            extra += f"; its tokenizer is the one in {where} (an rlzoo critic shares the checkpoint's policy's)"
         return (f"frozen reward model {params.path} ({params.dtype} dtype, {params.batch_size} sequences per "
                 "forward): reads prompt + completion as decoded text re-tokenised with its own tokenizer and "
                 f"chat template (the policy's token ids are not reused, so its tokenizer may differ){extra}")

@@ -51,7 +51,7 @@ SURFACE: dict[str, tuple[str, ...]] = {
     "rlzoo.models.build": ("DTYPES",),
     "rlzoo.models.reward_model": ("RunningMoments", "encode", "is_reward_model_dir", "load_reward_model",
                                   "reward_text", "score_ids", "uses_chat_template", "context_length", "cut_warning",
-                                  "fit_context"),
+                                  "fit_context", "tokenizer_dir"),
     # what lifecycle hooks are passed
     "rlzoo.run.context": ("RunContext",),
     # the plugin test kit

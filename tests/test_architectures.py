@@ -21,6 +21,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, LlamaForCausalLM
 
 from rlzoo.models import head as head_module
 from rlzoo.commands.cli import main
+from rlzoo.models.dropout import disable_dropout
 from rlzoo.run.events import read_scalars
 from rlzoo.models.head import FastPaths, LogitTransform, fast_paths, known_transform, set_fast_paths
 from rlzoo.models.logprobs import head_logits, response_forward, token_logprobs
@@ -62,9 +63,13 @@ LARGE = 25.0
 """The output embedding is scaled so the largest logit of a probe is about this."""
 
 
-def tiny_model(arch: str, large: bool = True) -> torch.nn.Module:
+def tiny_model(arch: str, large: bool = True, overrides: dict | None = None) -> torch.nn.Module:
+    """A tiny random ``arch`` model (config: :data:`COMMON`, then ``overrides`` or its
+    :data:`ARCHITECTURES` entry), in eval mode, its logits scaled to about :data:`LARGE`,
+    its dropout off as rlzoo's commands switch it off (GPT-2's config has 0.1)."""
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(arch, **{**COMMON, **ARCHITECTURES[arch]}))
+    config = AutoConfig.for_model(arch, **{**COMMON, **(ARCHITECTURES[arch] if overrides is None else overrides)})
+    model = disable_dropout(AutoModelForCausalLM.from_config(config))
     model.eval()
     if large:
         ids = torch.arange(2, 12)[None]
@@ -189,6 +194,40 @@ def test_known_transforms_are_read_from_the_config() -> None:
     assert known_transform(config("gemma2", final_logit_softcapping=None)) is None
     assert known_transform(config("cohere", logit_scale=0.0625)) == LogitTransform(scale=0.0625)
     assert known_transform(config("granite", logits_scaling=8.0)) == LogitTransform(scale=0.125)
+    assert known_transform(config("hyperclovax", logits_scaling=8.0)) == LogitTransform(scale=8.0)  # multiplies
+    assert known_transform(config("falcon_h1", lm_head_multiplier=8.0)) == LogitTransform(scale=8.0)
+    assert known_transform(config("mpt", logit_scale=8.0)) is None                  # MptForCausalLM ignores it
+
+
+HEAD_VARIANTS = {
+    "cohere": {"logit_scale": 4.0}, "granite": {"logits_scaling": 4.0}, "hyperclovax": {"logits_scaling": 4.0},
+    "falcon_h1": {"lm_head_multiplier": 4.0, "mamba_d_ssm": 64, "mamba_d_state": 8, "mamba_n_heads": 4,
+                  "mamba_chunk_size": 16},                    # a small SSM: the defaults take a minute a check
+    "mpt": {"logit_scale": 4.0},
+}
+"""Models whose config has a factor on the logits, each with 4: the model's own forward
+multiplies by it (Cohere, HyperCLOVAX, Falcon-H1), divides by it (Granite) or ignores it (MPT)."""
+
+
+@pytest.mark.parametrize("arch", sorted(HEAD_VARIANTS))
+def test_the_unchecked_head_applies_each_models_own_logit_factor(arch: str) -> None:
+    """Without the load-time check (no paths recorded: :func:`rlzoo.models.head.default_paths`),
+    the chunked head's log-probs equal the model's own forward: the config's factor is
+    applied as the model's ``forward`` applies it."""
+    model = tiny_model(arch, overrides=HEAD_VARIANTS[arch])
+    assert not hasattr(model, head_module.PATHS_ATTRIBUTE)
+    ids, mask = batch()
+    responses = torch.randint(4, len(TOKENIZER), (3, 6), generator=torch.Generator().manual_seed(1))
+    truth = reference_logprobs(model, ids, mask, responses, torch.ones(3, 6))
+    with torch.no_grad():
+        unchecked = response_forward(model, ids, mask, responses, torch.ones(3, 6)).logp
+    assert (unchecked - truth).abs().max() <= TOLERANCE
+    set_fast_paths(model, FastPaths(transform=LogitTransform(scale=4.0 if arch == "mpt" else 1.0)))
+    with torch.no_grad():                                         # the other reading of the factor is far off
+        wrong = response_forward(model, ids, mask, responses, torch.ones(3, 6)).logp
+    assert (wrong - truth).abs().max() > 0.1
+    check = check_model(model, torch.device("cpu"))
+    assert not check.paths.model_logits and check.paths.transform == known_transform(model.config)
 
 
 @pytest.mark.parametrize("transform", [LogitTransform(scale=0.25), LogitTransform(softcap=3.0),

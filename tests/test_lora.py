@@ -102,6 +102,7 @@ def test_the_plan_lists_no_second_copy_for_the_reference() -> None:
     assert "lora: rank-4 adapters on q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, scaled by " \
            "alpha/rank = 8/4 = 2, dropout 0" in text
     assert plan.to_dict()["lora"]["rank"] == 4
+    assert not any("model.lora.dropout" in w for w in plan.warnings)   # dropout 0: nothing to warn about
     full = load_config(REGISTRY, ["kl.coef=0.05"]).plan
     assert full.lora is None and full.models["reference"].startswith("frozen initial policy")
     assert "lora" not in full.render()
@@ -154,6 +155,11 @@ def test_a_rank_above_every_adapted_layer_is_refused_when_the_model_is_built(tmp
 def test_only_adapters_train_and_the_reference_is_the_base_with_adapters_off(tmp_path: Path) -> None:
     trainer = _trainer(tmp_path, "kl.coef=0.05", "model.lora.dropout=0.1")
     models = trainer.models
+    adapter_dropout = [m.p for name, m in models.policy.named_modules()
+                       if ".lora_dropout." in name and isinstance(m, torch.nn.Dropout)]
+    assert adapter_dropout and set(adapter_dropout) == {0.1}          # the user's choice, kept
+    assert any(w.startswith("model.lora.dropout=0.1 is on in the update only (training mode), not in the rollout")
+               for w in trainer.plan.warnings)
     base = copy.deepcopy(models.policy.get_base_model())
     plain = type(base)(base.config)
     plain.load_state_dict(base_state_dict(models.policy))           # the initial policy without peft

@@ -167,6 +167,35 @@ def test_bad_reward_model_paths_are_refused_before_anything_is_built(tmp_path: P
     assert "batch_size must be >= 1" in capsys.readouterr().err
 
 
+def test_a_tokenizer_that_does_not_fit_the_model_is_refused_before_the_run(tmp_path: Path, capsys) -> None:
+    """A 26-token tokenizer beside a 15-token reward model: its ids past 14 have no
+    embedding. Refused when the scorer loads, with no run directory left behind."""
+    model, _ = tiny_reward_model(tmp_path / "rm", ALPHABET)
+    assert model.get_input_embeddings().num_embeddings == 15
+    build_char_tokenizer("abcdefghijklmnopqrstuv").save_pretrained(str(tmp_path / "rm"))   # 4 + 22 tokens
+    run_dir = tmp_path / "run"
+    assert main(["train", *zoo.TINY, "trainer.total_steps=1", f"run_dir={run_dir}",
+                 f"reward={{name: reward_model, path: {tmp_path / 'rm'}}}"]) == 2
+    err = capsys.readouterr().err
+    assert f"the reward model in '{tmp_path / 'rm'}' does not fit its tokenizer: the tokenizer in " in err
+    assert "has 26 tokens, the model's vocabulary 15 (ids 15..25 have no embedding)" in err
+    assert "Traceback" not in err and not run_dir.exists()
+
+
+def test_missing_tokenizer_files_are_named_not_blamed_on_the_text(tmp_path: Path, capsys) -> None:
+    tiny_reward_model(tmp_path / "rm", ALPHABET)
+    (tmp_path / "rm" / "tokenizer.json").unlink()                 # the vocabulary, the config kept
+    with pytest.raises(ConfigError) as info:
+        load_reward_model(tmp_path / "rm", "float32", torch.device("cpu"))
+    assert f"the reward model's tokenizer in '{tmp_path / 'rm'}' encodes 'Hello, world! 0123456789' to no " \
+           "token: its vocabulary is missing (the directory holds config.json, model.safetensors, " \
+           "tokenizer_config.json)" in str(info.value)
+    (tmp_path / "rm" / "tokenizer_config.json").unlink()          # no tokenizer at all: refused at plan time
+    assert main(["config", f"reward={{name: reward_model, path: {tmp_path / 'rm'}}}"]) == 2
+    assert (f"'{tmp_path / 'rm'}' has no tokenizer (neither tokenizer.json nor tokenizer_config.json): save the "
+            "tokenizer the reward model was trained with into it") in capsys.readouterr().err
+
+
 # ------------------------------------------------------------------ in a run
 
 
@@ -268,9 +297,10 @@ def test_a_resumed_run_continues_the_running_statistics_exactly(tmp_path: Path) 
     assert state("split") == state("straight")  # float64 statistics, bit for bit
 
 
-def test_an_rlzoo_critic_directory_scores_with_its_value_head(tmp_path: Path) -> None:
-    """A causal LM backbone with a value head (rlzoo's critic, as a PPO checkpoint holds it):
-    the score is the value at the last valid token."""
+def test_an_rlzoo_critic_directory_scores_with_its_value_head(tmp_path: Path, capsys) -> None:
+    """A causal LM backbone with a value head (rlzoo's critic, as a PPO checkpoint holds it:
+    ``critic/`` without a tokenizer, the policy's in ``policy/`` beside it): the score is the
+    value at the last valid token."""
     from omegaconf import OmegaConf
 
     from rlzoo.models.build import ValueModel, build_tiny_model
@@ -282,7 +312,11 @@ def test_an_rlzoo_critic_directory_scores_with_its_value_head(tmp_path: Path) ->
     critic = ValueModel.from_policy_config(build_tiny_model(shape, tokenizer, 64).config)
     torch.nn.init.normal_(critic.value_head.weight)
     critic.save_pretrained(tmp_path / "critic")
-    tokenizer.save_pretrained(str(tmp_path / "critic"))
+    assert main(["config", f"reward={{name: reward_model, path: {tmp_path / 'critic'}}}"]) == 2
+    assert (f"'{tmp_path / 'critic'}' is an rlzoo critic without a tokenizer (neither tokenizer.json nor "
+            f"tokenizer_config.json), and '{tmp_path / 'policy'}', where a checkpoint keeps the policy's, has none "
+            "either") in capsys.readouterr().err
+    tokenizer.save_pretrained(str(tmp_path / "policy"))          # the checkpoint's layout
     ids = tokenizer("31=13").input_ids
     with torch.no_grad():
         want = critic(torch.tensor([ids]), torch.ones(1, len(ids)), torch.arange(len(ids))[None])[0, -1]

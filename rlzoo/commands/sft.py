@@ -7,6 +7,8 @@ digit sorting in seconds and leaves RL nothing to learn); ``format`` trains on
 well-formed but unsolved completions (the task's ``format_text``: for sorting, the
 prompt's digits in random order), so a following RL run has to learn the skill itself.
 The model is saved with ``save_pretrained`` and used with ``rlzoo train model.path=DIR``.
+As in ``rlzoo train``, the model's dropout is off (:mod:`rlzoo.models.dropout`) and its log-prob
+path passes the load-time check (:mod:`rlzoo.models.model_check`) before the first step.
 
 With ``env`` set, the targets are the environment's demonstrations
 (:meth:`rlzoo.agents.environment.Environment.demonstration`: e.g. a calculator call, then the
@@ -27,10 +29,12 @@ import torch
 
 from rlzoo.config.resolved import ResolvedConfig
 from rlzoo.core.errors import ConfigError
+from rlzoo.models.dropout import disable_dropout
 from rlzoo.agents.episodes import EpisodeFormat, EpisodeLimits, environment_factory, episode_tensors, replay
 from rlzoo.learn.learner import adamw
 from rlzoo.models.logprobs import response_forward
 from rlzoo.core.masked import masked_mean
+from rlzoo.models.model_check import check_model, report
 from rlzoo.models.build import build_policy
 from rlzoo.tasks.prompts import PromptFormat
 from rlzoo.core.tokens import left_pad
@@ -72,6 +76,8 @@ def run_sft(resolved: ResolvedConfig, steps: int = 100,
     model, tokenizer = build_policy(cfg, task)
     prompt_format = PromptFormat.for_run(resolved)  # the instruction, system prompt and chat template RL uses
     prompt_format.check(tokenizer)
+    disable_dropout(model)  # as rlzoo train: the loss is on the log-probs eval mode gives
+    report("policy", check_model(model, torch.device("cpu")), summary=bool(cfg.model.path))
     optimizer = adamw(model.parameters(), lr or cfg.trainer.lr, tuple(cfg.trainer.betas))
     model.train()
     holdout = Holdout(float(cfg.eval.holdout))  # never train on the prompts RL runs evaluate on

@@ -120,7 +120,9 @@ MODEL = Section("model", (
             "`rlzoo export RUN_DIR OUT` merges them ([training.md](training.md#lora))", range=">= 0", old=0),
         Key("alpha", float, 16.0, "the adapters' product is scaled by alpha / rank", range="> 0",
             why="the adapters' product is scaled by alpha / rank", old=16.0),
-        Key("dropout", float, 0.0, "dropout on the adapters' input while training", range="[0, 1)", old=0.0),
+        Key("dropout", float, 0.0, "dropout on the adapters' input while training", range="[0, 1)", old=0.0,
+            detail="> 0: the update's log-probs are a thinned policy's (the plan warns; the model's own dropout is "
+                   "always off)"),
         Key("target_modules", list[str], LORA_MODULES, "the linear layers that get adapters (llama/qwen2-style names)",
             "a name that matches no layer, or one of the embeddings, is refused with the model's linear-layer names",
             check=_lora_modules, old=LORA_MODULES),

@@ -35,8 +35,8 @@ from transformers import (
 )
 
 from rlzoo.core import distributed
-
 from rlzoo.models import lora
+from rlzoo.models.dropout import disable_dropout
 from rlzoo.core.errors import ConfigError
 from rlzoo.models.head import fast_paths, set_fast_paths
 from rlzoo.models.logprobs import ResponseForward
@@ -250,9 +250,8 @@ class ValueModel(torch.nn.Module):
         """A critic with the policy's architecture, initialised from ``state_from``'s
         backbone weights when given (the usual PPO initialisation)."""
         backbone = AutoModel.from_config(config)
-        if state_from is not None:
-            base = state_from.get_decoder() if hasattr(state_from, "get_decoder") else state_from.model
-            backbone.load_state_dict(base.state_dict())
+        if state_from is not None:  # base_model: AutoModel's class (OPT's get_decoder() is one level down)
+            backbone.load_state_dict(state_from.base_model.state_dict())
         return cls(backbone)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
@@ -405,20 +404,21 @@ def build_run_models(cfg: DictConfig, plan: Any, task: Any, device: torch.device
         policy, tokenizer = load_pretrained(init_model_dir, cfg.model.dtype)  # the frozen base
     else:
         policy, tokenizer = build_policy(cfg, task)
+    disable_dropout(policy)  # the update runs in training mode: its log-probs must be eval mode's
     reference = None
     if "reference" in plan.models and plan.lora is None:
         if resume_from is not None:
-            reference = load_pretrained(init_model_dir, cfg.model.dtype)[0]
+            reference = disable_dropout(load_pretrained(init_model_dir, cfg.model.dtype)[0])
         else:
             reference = copy.deepcopy(policy)
         reference = reference.eval().requires_grad_(False)
     teacher, checks = None, {}
     if "teacher" in plan.models:
         teacher = load_teacher(cfg.teacher.path, cfg.model.dtype, tokenizer).to(device)
-        checks["teacher"] = check_model(teacher, device)
+        checks["teacher"] = check_model(teacher, device, trained=False)  # frozen: eval mode only
     critic = None
     if "critic" in plan.models:
-        critic = ValueModel.from_policy_config(policy.config, policy).to(device)
+        critic = disable_dropout(ValueModel.from_policy_config(policy.config, policy).to(device))
         if resume_from is not None:
             critic.load_from(resume_from / "critic")  # before any sharding
     initial = None

@@ -4,11 +4,15 @@ fast paths a model runs.
 rlzoo's training forward computes the log-probs from the decoder's hidden states and the
 output embedding itself (:mod:`rlzoo.models.logprobs`), so it must apply whatever the model's own
 ``forward`` applies after the head. The transforms transformers' models apply are
-recognised from the model's config (:func:`known_transform`):
+recognised from the model's config (:func:`known_transform`), as each model's
+``...ForCausalLM.forward`` in transformers applies them:
 
 - ``final_logit_softcapping`` (Gemma-2, Gemma-3, ...): ``cap · tanh(logits / cap)``;
-- ``logit_scale`` (Cohere, Cohere-2): ``logits · scale``;
-- ``logits_scaling`` (Granite family): ``logits / scaling``;
+- ``logit_scale`` (Cohere, Cohere-2): ``logits · scale`` (MPT's config has the key, but
+  ``MptForCausalLM`` never reads it);
+- ``logits_scaling``: ``logits / scaling`` in the Granite family, ``logits · scaling`` in
+  HyperCLOVAX (MuP);
+- ``lm_head_multiplier`` (Falcon-H1): ``logits · multiplier``;
 - ``output_multiplier`` (before a softcap): ``logits · multiplier``.
 
 A model that transforms its logits in another way (a subclass overriding ``forward``) is
@@ -41,8 +45,8 @@ PATHS_ATTRIBUTE = "rlzoo_fast_paths"
 class LogitTransform:
     """``logits ↦ cap · tanh(scale · logits / cap)``, or ``scale · logits`` without a cap.
 
-    :ivar scale: multiplies the head's logits first (Cohere ``logit_scale``,
-        ``1 / logits_scaling`` of Granite, ``output_multiplier``).
+    :ivar scale: multiplies the head's logits first (the product of the config's factors,
+        :data:`LOGIT_FACTORS`).
     :ivar softcap: the tanh cap (``final_logit_softcapping``), or ``None``.
     """
 
@@ -105,17 +109,27 @@ def _number(value: Any) -> float | None:
     return float(value)
 
 
+LOGIT_FACTORS: dict[str, int] = {"logit_scale": 1, "logits_scaling": -1, "lm_head_multiplier": 1,
+                                  "output_multiplier": 1}
+"""Config keys of a factor on the head's logits -> its power in the transform: ``1`` the
+logits are multiplied by it, ``-1`` divided (as the models that have the key apply it)."""
+
+LOGIT_FACTOR_EXCEPTIONS: dict[str, dict[str, int]] = {
+    "hyperclovax": {"logits_scaling": 1},   # HyperCLOVAXForCausalLM multiplies (Granite divides)
+    "mpt": {"logit_scale": 0},              # in MptConfig, never read by MptForCausalLM
+}
+"""``model_type`` -> keys of :data:`LOGIT_FACTORS` whose power differs there (``0``: unused)."""
+
+
 def known_transform(config: Any) -> LogitTransform | None:
     """The post-head transform named by a model config (its text config for a multimodal
     one), or ``None`` when it names none (e.g. Llama, Qwen2)."""
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    powers = {**LOGIT_FACTORS, **LOGIT_FACTOR_EXCEPTIONS.get(getattr(text, "model_type", ""), {})}
     scale = 1.0
-    if (logit_scale := _number(getattr(text, "logit_scale", None))) is not None:
-        scale *= logit_scale
-    if (scaling := _number(getattr(text, "logits_scaling", None))) is not None:
-        scale /= scaling
-    if (multiplier := _number(getattr(text, "output_multiplier", None))) is not None:
-        scale *= multiplier
+    for key, power in powers.items():
+        if power and (factor := _number(getattr(text, key, None))) is not None:
+            scale *= factor ** power
     softcap = _number(getattr(text, "final_logit_softcapping", None))
     if scale == 1.0 and softcap is None:
         return None

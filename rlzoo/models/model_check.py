@@ -7,7 +7,10 @@ the model's post-head transform itself (:mod:`rlzoo.models.head`). :func:`check_
 batch (left-padded prompts of different lengths, groups of completions, a shorter
 response, and the same again with the output embedding scaled so logits are large)
 through both and compares every sampled token's log-prob with that of the model's own
-``forward(input_ids).logits`` on the sequence alone, unpadded, in float32.
+``forward(input_ids).logits`` on the sequence alone, unpadded, in eval mode, in float32.
+The training forward is measured in training mode, the mode the update runs it in: a model
+that computes other log-probs there (a dropout or other random layer
+:func:`rlzoo.models.dropout.disable_dropout` could not switch off) is refused, naming it.
 
 A path that differs by more than :data:`TOLERANCE` is left for a slower, correct one
 (training: the model's own logits; rollout: the model's own cache, then no cache), which
@@ -20,11 +23,13 @@ from __future__ import annotations
 
 import copy
 import math
+import sys
 from dataclasses import dataclass
 
 import torch
 from transformers import PreTrainedModel
 
+from rlzoo.models.dropout import active_rates, adapter_dropout_off, is_random_rate
 from rlzoo.core.errors import ConfigError
 from rlzoo.models.head import CACHE_MODES, FastPaths, default_paths, set_fast_paths
 from rlzoo.models.logprobs import response_forward
@@ -54,24 +59,37 @@ class CheckResult:
 
     :ivar paths: the fast paths the model runs (recorded on it).
     :ivar rollout_error: max difference of the rollout's decode loop (:data:`TOLERANCE`).
-    :ivar training_error: max difference of the training forward (:data:`TOLERANCE`).
+    :ivar training_error: max difference of the training forward (:data:`TOLERANCE`), in
+        training mode when ``training_mode``.
     :ivar warning: one line saying which fast path was left and why, or ``None``.
+    :ivar training_mode: the training forward was measured in training mode (a trained
+        model), not eval mode (a frozen one).
     """
 
     paths: FastPaths
     rollout_error: float
     training_error: float
     warning: str | None = None
+    training_mode: bool = True
 
     def summary(self) -> str:
         """One line for the run's output."""
         transform = self.paths.transform.describe() if self.paths.transform is not None else "none"
         head = ("the model's own logits" if self.paths.model_logits
                 else f"chunked head (post-head transform: {transform})")
+        mode = "training" if self.training_mode else "eval"
         return (f"model check: log-probs vs the model's own forward, max |diff|/max(1, |logp|) rollout "
-                f"{self.rollout_error:.2g}, training {self.training_error:.2g} (tolerance {TOLERANCE:g}); training "
-                f"uses {head}, "
-                f"rollout cache {self.paths.cache}")
+                f"{self.rollout_error:.2g}, training {self.training_error:.2g} in {mode} mode (tolerance "
+                f"{TOLERANCE:g}); training uses {head}, rollout cache {self.paths.cache}")
+
+
+def report(name: str, check: CheckResult, summary: bool = True) -> None:
+    """Print ``check`` as a command does: its warning, if any, on stderr (``rlzoo: warning:
+    NAME: ...``) and, when ``summary``, its :meth:`CheckResult.summary` on stdout."""
+    if check.warning:
+        print(f"rlzoo: warning: {name}: {check.warning}", file=sys.stderr, flush=True)
+    if summary:
+        print(f"rlzoo: {name} {check.summary()}", flush=True)
 
 
 def _probe(vocab: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -112,27 +130,67 @@ def reference_logprobs(model: PreTrainedModel, prompt_ids: torch.Tensor, prompt_
     return out
 
 
-ROLLOUT, TRAINING = "rollout", "training"
+ROLLOUT, TRAINING, TRAINING_EVAL_MODE = "rollout", "training", "training in eval mode"
+"""What :func:`_error` measures: the rollout's decode loop (eval mode), the training forward
+in training mode (as the update runs it), or the training forward in eval mode (as the
+old-log-prob and reference passes run it)."""
 
 
 def _error(model: PreTrainedModel, paths: FastPaths, device: torch.device, which: str) -> float:
     """Max ``|Δ log-prob| / max(1, |log-prob|)`` (:data:`TOLERANCE`) of one path under
     ``paths`` on the probe batch: the rollout's (:data:`ROLLOUT`) log-probs of the tokens it
-    sampled, or the training forward's (:data:`TRAINING`) of any tokens."""
+    sampled, or the training forward's (:data:`TRAINING`, :data:`TRAINING_EVAL_MODE`) of any
+    tokens; the truth is the model's own forward in eval mode. ``model`` is in eval mode
+    before and after; what a random layer draws comes from a forked RNG."""
     set_fast_paths(model, paths)
     ids, mask, response_ids, response_mask = _probe(model.get_input_embeddings().num_embeddings, device)
     prompt_ids, prompt_mask = ids.repeat_interleave(PROBE_SAMPLES, 0), mask.repeat_interleave(PROBE_SAMPLES, 0)
-    if which == ROLLOUT:
-        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-            torch.manual_seed(PROBE_SEED)
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(PROBE_SEED)
+        if which == ROLLOUT:
             gen = generate(model, ids, mask, max_new_tokens=PROBE_TOKENS, eos_id=-1, pad_id=0,
                            num_samples=PROBE_SAMPLES)
-        fast, response_ids, response_mask = gen.logp, gen.response_ids, gen.response_mask
-    else:
-        with torch.no_grad():
-            fast = response_forward(model, prompt_ids, prompt_mask, response_ids, response_mask).logp
+            fast, response_ids, response_mask = gen.logp, gen.response_ids, gen.response_mask
+        else:
+            model.train(which == TRAINING)
+            try:
+                with torch.no_grad():
+                    fast = response_forward(model, prompt_ids, prompt_mask, response_ids, response_mask).logp
+            finally:
+                model.eval()
     truth = reference_logprobs(model, prompt_ids, prompt_mask, response_ids, response_mask)
     return float(((fast - truth).abs() / truth.abs().clamp(min=1.0)).max())
+
+
+def _random_config_fields(model: PreTrainedModel) -> list[str]:
+    """``key=value`` of the model's (text) config fields > 0 named like a dropout or noise
+    (:func:`rlzoo.models.dropout.is_random_rate`): where a random layer may read its rate."""
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    return [f"{key}={value:g}" for key, value in sorted(vars(config).items())
+            if isinstance(value, float) and value > 0 and is_random_rate(key)]
+
+
+def _refuse_random_training_mode(model: PreTrainedModel, paths: FastPaths, device: torch.device, name: str,
+                                 found: str) -> None:
+    """After the training forward failed in training mode (``found``): when it passes in eval
+    mode, the model is random in training mode, where the update runs it.
+
+    :raises ConfigError: that, naming the config fields that may hold the rate.
+    """
+    error, eval_found = _measure(model, paths, device, TRAINING_EVAL_MODE)
+    if error > TOLERANCE:
+        return
+    head = (f"{name}: the update runs the model in training mode, where its log-probs differ from eval mode's "
+            f"({found}; eval mode {eval_found}): ")
+    if rates := active_rates(model):
+        raise ConfigError(head + f"its dropout is on ({len(rates)} rates > 0, e.g. {', '.join(rates[:3])}); "
+                          "switch it off with rlzoo.models.dropout.disable_dropout(model) before the check, as rlzoo's "
+                          "commands do")
+    fields = _random_config_fields(model)
+    where = f"its config has {', '.join(fields)}" if fields else "no field of its config is named like one"
+    raise ConfigError(head + "a random layer is on that rlzoo cannot switch off (it sets every torch.nn.Dropout "
+                      "and every layer's dropout rate to 0; this one may read its rate from the config at run "
+                      f"time: {where}); set it to 0 in the model's config.json")
 
 
 def _measure(model: PreTrainedModel, paths: FastPaths, device: torch.device, which: str) -> tuple[float, str]:
@@ -163,48 +221,67 @@ def _measure(model: PreTrainedModel, paths: FastPaths, device: torch.device, whi
     return error, f"max |diff|/max(1, |logp|) {error:.2g}"
 
 
-def check_model(model: PreTrainedModel, device: torch.device) -> CheckResult:
+def check_model(model: PreTrainedModel, device: torch.device, trained: bool = True) -> CheckResult:
     """Check ``model``'s fast paths against its own forward (module docstring), record
     the paths it runs on it (:func:`rlzoo.models.head.set_fast_paths`) and return what was found.
 
     A model not in float32 is checked on a float32 copy (the paths are the same; the
-    tolerance is for float32 arithmetic).
+    tolerance is for float32 arithmetic). LoRA adapters' own dropout (``model.lora.dropout``,
+    kept by choice) is off while it measures.
 
+    :param trained: the update runs the model in training mode (the policy), so its
+        training forward is measured there; ``False`` for a frozen model (a teacher), run
+        in eval mode only.
     :raises ConfigError: no path gives the model's own log-probs (e.g. a model whose
-        forward does not honour left padding), with the differences found.
+        forward does not honour left padding), or a trained model is random in training
+        mode, with the differences found.
     """
     probe = model if next(model.parameters()).dtype == torch.float32 else copy.deepcopy(model).float()
     was_training = probe.training
     probe.eval()
-    name = type(model).__name__
-    reasons = []
+    reasons: list[str] = []
     try:
-        paths = default_paths(probe)
-        training, found = _measure(probe, paths, device, TRAINING)
-        if training > TOLERANCE:
-            reasons.append(f"the chunked LM head differs from the model's own logits ({found}; a transform of "
-                           "the logits after the head that rlzoo does not know?), so the update reads the "
-                           "model's own logits (slower, more memory)")
-            paths = paths.with_fallback(reasons[-1], model_logits=True)
-            training, found = _measure(probe, paths, device, TRAINING)
-            if training > TOLERANCE:
-                raise ConfigError(f"{name}: rlzoo cannot reproduce the model's own log-probs on a left-padded "
-                                  f"batch even through its own logits ({found}, tolerance {TOLERANCE:g}); this "
-                                  "model cannot be trained correctly here")
-        rollout, found = _measure(probe, paths, device, ROLLOUT)
-        for cache in CACHE_MODES[1:]:
-            if rollout <= TOLERANCE:
-                break
-            reasons.append(f"the rollout with the {paths.cache} KV cache differs from the model's own forward "
-                           f"({found}), so it runs with cache={cache} (slower)")
-            paths = paths.with_fallback(reasons[-1], cache=cache)
-            rollout, found = _measure(probe, paths, device, ROLLOUT)
-        if rollout > TOLERANCE:
-            raise ConfigError(f"{name}: rlzoo's rollout cannot reproduce the model's own log-probs on a "
-                              f"left-padded batch even without a KV cache ({found}, tolerance {TOLERANCE:g}); "
-                              "this model cannot be trained correctly here")
+        with adapter_dropout_off(probe):
+            paths, training, rollout = _check(probe, device, TRAINING if trained else TRAINING_EVAL_MODE,
+                                              type(model).__name__, reasons)
     finally:
         probe.train(was_training)
     set_fast_paths(model, paths)
-    warning = f"{name}: {'; '.join(reasons)}" if reasons else None
-    return CheckResult(paths=paths, rollout_error=rollout, training_error=training, warning=warning)
+    warning = f"{type(model).__name__}: {'; '.join(reasons)}" if reasons else None
+    return CheckResult(paths=paths, rollout_error=rollout, training_error=training, warning=warning,
+                       training_mode=trained)
+
+
+def _check(probe: PreTrainedModel, device: torch.device, which: str, name: str,
+           reasons: list[str]) -> tuple[FastPaths, float, float]:
+    """:func:`check_model`'s decisions on ``probe`` (in eval mode): ``(paths, training
+    error, rollout error)``; each fast path left is appended to ``reasons`` in words."""
+    paths = default_paths(probe)
+    training, found = _measure(probe, paths, device, which)
+    if training > TOLERANCE:
+        if which == TRAINING:
+            _refuse_random_training_mode(probe, paths, device, name, found)
+        reasons.append(f"the chunked LM head differs from the model's own logits ({found}; a transform of "
+                       "the logits after the head that rlzoo does not know?), so the update reads the "
+                       "model's own logits (slower, more memory)")
+        paths = paths.with_fallback(reasons[-1], model_logits=True)
+        training, found = _measure(probe, paths, device, which)
+        if training > TOLERANCE:
+            if which == TRAINING:
+                _refuse_random_training_mode(probe, paths, device, name, found)
+            raise ConfigError(f"{name}: rlzoo cannot reproduce the model's own log-probs on a left-padded "
+                              f"batch even through its own logits ({found}, tolerance {TOLERANCE:g}); this "
+                              "model cannot be trained correctly here")
+    rollout, found = _measure(probe, paths, device, ROLLOUT)
+    for cache in CACHE_MODES[1:]:
+        if rollout <= TOLERANCE:
+            break
+        reasons.append(f"the rollout with the {paths.cache} KV cache differs from the model's own forward "
+                       f"({found}), so it runs with cache={cache} (slower)")
+        paths = paths.with_fallback(reasons[-1], cache=cache)
+        rollout, found = _measure(probe, paths, device, ROLLOUT)
+    if rollout > TOLERANCE:
+        raise ConfigError(f"{name}: rlzoo's rollout cannot reproduce the model's own log-probs on a "
+                          f"left-padded batch even without a KV cache ({found}, tolerance {TOLERANCE:g}); "
+                          "this model cannot be trained correctly here")
+    return paths, training, rollout

@@ -20,7 +20,10 @@ exactly as it was trained:
   (:func:`fit_context`: the score is read at the end);
 - **the directory**: a ``save_pretrained`` directory of an
   ``AutoModelForSequenceClassification`` with ``num_labels = 1`` plus its tokenizer
-  (:func:`load_reward_model` reads it, or an rlzoo critic: backbone + ``value_head.safetensors``).
+  (:func:`load_reward_model` reads it, or an rlzoo critic: backbone + ``value_head.safetensors``,
+  whose tokenizer is the policy's, in the checkpoint's ``policy/`` beside it). A tokenizer
+  that is missing, encodes nothing or has more tokens than the model's vocabulary is
+  refused at load.
 
 :class:`RunningMoments` is the running mean / std of the optional score normalisation:
 plain floats, so a checkpoint holds it and a resume continues it exactly.
@@ -42,6 +45,16 @@ from rlzoo.core.tokens import left_pad
 
 VALUE_HEAD_FILE = "value_head.safetensors"
 """Marks an rlzoo critic directory (:class:`rlzoo.models.build.ValueModel`): scored by its value head."""
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
+"""A directory holds a tokenizer when it has one of these (``save_pretrained`` writes both)."""
+
+CRITIC_TOKENIZER_DIR = "policy"
+"""A checkpoint's critic (``checkpoints/step_*/critic/``) has no tokenizer of its own: it reads
+the policy's, which the checkpoint keeps in this directory beside it."""
+
+PROBE_TEXT = "Hello, world! 0123456789"
+"""Encoded at load: a tokenizer that gives it no token has lost its vocabulary files."""
 
 Text = str | list[dict[str, str]]
 """A prompt or response: plain text, or chat messages (``[{"role": ..., "content": ...}]``)."""
@@ -121,14 +134,15 @@ def cut_warning(who: str, cut: int, total: int, context: int) -> str:
 
 def is_reward_model_dir(path: str | Path) -> str | None:
     """Why ``path`` is not a reward-model directory, or ``None`` when it looks like one
-    (reads ``config.json`` only: a cheap check before anything is built)."""
+    (reads ``config.json`` and looks for the tokenizer's files, :func:`tokenizer_dir`: a
+    cheap check before anything is built)."""
     path = Path(path)
     config_file = path / "config.json"
     if not config_file.is_file():
         return (f"{str(path)!r} is not a local model directory (no config.json); rlzoo never downloads "
                 "models: pass a directory written by `rlzoo rm` or save_pretrained")
     if (path / VALUE_HEAD_FILE).is_file():
-        return None
+        return _missing_tokenizer(path)
     try:
         config = json.loads(config_file.read_text())
     except (OSError, ValueError) as exc:
@@ -140,7 +154,55 @@ def is_reward_model_dir(path: str | Path) -> str | None:
     labels = len(config.get("id2label") or {}) or int(config.get("num_labels", 2))
     if labels != 1:
         return f"{str(path)!r} has {labels} labels; a reward model has one (num_labels=1)"
-    return None
+    return _missing_tokenizer(path)
+
+
+def _has_tokenizer(path: Path) -> bool:
+    return any((path / name).is_file() for name in TOKENIZER_FILES)
+
+
+def tokenizer_dir(path: str | Path) -> Path:
+    """Where the tokenizer of the reward-model directory ``path`` is: ``path`` itself, or for
+    an rlzoo critic without one the checkpoint's :data:`CRITIC_TOKENIZER_DIR` beside it (when
+    neither has one: ``path``, which :func:`is_reward_model_dir` refuses)."""
+    path = Path(path)
+    if not _has_tokenizer(path) and (path / VALUE_HEAD_FILE).is_file():
+        beside = path.parent / CRITIC_TOKENIZER_DIR
+        if _has_tokenizer(beside):
+            return beside
+    return path
+
+
+def _missing_tokenizer(path: Path) -> str | None:
+    """Why ``path`` has no tokenizer to read, or ``None``."""
+    if _has_tokenizer(tokenizer_dir(path)):
+        return None
+    files = " nor ".join(TOKENIZER_FILES)
+    if (path / VALUE_HEAD_FILE).is_file():
+        return (f"{str(path)!r} is an rlzoo critic without a tokenizer (neither {files}), and "
+                f"{str(path.parent / CRITIC_TOKENIZER_DIR)!r}, where a checkpoint keeps the policy's, has none "
+                "either: save the policy's tokenizer into the critic directory (tokenizer.save_pretrained)")
+    return (f"{str(path)!r} has no tokenizer (neither {files}): save the tokenizer the reward model was "
+            "trained with into it (tokenizer.save_pretrained)")
+
+
+def _check_tokenizer(path: Path, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase) -> None:
+    """:raises ConfigError: ``tokenizer`` encodes :data:`PROBE_TEXT` to nothing (its
+    vocabulary files are missing), or has more tokens than ``model``'s input embedding (it
+    is not the model's: its ids would index past the embedding, or mean other tokens)."""
+    where = tokenizer_dir(path)
+    if not tokenizer(PROBE_TEXT, add_special_tokens=False).input_ids:
+        present = ", ".join(sorted(p.name for p in where.iterdir() if p.is_file()))
+        raise ConfigError(f"the reward model's tokenizer in {str(where)!r} encodes {PROBE_TEXT!r} to no token: its "
+                          f"vocabulary is missing (the directory holds {present}); save the whole tokenizer into it "
+                          "(tokenizer.save_pretrained writes tokenizer.json)")
+    backbone = model.backbone if isinstance(model, ValueModel) else model
+    vocabulary = backbone.get_input_embeddings().num_embeddings
+    if len(tokenizer) > vocabulary:
+        raise ConfigError(f"the reward model in {str(path)!r} does not fit its tokenizer: the tokenizer in "
+                          f"{str(where)!r} has {len(tokenizer)} tokens, the model's vocabulary {vocabulary} (ids "
+                          f"{vocabulary}..{len(tokenizer) - 1} have no embedding): save the tokenizer the model was "
+                          "trained with beside it")
 
 
 def load_reward_model(path: str | Path, dtype: str, device: torch.device) -> tuple[torch.nn.Module,
@@ -149,7 +211,8 @@ def load_reward_model(path: str | Path, dtype: str, device: torch.device) -> tup
 
     :param dtype: ``auto`` (the dtype its ``config.json`` records) or a key of
         :data:`rlzoo.models.build.DTYPES`.
-    :raises ConfigError: not a reward-model directory (:func:`is_reward_model_dir`) or unreadable.
+    :raises ConfigError: not a reward-model directory (:func:`is_reward_model_dir`), unreadable,
+        or a tokenizer that does not fit the model (:func:`_check_tokenizer`).
     """
     reason = is_reward_model_dir(path)
     if reason is not None:
@@ -157,7 +220,7 @@ def load_reward_model(path: str | Path, dtype: str, device: torch.device) -> tup
     path = Path(path)
     torch_dtype: Any = "auto" if dtype == "auto" else DTYPES[dtype]
     with unreadable_model(path):
-        tokenizer = load_tokenizer(path)
+        tokenizer = load_tokenizer(tokenizer_dir(path))
         if (path / VALUE_HEAD_FILE).is_file():
             config = AutoConfig.from_pretrained(str(path))
             model: torch.nn.Module = ValueModel.from_policy_config(config)
@@ -166,6 +229,7 @@ def load_reward_model(path: str | Path, dtype: str, device: torch.device) -> tup
             model.to(DTYPES.get(saved.removeprefix("torch."), torch.float32) if dtype == "auto" else DTYPES[dtype])
         else:
             model = AutoModelForSequenceClassification.from_pretrained(str(path), dtype=torch_dtype)
+    _check_tokenizer(path, model, tokenizer)
     return model.to(device).eval().requires_grad_(False), tokenizer
 
 
@@ -206,8 +270,7 @@ def from_causal_lm(policy: PreTrainedModel) -> PreTrainedModel:
     config.id2label, config.label2id = {0: "score"}, {"score": 0}
     config.architectures = None
     model = AutoModelForSequenceClassification.from_config(config).to(policy.dtype)
-    backbone = policy.get_decoder() if hasattr(policy, "get_decoder") else policy.model
-    getattr(model, model.base_model_prefix).load_state_dict(backbone.state_dict())
+    model.base_model.load_state_dict(policy.base_model.state_dict())  # OPT's get_decoder() is one level down
     torch.nn.init.zeros_(model.score.weight)
     return model
 

@@ -191,6 +191,13 @@ def build_plan(resolved: ResolvedConfig) -> RunPlan:
                    precision=str(cfg.trainer.precision), lora=lora, episodes=episodes,
                    sampled_mask="response_mask" if episodes is None else "loss_mask")
     plan.warnings.extend(_inert_choices(resolved, plan))
+    if lora is not None and lora.dropout > 0:
+        plan.warnings.append(
+            f"model.lora.dropout={lora.dropout:g} is on in the update only (training mode), not in the rollout, the "
+            "old-log-prob pass or the KL reference (eval mode): the update's log-probs are those of a randomly "
+            "thinned policy, so the importance ratio of the first mini-batch is not 1 and the KL compares a noisy "
+            "policy with a clean reference (rlzoo sets every other dropout to 0); model.lora.dropout=0 for exact "
+            "ratios")
     return plan
 
 

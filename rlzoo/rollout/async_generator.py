@@ -47,6 +47,7 @@ from rlzoo.core import processes
 from rlzoo.core.batch import RolloutBatch
 from rlzoo.plan.planner import load_config
 from rlzoo.core.errors import RlzooError, TrainingError
+from rlzoo.models.head import FastPaths, set_fast_paths
 from rlzoo.models.build import build_policy
 from rlzoo.plan.records import RolloutPlan
 from rlzoo.contract.loading import build_registry, make_plugin_manager
@@ -73,6 +74,8 @@ class GeneratorSpec:
     :ivar sampler_state: :meth:`Sampler.state_dict` to continue the prompt stream from,
         serialised with ``torch.save``.
     :ivar parent: the trainer's pid (the generator exits when it is gone).
+    :ivar paths: the policy's fast paths as the trainer's load-time check decided them
+        (:mod:`rlzoo.models.model_check`): the generator's copy runs the same (e.g. the cache mode).
     """
 
     config_yaml: str
@@ -81,6 +84,7 @@ class GeneratorSpec:
     seed: int
     sampler_state: bytes
     parent: int
+    paths: FastPaths
 
 
 def to_bytes(value: Any) -> bytes:
@@ -241,6 +245,7 @@ class _Generator:
         seed_everything(spec.seed)
         task = resolved.build("task")
         self.policy, tokenizer = build_policy(cfg, task)
+        set_fast_paths(self.policy, spec.paths)  # checked by the trainer on the same model
         self.policy.to(device).eval()
         backend = resolved.build("rollout.backend", name=plan.rollout.backend, policy=self.policy,
                                  tokenizer=tokenizer, device=device, dtype=plan.rollout.dtype,

@@ -31,6 +31,8 @@ from rlzoo.agents.episodes import environment_factory
 from rlzoo.core.errors import ConfigError, TrainingError
 from rlzoo.run.evaluation import Evaluator, eval_only
 from rlzoo.learn.learner import Learner
+from rlzoo.models.head import fast_paths
+from rlzoo.models.model_check import report
 from rlzoo.models.build import build_run_models
 from rlzoo.contract.loading import PluginManager
 from rlzoo.tasks.prompts import PromptFormat
@@ -96,11 +98,8 @@ class Trainer:
         self.models = build_run_models(cfg, self.plan, task, self.device, self.dist,
                                        self.run_dir.resume_from, self.run_dir.init_model)
         if self.dist.is_main:
-            for name, check in self.models.checks.items():
-                if check.warning:
-                    print(f"rlzoo: warning: {name}: {check.warning}", file=sys.stderr, flush=True)
-                if cfg.model.path or name != "policy":  # the embedded tiny model: nothing to say
-                    print(f"rlzoo: {name} {check.summary()}", flush=True)
+            for name, check in self.models.checks.items():  # the embedded tiny model: nothing to say
+                report(name, check, summary=bool(cfg.model.path) or name != "policy")
         if self.dist.rank:
             torch.manual_seed(cfg.seed + 1_000_003 * self.dist.rank)  # distinct rollouts per rank
         backend = resolved.build("rollout.backend", name=self.plan.rollout.backend, policy=self.models.policy,
@@ -203,7 +202,8 @@ class Trainer:
             raise ConfigError("rollout.mode=async is not supported under torchrun: use rollout.mode=sync")
         spec = GeneratorSpec(config_yaml=self.resolved.to_yaml(), device=str(self.device),
                              threads=torch.get_num_threads(), seed=int(self.cfg.seed) + 7919 * (self.step + 1),
-                             sampler_state=to_bytes(self.sampler.state_dict()), parent=os.getpid())
+                             sampler_state=to_bytes(self.sampler.state_dict()), parent=os.getpid(),
+                             paths=fast_paths(self.models.policy))
         self.generator = AsyncRollout(self.plan.rollout, spec, self.models.policy_weights(), self.step)
         if self.dist.is_main:
             print(f"rlzoo: rollout generator process started (pid {self.generator.pid}, rollout.mode=async)",
