@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -386,3 +387,18 @@ def test_export_refuses_a_negative_step(capsys, tmp_path: Path) -> None:
     code, out, err = run_cli(capsys, "export", str(run), str(tmp_path / "out"), "--step", "-1")
     assert_usage_error(code, out, err, "--step must be a checkpoint's step (>= 0), got -1; the steps of")
     assert not (tmp_path / "out").exists()
+
+
+def test_commands_make_openmp_threads_wait_passively_unless_told_otherwise(monkeypatch) -> None:
+    """A busy machine: spinning OpenMP threads made the default run 6-7x slower than
+    trainer.threads=1 beside other work; every command sets the passive policy before torch
+    loads, and leaves a policy the user chose alone."""
+    from rlzoo.commands.cli import main
+    from rlzoo.core.processes import WAIT_POLICY
+
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    assert main(["list", "--kind", "loss_agg"]) == 0
+    assert os.environ["OMP_WAIT_POLICY"] == WAIT_POLICY[1] == "PASSIVE"
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    assert main(["list", "--kind", "loss_agg"]) == 0
+    assert os.environ["OMP_WAIT_POLICY"] == "ACTIVE"

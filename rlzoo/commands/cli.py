@@ -13,8 +13,9 @@ import sys
 import textwrap
 from collections.abc import Sequence
 
-from rlzoo.core.errors import ConfigError, DuplicateComponentError, RlzooError
 from rlzoo.contract.hookspecs import KIND_TITLES, REGISTRATION_HOOKS
+from rlzoo.core.errors import ConfigError, DuplicateComponentError, RlzooError
+from rlzoo.core.processes import share_cores_politely
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
@@ -143,6 +144,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``rlzoo`` console script; returns the exit code."""
+    share_cores_politely()  # before any subcommand imports torch
     parser = _parser()
     args = parser.parse_args(argv)
     if args.command is None:

@@ -16,6 +16,25 @@ import os
 import tempfile
 from pathlib import Path
 
+WAIT_POLICY = ("OMP_WAIT_POLICY", "PASSIVE")
+"""The OpenMP wait policy rlzoo's commands run torch with, unless the environment sets one."""
+
+
+def share_cores_politely() -> None:
+    """Make torch's OpenMP threads sleep, not spin, while they wait: set ``OMP_WAIT_POLICY``
+    to ``PASSIVE`` unless the environment already sets it. Call before torch is imported
+    (the OpenMP runtime reads it once, when torch loads it); child processes (torchrun ranks,
+    the async generator, a sweep's runs) inherit it.
+
+    With the default (active) policy a waiting thread spins for a while before it sleeps,
+    so a run whose threads outnumber the cores it actually gets (another process on the
+    machine) burns its share spinning: the default run measured 6-7x slower than with
+    ``trainer.threads=1`` beside other work on 2 cores, and 0.9x with this policy
+    (docs/training.md, "A shared machine").
+    """
+    os.environ.setdefault(*WAIT_POLICY)
+
+
 REGISTRY = Path(tempfile.gettempdir()) / f"rlzoo-{os.getuid() if hasattr(os, 'getuid') else 'user'}" / "threads"
 """Directory of the records, one file per run process, named by its pid."""
 
