@@ -18,20 +18,8 @@ from typing import Any, Optional
 import torch
 from rlzoo_plugins.tasks import eval_expression
 
-from rlzoo.api import (
-    RunningMoments,
-    context_length,
-    cut_warning,
-    encode,
-    fit_context,
-    hookimpl,
-    is_reward_model_dir,
-    load_reward_model,
-    reward_text,
-    score_ids,
-    tokenizer_dir,
-    uses_chat_template,
-)
+from rlzoo import api
+from rlzoo.api import hookimpl
 
 RLZOO_API_VERSION = "2"
 
@@ -179,10 +167,10 @@ class RewardModel:
     def __init__(self, device: torch.device, params: RewardModelParams) -> None:
         self.describe(params)
         self.params, self.device = params, device
-        self.model, self.tokenizer = load_reward_model(params.path, params.dtype, device)
-        self.templated = uses_chat_template(self.tokenizer, params.chat_template)
-        self.context, self.warned = context_length(self.model), False
-        self.moments = RunningMoments()
+        self.model, self.tokenizer = api.load_reward_model(params.path, params.dtype, device)
+        self.templated = api.uses_chat_template(self.tokenizer, params.chat_template)
+        self.context, self.warned = api.context_length(self.model), False
+        self.moments = api.RunningMoments()
         self.seconds = 0.0
 
     @staticmethod
@@ -194,12 +182,12 @@ class RewardModel:
         if not params.path:
             raise ValueError("set path=DIR: a local reward-model directory (`rlzoo rm` writes one; "
                              "docs/reward-models.md)")
-        reason = is_reward_model_dir(params.path)
+        reason = api.is_reward_model_dir(params.path)
         if reason is not None:
             raise ValueError(reason)
         extra = (", normalised by running mean/std" if params.normalize else "") + \
             (f", clipped to ±{params.clip:g}" if params.clip > 0 else "")
-        if (where := tokenizer_dir(params.path)) != Path(params.path):
+        if (where := api.tokenizer_dir(params.path)) != Path(params.path):
             extra += f"; its tokenizer is the one in {where} (an rlzoo critic shares the checkpoint's policy's)"
         return (f"frozen reward model {params.path} ({params.dtype} dtype, {params.batch_size} sequences per "
                 "forward): reads prompt + completion as decoded text re-tokenised with its own tokenizer and "
@@ -207,13 +195,13 @@ class RewardModel:
 
     def __call__(self, prompts: list[Any], completions: list[Any]) -> torch.Tensor:
         start = time.perf_counter()
-        texts = [reward_text(self.tokenizer, p, c, self.templated) for p, c in zip(prompts, completions)]
-        ids, cut = fit_context(encode(self.tokenizer, texts, self.templated), self.context)
+        texts = [api.reward_text(self.tokenizer, p, c, self.templated) for p, c in zip(prompts, completions)]
+        ids, cut = api.fit_context(api.encode(self.tokenizer, texts, self.templated), self.context)
         if cut and not self.warned:
             self.warned = True
-            print(f"rlzoo: warning: {cut_warning('reward_model', cut, len(texts), self.context)}", file=sys.stderr,
+            print(f"rlzoo: warning: {api.cut_warning('reward_model', cut, len(texts), self.context)}", file=sys.stderr,
                   flush=True)
-        scores = score_ids(self.model, ids, self.tokenizer.pad_token_id, self.params.batch_size, self.device)
+        scores = api.score_ids(self.model, ids, self.tokenizer.pad_token_id, self.params.batch_size, self.device)
         if self.params.normalize:
             if self.training:
                 self.moments.update(scores)

@@ -7,7 +7,9 @@ after each update: the set-up of a vLLM rollout in bf16 beside an fp32 trainer, 
 rollout/training mismatch that corrections address is real on a CPU too.
 
 The contract every backend keeps is in :func:`rlzoo.contract.hookspecs.rlzoo_register_rollout_backends`;
-docs/design.md describes how a colocated vLLM backend would implement it.
+docs/design.md describes how a colocated vLLM backend would implement it. The decode loop
+(it imports transformers) is looked up on :mod:`rlzoo.api` when a backend generates, so
+loading this plugin (``rlzoo list``, ``rlzoo config``) costs no transformers import.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from rlzoo.api import DTYPES, generate, Generation, hookimpl, left_pad
+from rlzoo import api
+from rlzoo.api import DTYPES, Generation, hookimpl, left_pad
 
 RLZOO_API_VERSION = "2"
 
@@ -55,7 +58,7 @@ class HFRollout:
         ids, mask = left_pad(prompt_ids, self.tokenizer.pad_token_id)
         self.model.eval()
         with self.context():
-            out = generate(self.model, ids.to(self.device), mask.to(self.device), max_new_tokens=max_new_tokens,
+            out = api.generate(self.model, ids.to(self.device), mask.to(self.device), max_new_tokens=max_new_tokens,
                            eos_id=self.tokenizer.eos_token_id, pad_id=self.tokenizer.pad_token_id,
                            temperature=temperature, top_p=top_p, greedy=greedy, num_samples=num_samples)
         # inference-mode tensors cannot enter autograd later: plain copies

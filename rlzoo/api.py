@@ -39,6 +39,7 @@ SURFACE: dict[str, tuple[str, ...]] = {
     "rlzoo.core.batch": ("RolloutBatch", "BatchCounts", "Generation"),
     "rlzoo.core.tokens": ("left_pad", "position_ids_from_mask"),
     "rlzoo.core.distributed": ("batch_sum", "batch_statistics"),
+    "rlzoo.core.dtypes": ("DTYPES",),
     # tasks
     "rlzoo.tasks.task": ("Task", "Example", "Holdout", "FileTask"),
     # agents: environments, tools, episodes
@@ -48,7 +49,6 @@ SURFACE: dict[str, tuple[str, ...]] = {
     "rlzoo.agents.episodes": ("replay", "COUNT_COLUMNS"),
     # models: the decode loop rollout backends share, dtypes, reward models
     "rlzoo.models.decode": ("generate",),
-    "rlzoo.models.build": ("DTYPES",),
     "rlzoo.models.reward_model": ("RunningMoments", "encode", "is_reward_model_dir", "load_reward_model",
                                   "reward_text", "score_ids", "uses_chat_template", "context_length", "cut_warning",
                                   "fit_context", "tokenizer_dir"),

@@ -162,10 +162,12 @@ def _plugin_modules() -> list[Path]:
 @pytest.mark.parametrize("path", _plugin_modules(), ids=lambda p: p.relative_to(ROOT).as_posix())
 def test_plugins_import_rlzoo_only_through_its_api(path: Path) -> None:
     """The standard plugins are written as a third-party package would be: ``rlzoo.api`` is
-    the one surface (docs/plugins.md); anything else may move between releases."""
+    the one surface (docs/plugins.md); anything else may move between releases. ``from rlzoo
+    import api`` is the same door, for names a plugin looks up when it runs (``api.generate``)."""
     other = sorted({ast.unparse(node) for node in ast.walk(ast.parse(path.read_text()))
                     if isinstance(node, ast.ImportFrom) and node.module and node.level == 0
-                    and (node.module == "rlzoo" or node.module.startswith("rlzoo.")) and node.module != "rlzoo.api"}
+                    and (node.module == "rlzoo" or node.module.startswith("rlzoo.")) and node.module != "rlzoo.api"
+                    and not (node.module == "rlzoo" and [a.name for a in node.names] == ["api"])}
                    | {ast.unparse(node) for node in ast.walk(ast.parse(path.read_text()))
                       if isinstance(node, ast.Import) and any(a.name.startswith("rlzoo.") and a.name != "rlzoo.api"
                                                               for a in node.names)})

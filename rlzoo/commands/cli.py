@@ -367,7 +367,9 @@ def _cmd_list(args: argparse.Namespace) -> int:
             "needs": sorted(c.needs),
             "inputs": list(c.inputs),
             "params": describe_params(c),
-            "listing": c.meta["listing"]() if callable(c.meta.get("listing")) else None,
+            # a listing may import a whole library (reasoning-gym's datasets: ~2 s): only when asked for
+            "listing": (c.meta["listing"]() if args.kind or args.json else f"more: rlzoo list --kind {c.kind}")
+            if callable(c.meta.get("listing")) else None,
         }
         for kind in kinds
         for c in registry.components(kind)

@@ -45,14 +45,8 @@ from rlzoo.core.errors import ConfigError, TrainingError
 from rlzoo.core.rng import global_rng_state, seed_everything, set_global_rng_state
 from rlzoo.core.tokens import left_pad
 from rlzoo.learn.learner import adamw
-from rlzoo.models.build import (
-    DTYPES,
-    build_char_tokenizer,
-    build_tiny_model,
-    load_pretrained,
-    load_tokenizer,
-    unreadable_model,
-)
+from rlzoo.core.dtypes import DTYPES
+from rlzoo.models.build import build_char_tokenizer, build_tiny_model, load_pretrained, load_tokenizer, unreadable_model
 from rlzoo.models.reward_model import (
     Text,
     context_length,

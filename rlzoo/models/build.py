@@ -35,6 +35,7 @@ from transformers import (
 )
 
 from rlzoo.core import distributed
+from rlzoo.core.dtypes import DTYPES
 from rlzoo.models import lora
 from rlzoo.models.dropout import disable_dropout
 from rlzoo.core.errors import ConfigError
@@ -44,7 +45,6 @@ from rlzoo.models.model_check import CheckResult, check_model
 
 PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
 GENERIC_TOKENIZER_CLASSES = ("PreTrainedTokenizerFast", "TokenizersBackend")
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def build_char_tokenizer(alphabet: str) -> PreTrainedTokenizerFast:

@@ -10,13 +10,16 @@ tensor is kept and peak memory is bounded by the budget, not by ``B · T · V``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
-from transformers import PreTrainedModel
 
 from rlzoo.models.head import LogitTransform, fast_paths
 from rlzoo.core.tokens import position_ids_from_mask
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 @dataclass

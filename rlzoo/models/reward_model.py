@@ -40,7 +40,8 @@ import torch
 from transformers import AutoConfig, AutoModelForSequenceClassification, PreTrainedModel, PreTrainedTokenizerBase
 
 from rlzoo.core.errors import ConfigError
-from rlzoo.models.build import DTYPES, ValueModel, load_tokenizer, unreadable_model
+from rlzoo.core.dtypes import DTYPES
+from rlzoo.models.build import ValueModel, load_tokenizer, unreadable_model
 from rlzoo.core.tokens import left_pad
 
 VALUE_HEAD_FILE = "value_head.safetensors"
@@ -210,7 +211,7 @@ def load_reward_model(path: str | Path, dtype: str, device: torch.device) -> tup
     """The frozen reward model of ``path`` and its tokenizer, on ``device``.
 
     :param dtype: ``auto`` (the dtype its ``config.json`` records) or a key of
-        :data:`rlzoo.models.build.DTYPES`.
+        :data:`rlzoo.core.dtypes.DTYPES`.
     :raises ConfigError: not a reward-model directory (:func:`is_reward_model_dir`), unreadable,
         or a tokenizer that does not fit the model (:func:`_check_tokenizer`).
     """
