@@ -71,7 +71,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from compare_trl import SMOLLM2_TASK, convert_gguf  # noqa: E402  (the sibling benchmark's helpers)
-from roofline import machine  # noqa: E402
+from rlzoo.diagnostics.roofline import machine  # noqa: E402
 
 SECTION = "## Learning race on a real model (issue 21)"
 SYSTEMS = ("rlzoo", "trl")

@@ -104,6 +104,7 @@ class LoggingConfig:
     log_every: int = MISSING
     sample_every: int = MISSING
     progress: bool = MISSING
+    doctor: bool = MISSING
 
 
 @dataclass

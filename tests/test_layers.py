@@ -25,14 +25,16 @@ LAYERS: dict[str, int] = {
     "prompts": 3, "scoring": 3, "sampler": 3, "recording": 3,
     "checkpoint": 3, "rundir": 3, "resume": 3, "tracking": 3, "evaluation": 3, "learner": 3, "context": 3,
     "rollout_queue": 3, "correcting": 3, "lora": 3, "async_rollout": 3, "environments": 3, "episodes": 3,
+    "diagnostics": 3,
     # 4: what runs a job
     "trainer": 4, "sft": 4, "rm": 4, "golden": 4, "ab": 4, "sweep": 4, "compare": 4, "explain": 4, "launcher": 4,
-    "export": 4,
+    "export": 4, "doctor": 4,
     # 5: the interfaces
     "cli": 5, "testing": 5, "tool_checks": 5, "env_checks": 5, "__main__": 5,
 }
 """Module of rlzoo/ -> its layer (docs/design.md, "Layers"). A module imports only modules of
-lower layers or of its own; a new module is placed here."""
+lower layers or of its own; a new module is placed here. A package (a folder of rlzoo/ with an
+``__init__.py``) is one entry: the imports of all its files together."""
 
 LAZY_ALLOWED = {"cli"}
 """Modules that may import rlzoo modules inside functions: the CLI imports the module of the
@@ -70,7 +72,15 @@ def _imports(path: Path) -> list[tuple[str, str | None]]:
     return found
 
 
-GRAPH = {path.stem: _imports(path) for path in sorted(ENGINE.glob("*.py"))}
+def _units() -> dict[str, list[Path]]:
+    """Module or package name -> its files: every ``*.py`` of rlzoo/, and every package folder."""
+    units = {path.stem: [path] for path in sorted(ENGINE.glob("*.py"))}
+    units.update({folder.name: sorted(folder.rglob("*.py")) for folder in sorted(ENGINE.iterdir())
+                  if (folder / "__init__.py").is_file()})
+    return units
+
+
+GRAPH = {name: [found for path in paths for found in _imports(path)] for name, paths in _units().items()}
 
 
 def test_every_module_has_a_layer() -> None:
@@ -116,7 +126,7 @@ def test_the_import_graph_has_no_cycle() -> None:
 
 def test_the_engine_never_imports_the_zoo() -> None:
     """rlzoo/ knows no algorithm: the standard plugins come in through entry points only."""
-    offenders = [path.name for path in ENGINE.glob("*.py")
+    offenders = [path.name for path in ENGINE.rglob("*.py")
                  if any(isinstance(node, (ast.Import, ast.ImportFrom)) and "rlzoo_plugins" in ast.unparse(node)
                         for node in ast.walk(ast.parse(path.read_text())))]
     assert not offenders

@@ -1,7 +1,8 @@
 """The roofline of a GRPO step: the least time this machine needs for the step's work.
 
-Used by ``compare_trl.py`` (the ``roofline s`` and ``vs roofline`` columns, and the phases of
-the smollm2 profile). Notation: ``G`` prompts per step, ``B = G × n`` sequences, ``P`` prompt
+Used by ``rlzoo doctor --plan`` (:mod:`rlzoo.diagnostics.preflight`: the estimated step time
+per phase) and by ``benchmarks/compare_trl.py`` (the ``roofline s`` and ``vs roofline``
+columns, and the phases of the smollm2 profile). Notation: ``G`` prompts per step, ``B = G × n`` sequences, ``P`` prompt
 tokens (the mean over the prompt pool), ``T`` new tokens per sequence (the step's mean),
 ``S`` decode steps (the step's longest completion: the decode loop runs until it ends);
 the model's hidden size ``d``, ``L`` layers, MLP width ``f``, query width
