@@ -71,10 +71,11 @@ def _scaled(setting: Any, factor: float) -> str:
 # ----------------------------------------------------------------------------- the detectors
 
 def entropy_collapse(run: RunRecord) -> list[Finding]:
-    """The policy's entropy fell below ``entropy_collapse_ratio`` of its start while the reward
-    was short of the task's success score (``success_share`` of ``eval.threshold``), and the
-    reward gained less than ``stall_share`` of it from there to the end (judged once four
-    windows have passed since): exploration stopped before the task was learnt."""
+    """The policy's entropy fell below ``entropy_collapse_ratio`` of its start, and from there
+    to the end the reward rose at under ``stall_rate`` of its rate before (or not at all, if it
+    had not risen), ending short of the task's success score (``success_share`` of
+    ``eval.threshold``): exploration stopped before the task was learnt. Judged once four
+    windows have passed since the collapse."""
     entropy, reward = run.curve(Tag.ENTROPY), run.curve(Tag.REWARD)
     if entropy is None or reward is None or entropy.start <= 0:
         return []
@@ -82,18 +83,22 @@ def entropy_collapse(run: RunRecord) -> list[Finding]:
     if not len(below):
         return []
     step = entropy.smooth_step(int(below[0]))
-    if int(np.sum(reward.steps > step)) < 4 * reward.window:  # too soon after it to call the reward stalled
+    first, last = int(reward.steps[0]), int(reward.steps[-1])
+    if int(np.sum(reward.steps > step)) < 4 * reward.window or step <= first:
         return []
     success = run.success()
     at_collapse, final = reward.at(step), reward.end
-    if final - at_collapse >= limit("stall_share") * success or final >= limit("success_share") * success:
+    before, after = (at_collapse - reward.start) / (step - first), (final - at_collapse) / (last - step)
+    stalled = after < limit("stall_rate") * before if before > 0 else after <= 0
+    if not stalled or final >= limit("success_share") * success:
         return []
     lr = run.setting("trainer.lr", 0.0)
     return [Finding(
-        "entropy_collapse", "entropy collapse", (step, int(entropy.steps[-1])),
+        "entropy_collapse", "entropy collapse", (step, last),
         f"entropy {_g(entropy.start)} at the start, {_g(entropy.at(step))} by step {step} "
-        f"(< {limit('entropy_collapse_ratio'):g} of the start); reward/mean {_g(at_collapse)} then and "
-        f"{_g(final)} at the end (success is {success:g})",
+        f"(< {limit('entropy_collapse_ratio'):g} of the start); reward/mean {_g(reward.start)} -> {_g(at_collapse)} "
+        f"up to then, {_g(final)} at the end: {after / before if before > 0 else 0:.0%} of its rate before "
+        f"(success is {success:g})",
         "the policy turned near-deterministic before it solved the task, so its samples stopped exploring "
         "(updates too large for the reward's guidance sharpen it fastest)",
         ((f"trainer.lr={_scaled(lr, 0.25)}", "smaller steps sharpen the policy more slowly"),
@@ -177,7 +182,9 @@ def rollout_mismatch(run: RunRecord) -> list[Finding]:
     trained policy's."""
     curve = run.curve(Tag.MISMATCH)
     correction = run.setting("rollout_correction", "none")
-    if curve is None or correction not in ("none", None, [], "null"):
+    names = [c.get("name") if isinstance(c, dict) else c for c in
+             (correction if isinstance(correction, list) else [correction])]
+    if curve is None or any(name not in ("none", None) for name in names):
         return []
     late = curve.after(0.5)
     if np.mean(late > limit("mismatch_high")) < limit("persist_share"):
@@ -204,8 +211,12 @@ def rollout_mismatch(run: RunRecord) -> list[Finding]:
 
 def zero_variance_groups(run: RunRecord) -> list[Finding]:
     """``reward/zero_std_frac`` above ``zero_std_high`` over the last half: most groups'
-    completions score alike, so a group-relative advantage gives them no signal."""
-    curve, reward = run.curve(Tag.ZERO_STD_GROUPS), run.curve(Tag.REWARD)
+    completions score alike, so a group-relative advantage gives them no signal. The cause
+    named: groups solved (reward at ``success_share`` of the success score or above), groups
+    failing alike (at ``1 - success_share`` or below), or a collapsed policy whose samples of a
+    prompt are the same completion (entropy below ``entropy_collapse_ratio`` of its start);
+    with a learned reward (``reward/proxy``) the reward's level says nothing of success."""
+    curve, reward, entropy = run.curve(Tag.ZERO_STD_GROUPS), run.curve(Tag.REWARD), run.curve(Tag.ENTROPY)
     if curve is None or reward is None:
         return []
     late = float(curve.after(0.5).mean())
@@ -213,23 +224,28 @@ def zero_variance_groups(run: RunRecord) -> list[Finding]:
         return []
     n, success = int(run.setting("rollout.n", 1)), run.success()
     level = float(reward.after(0.5).mean())
-    if level >= limit("success_share") * success:
-        why = "the task is too easy for the policy now: whole groups are solved"
-        fixes = (("extensions=[dynamic_sampling]", "refill the batch with groups that disagree (DAPO)"),
-                 ("task.num_digits=6", "for sort_digits: a harder task"))
-    elif level <= (1 - limit("success_share")) * success:
+    learned = Tag.PROXY in run.scalars
+    collapsed = entropy is not None and entropy.end < limit("entropy_collapse_ratio") * entropy.start
+    sample_more = (f"rollout.n={2 * n}", "larger groups disagree more often")
+    refill = ("extensions=[dynamic_sampling]", "refill the batch with groups that disagree (DAPO)")
+    if not learned and level >= limit("success_share") * success:
+        why = "the groups are solved: all their completions score the same (the task is easy for the policy now)"
+        fixes = (refill, ("task.num_digits=6", "for sort_digits: a harder task"))
+    elif not learned and level <= (1 - limit("success_share")) * success:
         why = "the task is too hard for the policy: whole groups fail alike"
-        fixes = ((f"rollout.n={2 * n}", "larger groups find a success more often"),
-                 ("extensions=[dynamic_sampling]", "train only on groups that disagree"))
+        fixes = (sample_more, refill)
+    elif collapsed:
+        why = (f"the policy collapsed (entropy {_g(entropy.start)} -> {_g(entropy.end)}): its {n} samples of a "
+               "prompt are mostly one completion")
+        fixes = (("policy_loss.clip_high=0.28", "DAPO's clip-higher keeps exploring"), refill)
     else:
         why = f"groups of {n} completions too often agree"
-        fixes = ((f"rollout.n={2 * n}", "larger groups disagree more often"),
-                 ("extensions=[dynamic_sampling]", "train only on groups that disagree"))
+        fixes = (sample_more, refill)
     return [Finding(
         "zero_variance_groups", "most groups have zero reward variance",
         (int(curve.steps[len(curve.steps) // 2]), int(curve.steps[-1])),
         f"reward/zero_std_frac {late:.2f} over the last half (> {limit('zero_std_high'):g}); reward/mean "
-        f"{_g(level)} there (success {success:g})", why, fixes)]
+        f"{_g(level)} there" + ("" if learned else f" (success {success:g})"), why, fixes)]
 
 
 def response_length(run: RunRecord) -> list[Finding]:
@@ -354,30 +370,26 @@ def loss_at_zero(run: RunRecord) -> list[Finding]:
 
 def critic_lagging(run: RunRecord) -> list[Finding]:
     """For a run with a critic: ``value/explained_var`` below ``explained_var_low`` over the
-    last half (median), or ``value/loss`` over the last quarter above ``value_loss_flat`` of
-    its first quarter."""
-    loss = run.curve(Tag.VALUE_LOSS)
-    if loss is None:
+    last half (median): the critic predicts the returns worse than their mean. The evidence
+    adds ``value/loss`` over the first and last quarter (a loss that does not fall)."""
+    loss, explained = run.curve(Tag.VALUE_LOSS), run.curve(Tag.EXPLAINED_VAR)
+    if loss is None or explained is None:
         return []
-    explained = run.curve(Tag.EXPLAINED_VAR)
-    parts = []
-    if explained is not None and float(np.median(explained.after(0.5))) < limit("explained_var_low"):
-        parts.append(f"value/explained_var median {_g(float(np.median(explained.after(0.5))))} over the last half "
-                     f"(< {limit('explained_var_low'):g}: worse than predicting the mean return)")
+    median = float(np.median(explained.after(0.5)))
+    if median >= limit("explained_var_low"):
+        return []
     quarter = max(1, len(loss.values) // 4)
     first, last = float(loss.values[:quarter].mean()), float(loss.values[-quarter:].mean())
-    if last > limit("value_loss_flat") * first:
-        parts.append(f"value/loss {_g(first)} over the first quarter, {_g(last)} over the last (not falling)")
-    if not parts:
-        return []
     critic_lr = run.setting("trainer.critic_lr", 0.0)
     return [Finding(
-        "critic_lagging", "critic lagging behind the returns", (int(loss.steps[0]), int(loss.steps[-1])),
-        "; ".join(parts),
+        "critic_lagging", "critic lagging behind the returns", (int(explained.steps[len(explained.steps) // 2]),
+                                                                int(explained.steps[-1])),
+        f"value/explained_var median {_g(median)} over the last half (< {limit('explained_var_low'):g}: worse than "
+        f"predicting the mean return); value/loss {_g(first)} over the first quarter, {_g(last)} over the last",
         f"the critic (trainer.critic_lr={critic_lr:g}) does not track the returns of the changing policy, so "
         "GAE's advantages are mostly its error",
         ((f"trainer.critic_lr={_scaled(critic_lr, 10)}", "a critic that learns faster"),
-         ("advantage=grpo", "a critic-free baseline"))) ]
+         ("advantage=grpo", "a critic-free baseline")))]
 
 
 def heldout_fall(run: RunRecord) -> list[Finding]:
@@ -405,9 +417,8 @@ def heldout_fall(run: RunRecord) -> list[Finding]:
         f"-> {_g(final)} over the same steps",
         "the policy keeps fitting the training prompts at the held-out prompts' expense: training went on past "
         "its best point",
-        ((f"trainer.total_steps={peak_step}", "stop at the peak (checkpoint.every divides it: its checkpoint "
-                                              "is kept)"),
-         ("trainer.lr_schedule=cosine", "a decaying learning rate moves the policy less late in the run")))]
+        (("trainer.lr_schedule=cosine", "a decaying learning rate moves the policy less late in the run"),
+         (f"trainer.total_steps={peak_step}", "stop where held-out accuracy peaked")))]
 
 
 def proxy_over_optimised(run: RunRecord) -> list[Finding]:

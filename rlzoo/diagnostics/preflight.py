@@ -17,13 +17,10 @@ activation), ``d e_a`` with gradient checkpointing plus one layer's full set; pl
 log-prob head's kept log-softmax (``trainer.logprob_keep_mb`` at most) and one chunk's
 logits. ``e_a`` is 2 under ``trainer.precision=bf16`` autocast, else ``e``.
 
-**Time**: per phase, the roofline of :mod:`rlzoo.diagnostics.roofline` at the matmul rates and
-memory bandwidth measured now (``max(FLOPs / rate, bytes / bandwidth)``), plus the fixed cost
-of running the model's layers, measured now on a stand-in of the same architecture with
-hidden size 16 (one and three layers: a cost per call and per layer) through rlzoo's own
-decode loop, training forward and backward, and AdamW step. On a small model the fixed cost
-is most of the step; on a large one the roofline is. Responses are assumed to use the whole
-``rollout.max_new_tokens`` budget (an upper bound where they stop earlier), and scoring and
+**Time**: per phase of one step, the cost of the model's layers measured now on a stand-in of
+its widths at the run's shapes, plus the roofline of its vocabulary head and embedding
+(:mod:`rlzoo.diagnostics.steptime`). Responses are assumed to use the whole
+``rollout.max_new_tokens`` budget (an upper bound where they stop earlier); scoring and
 bookkeeping outside the model are not counted.
 """
 
@@ -31,26 +28,24 @@ from __future__ import annotations
 
 import os
 import random
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, Qwen2Config,
-                          Qwen2ForCausalLM)
+from transformers import AutoConfig, AutoTokenizer
 
-from rlzoo.diagnostics.roofline import (DTYPE_BYTES, ModelShapes, StepWork, machine, matmul_rates, memory_bandwidth,
-                                        roofline)
-from rlzoo.logprobs import ResponseForward
+from rlzoo.diagnostics.roofline import DTYPE_BYTES, ModelShapes, StepWork, machine, matmul_rates, memory_bandwidth
+from rlzoo.diagnostics.steptime import measure, step_seconds
 from rlzoo.models import build_char_tokenizer, check_gguf_path, load_tokenizer
 from rlzoo.planrecords import RunPlan
 from rlzoo.prompts import PromptFormat
 from rlzoo.resolved import ResolvedConfig
-from rlzoo.rollout import generate
 from rlzoo.tasks import Holdout
 
 MIB = 2**20
+RATE_ROWS = 256
+"""Rows of the largest matmul timed for the head's rate (the rate is flat above a few hundred)."""
 PROMPT_SAMPLE = 64
 """Training prompts tokenised for the prompt length (mean and longest)."""
 LORA_SHAPES = {"q_proj": ("d", "q"), "k_proj": ("d", "k"), "v_proj": ("d", "k"), "o_proj": ("q", "d"),
@@ -204,17 +199,21 @@ def memory_parts(resolved: ResolvedConfig, shapes: ModelShapes, prompt_max: int,
     parts.append(MemoryPart("KV cache", kv, f"{sequences} sequences x {tokens} tokens"))
     sampling = 3 * sequences * shapes.vocab * 4
     parts.append(MemoryPart("activations", max(activation_bytes(resolved, shapes, prompt_max), sampling),
-                            f"the update's, micro-batches of {min(plan.update.micro_batch_size, sequences)} "
-                            f"sequences x {tokens} tokens"))
+                            f"the update's, micro-batches of {micro_batch(plan)} sequences x {tokens} tokens"))
     return parts
+
+
+def micro_batch(plan: RunPlan) -> int:
+    """Sequences per forward/backward of the update: ``trainer.micro_batch_size``, at most a mini-batch."""
+    per_mini = plan.update.sequences_per_process // plan.update.mini_batches
+    return min(plan.update.micro_batch_size, max(1, per_mini))
 
 
 def activation_bytes(resolved: ResolvedConfig, shapes: ModelShapes, prompt_max: int) -> float:
     """Bytes the update keeps for backward in one micro-batch (module docstring)."""
     cfg, plan = resolved.cfg, resolved.plan
     e = 2 if plan.precision == "bf16" else DTYPE_BYTES[str(cfg.model.dtype)]
-    per_mini = plan.update.sequences_per_process // plan.update.mini_batches
-    m, new = min(plan.update.micro_batch_size, max(1, per_mini)), plan.rollout.max_new_tokens
+    m, new = micro_batch(plan), plan.rollout.max_new_tokens
     tokens = m * (prompt_max + new)
     d, q, f = shapes.hidden, shapes.query_width, shapes.intermediate
     layer = tokens * (4 * d + 5 * q + 4 * f) * e
@@ -222,112 +221,6 @@ def activation_bytes(resolved: ResolvedConfig, shapes: ModelShapes, prompt_max: 
     head = min(m * new * shapes.vocab * 4, float(cfg.trainer.logprob_keep_mb) * MIB)
     chunk = min(m * new, int(cfg.trainer.logprob_chunk_size)) * shapes.vocab * 4 * 2
     return kept + head + chunk
-
-
-@dataclass(frozen=True)
-class FixedCosts:
-    """Seconds of running the layers beside their FLOPs, measured on a stand-in: per call
-    (``*_call``) and per layer (``*_layer``) of a decode step, a training forward + backward
-    of a micro-batch, a no-grad forward, and an AdamW step."""
-
-    decode_call: float
-    decode_layer: float
-    train_call: float
-    train_layer: float
-    forward_call: float
-    forward_layer: float
-    adam_call: float
-    adam_layer: float
-
-
-def _stand_in(config: Any, arch: str, layers: int, tokenizer_size: int) -> Any:
-    """A randomly initialised model of the policy's architecture, hidden size 16, ``layers`` layers."""
-    small = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=layers, num_attention_heads=2,
-                 num_key_value_heads=1, vocab_size=max(8, min(tokenizer_size, 64)), max_position_embeddings=512)
-    if config is None:
-        classes = (Qwen2Config, Qwen2ForCausalLM) if arch == "qwen2" else (LlamaConfig, LlamaForCausalLM)
-        return classes[1](classes[0](**small, tie_word_embeddings=True))
-    values = {**config.to_dict(), **small, "head_dim": 8}
-    values.pop("quantization_config", None)
-    return AutoModelForCausalLM.from_config(type(config).from_dict(values))
-
-
-def _best(call: Any, repeats: int = 5) -> float:
-    """The fastest of ``repeats`` timed calls of ``call`` after one warm-up call (seconds)."""
-    call()
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        call()
-        best = min(best, time.perf_counter() - start)
-    return best
-
-
-def _time_stand_in(config: Any, arch: str, layers: int, prompt: int, new: int) -> tuple[float, float, float, float]:
-    """Seconds of a decode step, a training forward + backward, a no-grad forward and an
-    AdamW step of a ``layers``-layer stand-in (4 sequences, ``prompt`` + ``new`` tokens)."""
-    torch.manual_seed(0)
-    model = _stand_in(config, arch, layers, 64)
-    ids = torch.randint(4, 8, (4, prompt))
-    mask = torch.ones_like(ids)
-    response = torch.randint(4, 8, (4, new))
-    response_mask = torch.ones_like(response, dtype=torch.float)
-    forward = ResponseForward(model)
-    model.eval()
-    decode = _best(lambda: generate(model, ids, mask, max_new_tokens=new, eos_id=-1, pad_id=0)) / new
-    with torch.no_grad():
-        plain = _best(lambda: forward(ids, mask, response, response_mask))
-    model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
-
-    def train() -> None:
-        forward(ids, mask, response, response_mask, with_entropy=True)[0].sum().backward()
-
-    return decode, _best(train), plain, _best(optimizer.step)
-
-
-def fixed_costs(config: Any, arch: str, threads: int, prompt: int, new: int) -> FixedCosts:
-    """Measure :class:`FixedCosts` on stand-ins of one and three layers (4 sequences, ``prompt``
-    prompt tokens, ``new`` decode steps): half the difference of their times is the cost per
-    layer, the one-layer time less that the cost per call."""
-    torch.set_num_threads(threads)
-    one, three = (_time_stand_in(config, arch, layers, prompt, new) for layers in (1, 3))
-    per_layer = [max(0.0, (b - a) / 2) for a, b in zip(one, three)]
-    per_call = [max(0.0, a - layer) for a, layer in zip(one, per_layer)]
-    return FixedCosts(decode_call=per_call[0], decode_layer=per_layer[0], train_call=per_call[1],
-                      train_layer=per_layer[1], forward_call=per_call[2], forward_layer=per_layer[2],
-                      adam_call=per_call[3], adam_layer=per_layer[3])
-
-
-def step_seconds(resolved: ResolvedConfig, shapes: ModelShapes, work: StepWork, rates: dict[str, dict[str, float]],
-                 bandwidth: float, costs: FixedCosts) -> dict[str, float]:
-    """Estimated seconds per phase: the roofline at ``rates`` and ``bandwidth`` plus ``costs``
-    for the plan's calls (decode steps, micro-batches, optimizer steps)."""
-    cfg, plan = resolved.cfg, resolved.plan
-    train_dtype = "bfloat16" if plan.precision == "bf16" or str(cfg.model.dtype) == "bfloat16" else "float32"
-    rollout_dtype = "bfloat16" if str(plan.rollout.dtype) == "bfloat16" else "float32"
-    floor = roofline(shapes, work, rates[train_dtype], bandwidth, DTYPE_BYTES[str(cfg.model.dtype)])
-    rollout_floor = roofline(shapes, work, rates[rollout_dtype], bandwidth, DTYPE_BYTES[rollout_dtype])
-    L, u = shapes.layers, plan.update
-    per_mini = max(1, u.sequences_per_process // u.mini_batches)
-    micro_per_mini = -(-per_mini // max(1, u.micro_batch_size))
-    micro_all = -(-u.sequences_per_process // max(1, u.micro_batch_size))
-    forward_fixed = micro_all * (costs.forward_call + L * costs.forward_layer)
-    seconds = {"rollout": rollout_floor["prefill"] + rollout_floor["decode"]
-               + work.decode_steps * (costs.decode_call + L * costs.decode_layer)}
-    if "greedy" in plan.passes:
-        seconds["greedy rollout"] = seconds["rollout"] / max(1, plan.rollout.n)
-    if plan.runs("old_logp"):
-        seconds["old log-probs"] = floor["old"] + forward_fixed
-    if plan.runs("ref_logp"):
-        seconds["reference"] = floor["reference"] + forward_fixed
-    update = u.epochs * (floor["update"] + u.mini_batches * micro_per_mini * (costs.train_call + L * costs.train_layer))
-    seconds["update"] = update
-    seconds["optimizer"] = u.optimizer_steps * (floor["optimizer"] * (1 if plan.lora is None else 0)
-                                                + costs.adam_call + L * costs.adam_layer)
-    if "critic" in plan.models:  # a values pass and its own update, costed as the policy's
-        seconds["critic"] = floor["update"] / 3 + forward_fixed + update + seconds["optimizer"]
-    return seconds
 
 
 def estimate(resolved: ResolvedConfig) -> Estimate:
@@ -349,15 +242,17 @@ def estimate(resolved: ResolvedConfig) -> Estimate:
                     prompt_tokens=prompt_mean, new_tokens=new, decode_steps=new,
                     reference=plan.runs("ref_logp"), old_pass=plan.runs("old_logp"))
     threads = int(cfg.trainer.threads) or torch.get_num_threads()
-    rates = matmul_rates(shapes, work, threads, repeats=2)
+    dtype = "bfloat16" if plan.precision == "bf16" or str(cfg.model.dtype) == "bfloat16" else "float32"
+    rates = matmul_rates(shapes, work, threads, repeats=2, dtypes=(dtype,), max_rows=RATE_ROWS)[dtype]
     bandwidth = max(memory_bandwidth(threads, megabytes=64, repeats=3).values())
-    costs = fixed_costs(config, str(cfg.model.arch), threads, max(1, round(prompt_mean)), max(1, min(new, 16)))
-    seconds = step_seconds(resolved, shapes, work, rates, bandwidth, costs)
+    costs = measure(config, shapes, str(cfg.model.arch), plan, str(cfg.model.dtype), prompt_max,
+                    micro_batch(plan), threads)
+    seconds = step_seconds(plan, shapes, costs, rates, bandwidth)
     notes = [f"model: {shapes.parameters:,} parameters, {shapes.layers} layers, hidden {shapes.hidden}, vocabulary "
              f"{shapes.vocab}; prompts {prompt_mean:.1f} tokens on average, {prompt_max} at most; responses of "
              f"{new} tokens",
-             f"rates measured now on {machine()}, {threads} thread(s): matmul float32 "
-             f"{rates['float32']['update/backbone'] / 1e9:.0f} GFLOP/s, memory {bandwidth / 1e9:.1f} GB/s; fixed cost "
-             f"per layer: decode step {costs.decode_layer * 1e6:.0f} us, training micro-batch "
-             f"{costs.train_layer * 1e6:.0f} us"]
+             f"rates measured now on {machine()}, {threads} thread(s): matmul {dtype} "
+             f"{rates['update/head'] / 1e9:.0f} GFLOP/s (vocabulary head), memory {bandwidth / 1e9:.1f} GB/s; one "
+             f"layer of this model here: decode step {costs.decode_layer * 1e3:.2g} ms, training micro-batch "
+             f"{costs.train_layer * 1e3:.3g} ms (a stand-in of its widths)"]
     return Estimate(parts=parts, available=available_memory(device), device=device, seconds=seconds, notes=notes)
