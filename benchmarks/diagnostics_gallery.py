@@ -53,8 +53,10 @@ GALLERY: dict[str, tuple[tuple[str, str], tuple[str, str], tuple[str, ...]]] = {
     "critic_lagging": (("ppo-critic-slow", "algo=ppo trainer.critic_lr=1e-6 trainer.total_steps=300 eval.every=50"),
                        ("ppo", "algo=ppo trainer.total_steps=300 eval.every=50"),
                        ("value/explained_var", "value/loss", "reward/mean")),
-    "kl_pinned": (("ppo-target0.1", "algo=ppo kl.controller.target=0.1 trainer.total_steps=300 eval.every=50"),
-                  ("ppo-target0.3", "algo=ppo kl.controller.target=0.3 trainer.total_steps=300 eval.every=50"),
+    "kl_pinned": (("klpin", "kl.apply=reward 'kl.controller={name: adaptive, target: 2.0, horizon: 1000}' "
+                            "trainer.total_steps=300"),
+                  ("klpin-fix", "kl.apply=reward 'kl.controller={name: adaptive, target: 6.0, horizon: 1000}' "
+                                "trainer.total_steps=300"),
                   ("kl/sequence_sum", "kl/coef", "reward/mean")),
     "rollout_mismatch": (("stale4", "rollout.staleness=4 trainer.total_steps=300"),
                          ("base300", "trainer.total_steps=300"),
@@ -63,7 +65,8 @@ GALLERY: dict[str, tuple[tuple[str, str], tuple[str, str], tuple[str, ...]]] = {
                           ("warmup30", "trainer.warmup_steps=30 trainer.lr_schedule=cosine trainer.total_steps=300"),
                           ("lr", "reward/mean", "entropy")),
     "loss_at_zero": (("arith", "task=arithmetic trainer.total_steps=150 eval.size=32"),
-                     ("arith-small", "task=arithmetic task.max_operand=9 trainer.total_steps=150 eval.size=32"),
+                     ("arith-lm", "task=arithmetic 'reward=[exact_match, {name: length_match, weight: 0.1}]' "
+                                  "trainer.total_steps=150 eval.size=32"),
                      ("policy/loss", "grad_norm", "reward/mean")),
 }
 """Every figure: the finding's name -> the sick and the fixed run (directory name and the

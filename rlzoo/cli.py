@@ -224,7 +224,7 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
 
     results = examine(args.items)
     sys.stdout.write(report(results))
-    return EXIT_USAGE if args.strict and any(findings for _, findings in results) else 0
+    return EXIT_USAGE if args.strict and any(result.findings for result in results) else 0
 
 
 def _cmd_explain(args: argparse.Namespace) -> int:

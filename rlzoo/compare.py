@@ -34,7 +34,8 @@ COLUMNS: list[tuple[str, str]] = [
               "`seed`, `trainer.threads` and `eval.every`; labelled by the keys that differ between groups "
               "(a component by its name, a list of components by their names, a component's parameters only "
               "where they differ for the same component; keys an algorithm preset sets are folded into `algo=`)"),
-    ("seeds", "runs in the group; every other cell is their mean ± standard deviation (n−1 denominator)"),
+    ("seeds", "runs in the group; every other cell but `doctor` is their mean ± standard deviation (n−1 "
+              "denominator)"),
     ("eval acc", "`eval/greedy_accuracy` at the last evaluation (after the last step): share of the held-out "
                  "prompts whose greedy completion scores at least `eval.threshold`"),
     ("eval pass@1", "`eval/pass@1` at the last evaluation: per held-out prompt, the share of its `eval.n` "
@@ -56,8 +57,9 @@ COLUMNS: list[tuple[str, str]] = [
     ("eval s", "seconds spent in evaluation (the sum of `timing/eval_s`)"),
     ("tokens/s", "prompt + response tokens per second of step time (`throughput/tokens_per_s`), mean over "
                  "logged steps"),
-    ("doctor", "findings of `rlzoo doctor` per run (a pathology its detectors see in the run's curves; "
-               "`rlzoo doctor RUN_DIR` names them, with the evidence and the overrides to try)"),
+    ("doctor", "the number of `rlzoo doctor`'s findings in each run of the group, run by run (a pathology its "
+               "detectors see in the run's curves; `rlzoo doctor RUN_DIR` names them, with the evidence and the "
+               "overrides to try)"),
 ]
 """(header, definition) of every column of the table, in order; the definitions are the legend."""
 

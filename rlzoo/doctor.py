@@ -10,39 +10,54 @@ against this machine's free memory, before any model is built.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from rlzoo.compare import find_runs
-from rlzoo.diagnostics.detectors import Finding, diagnose
+from rlzoo.diagnostics.detectors import diagnose
 from rlzoo.diagnostics.preflight import Estimate, estimate
-from rlzoo.diagnostics.records import load_run
+from rlzoo.diagnostics.records import Finding, load_run
 from rlzoo.resolved import ResolvedConfig
 from rlzoo.rundir import read_status
 
 
-def examine(paths: list[str | Path]) -> list[tuple[Path, list[Finding]]]:
-    """``(run directory, its findings)`` for every run at or under ``paths``.
+@dataclass(frozen=True)
+class Examined:
+    """One run's post-mortem: its directory, the last step it logged, how it ended
+    (``status.json``, or ``None``) and its findings."""
+
+    run_dir: Path
+    steps: int
+    status: dict | None
+    findings: list[Finding]
+
+
+def examine(paths: list[str | Path]) -> list[Examined]:
+    """The post-mortem of every run at or under ``paths`` (sweep directories: each run).
 
     :raises RlzooError: a path does not exist, or holds no run.
     """
-    return [(run, diagnose(load_run(run))) for run in find_runs(paths)]
-
-
-def report(results: list[tuple[Path, list[Finding]]]) -> str:
-    """The post-mortem as ``rlzoo doctor`` prints it: per run a heading (its directory, the
-    steps it logged and how it ended), then its findings or ``no findings``."""
-    blocks = []
-    for run, findings in results:
+    out = []
+    for run in find_runs(paths):
         record = load_run(run)
         steps = max((points[-1][0] for points in record.scalars.values() if points), default=0)
-        status = read_status(run) or {}
-        ended = f", {status['status']} at step {status.get('step')}" if status.get("status") else ""
-        head = f"{run}: {steps} steps logged{ended}; {len(findings)} finding{'s' if len(findings) != 1 else ''}"
-        body = "\n".join(f.render() for f in findings) if findings else "  no findings"
+        out.append(Examined(run, steps, read_status(run), diagnose(record)))
+    return out
+
+
+def report(results: list[Examined]) -> str:
+    """The post-mortem as ``rlzoo doctor`` prints it: per run a heading (its directory, the
+    steps it logged, how it ended, how many findings), then each finding or ``no findings``."""
+    blocks = []
+    for result in results:
+        ended = f", {result.status['status']} at step {result.status.get('step')}" if result.status else ""
+        count = len(result.findings)
+        head = f"{result.run_dir}: {result.steps} steps logged{ended}; {count} finding{'s' if count != 1 else ''}"
+        body = "\n".join(f.render() for f in result.findings) if result.findings else "  no findings"
         blocks.append(f"{head}\n{body}")
     return "\n\n".join(blocks) + "\n"
 
 
 def preflight(resolved: ResolvedConfig) -> Estimate:
-    """The pre-flight estimate of ``resolved``'s run (no model is built)."""
+    """The pre-flight estimate of ``resolved``'s run (none of its models is built)."""
     return estimate(resolved)

@@ -226,6 +226,7 @@ ADDED_KEYS: dict[str, Any] = {
     "rollout.mode": "sync", "rollout.weight_sync_every": 1, "rollout.max_staleness": 2,
     "rollout.stale_batches": "drop", "rollout.queue_size": 1,
     "env": None, "rollout.max_turns": 4, "rollout.max_turn_tokens": 16,
+    "logging.doctor": False,
 }
 """Keys added after a run may have been saved -> the value such a run ran with (a resumed run
 whose ``config.yaml`` lacks one gets it, and that is no change)."""

@@ -159,7 +159,11 @@ def test_zero_variance_groups_names_easy_or_hard() -> None:
     (finding,) = detectors.zero_variance_groups(record(**easy))
     assert "groups are solved" in finding.cause and finding.fixes[0][0] == "extensions=[dynamic_sampling]"
     (finding,) = detectors.zero_variance_groups(record(**{**easy, "reward__mean": lambda s: 0.02}))
-    assert "too hard" in finding.cause and finding.fixes[0][0] == "rollout.n=16"
+    assert "too hard" in finding.cause and finding.fixes[1][0] == "rollout.n=16"
+    assert finding.fixes[0][0] == "reward=[exact_match, {name: length_match, weight: 0.1}]"   # reward: null
+    (finding,) = detectors.zero_variance_groups(record(config(reward={"name": "numeric_match"}),
+                                                       **{**easy, "reward__mean": lambda s: 0.02}))
+    assert finding.fixes[0][0] == "reward=[numeric_match, {name: length_match, weight: 0.1}]"
     collapsed = {**easy, "reward__mean": lambda s: 0.5, "entropy": ramp(2.0, 0.1, 50)}
     (finding,) = detectors.zero_variance_groups(record(**collapsed))
     assert "the policy collapsed (entropy 1.83 -> 0.1)" in finding.cause     # start 2 - 1.9 x 4.5 / 49

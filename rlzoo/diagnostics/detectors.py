@@ -16,46 +16,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from rlzoo.diagnostics.records import Curve, RunRecord
+from rlzoo.diagnostics.records import Curve, Finding, RunRecord
 from rlzoo.diagnostics.thresholds import limit
 from rlzoo.tracking import Tag
-
-
-@dataclass(frozen=True)
-class Finding:
-    """One pathology found in a run.
-
-    :ivar code: the detector's name (``entropy_collapse``, ...).
-    :ivar title: the pathology in words.
-    :ivar steps: first and last step of the evidence.
-    :ivar evidence: the values that show it.
-    :ivar cause: its likely cause.
-    :ivar fixes: ``(override, why)`` pairs: exact ``key=value`` overrides to try, in order.
-    """
-
-    code: str
-    title: str
-    steps: tuple[int, int]
-    evidence: str
-    cause: str
-    fixes: tuple[tuple[str, str], ...] = ()
-
-    def line(self) -> str:
-        """The finding in one line (the trainer's warning)."""
-        tried = "; try " + ", ".join(fix for fix, _ in self.fixes) if self.fixes else ""
-        return f"{self.title} (steps {self.steps[0]}-{self.steps[1]}): {self.evidence}{tried}"
-
-    def render(self) -> str:
-        """The finding as ``rlzoo doctor`` prints it: a heading and indented lines."""
-        lines = [f"[{self.code}] {self.title}, steps {self.steps[0]}-{self.steps[1]}",
-                 f"  evidence: {self.evidence}", f"  cause: {self.cause}"]
-        lines += [f"  {'fix' if i == 0 else '   '}: {fix}  ({why})" for i, (fix, why) in enumerate(self.fixes)]
-        return "\n".join(lines)
 
 
 def _g(x: float) -> str:
@@ -66,6 +33,17 @@ def _g(x: float) -> str:
 def _scaled(setting: Any, factor: float) -> str:
     """``setting × factor`` as an override value."""
     return f"{float(setting) * factor:g}"
+
+
+def _partial_credit(run: RunRecord) -> tuple[str, str]:
+    """An override that adds a partial-credit term to the run's reward (``length_match``, weight
+    0.1), so that groups whose answers all fail still differ."""
+    reward = run.setting("reward")
+    name = reward.get("name") if isinstance(reward, dict) else reward if isinstance(reward, str) else None
+    why = "a partial-credit term gives failing answers something to differ in"
+    if name is None:
+        return "reward=[exact_match, {name: length_match, weight: 0.1}]", why + " (an exact-match task's reward)"
+    return f"reward=[{name}, {{name: length_match, weight: 0.1}}]", why
 
 
 # ----------------------------------------------------------------------------- the detectors
@@ -233,7 +211,7 @@ def zero_variance_groups(run: RunRecord) -> list[Finding]:
         fixes = (refill, ("task.num_digits=6", "for sort_digits: a harder task"))
     elif not learned and level <= (1 - limit("success_share")) * success:
         why = "the task is too hard for the policy: whole groups fail alike"
-        fixes = (sample_more, refill)
+        fixes = (_partial_credit(run), sample_more, refill)
     elif collapsed:
         why = (f"the policy collapsed (entropy {_g(entropy.start)} -> {_g(entropy.end)}): its {n} samples of a "
                "prompt are mostly one completion")
@@ -364,7 +342,7 @@ def loss_at_zero(run: RunRecord) -> list[Finding]:
         f"{np.mean(dead):.0%} of the last half",
         "every advantage is 0: each group's completions score the same (too easy or too hard a task, or a "
         "reward that cannot tell them apart)",
-        ((f"rollout.n={2 * int(run.setting('rollout.n', 1))}", "larger groups"),
+        (_partial_credit(run), (f"rollout.n={2 * int(run.setting('rollout.n', 1))}", "larger groups"),
          ("extensions=[dynamic_sampling]", "train only on groups that disagree")))]
 
 

@@ -1,6 +1,6 @@
-"""What the detectors read: a run's logged curves and its config (:class:`RunRecord`), loaded
-from a run directory (:func:`load_run`) or collected during training; one curve with its
-smoothing (:class:`Curve`)."""
+"""What the detectors read and what they report: a run's logged curves and its config
+(:class:`RunRecord`), loaded from a run directory (:func:`load_run`) or collected during
+training; one curve with its smoothing (:class:`Curve`); a finding (:class:`Finding`)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,38 @@ import yaml
 
 from rlzoo.diagnostics.thresholds import limit
 from rlzoo.events import read_scalars
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One pathology found in a run.
+
+    :ivar code: the detector's name (``entropy_collapse``, ...).
+    :ivar title: the pathology in words.
+    :ivar steps: first and last step of the evidence.
+    :ivar evidence: the values that show it.
+    :ivar cause: its likely cause.
+    :ivar fixes: ``(override, why)`` pairs: exact ``key=value`` overrides to try, in order.
+    """
+
+    code: str
+    title: str
+    steps: tuple[int, int]
+    evidence: str
+    cause: str
+    fixes: tuple[tuple[str, str], ...] = ()
+
+    def line(self) -> str:
+        """The finding in one line (the trainer's warning)."""
+        tried = "; try " + ", ".join(fix for fix, _ in self.fixes) if self.fixes else ""
+        return f"{self.title} (steps {self.steps[0]}-{self.steps[1]}): {self.evidence}{tried}"
+
+    def render(self) -> str:
+        """The finding as ``rlzoo doctor`` prints it: a heading and indented lines."""
+        lines = [f"[{self.code}] {self.title}, steps {self.steps[0]}-{self.steps[1]}",
+                 f"  evidence: {self.evidence}", f"  cause: {self.cause}"]
+        lines += [f"  {'fix' if i == 0 else '   '}: {fix}  ({why})" for i, (fix, why) in enumerate(self.fixes)]
+        return "\n".join(lines)
 
 
 @dataclass
