@@ -53,10 +53,10 @@ GALLERY: dict[str, tuple[tuple[str, str], tuple[str, str], tuple[str, ...]]] = {
     "critic_lagging": (("ppo-critic-slow", "algo=ppo trainer.critic_lr=1e-6 trainer.total_steps=300 eval.every=50"),
                        ("ppo", "algo=ppo trainer.total_steps=300 eval.every=50"),
                        ("value/explained_var", "value/loss", "reward/mean")),
-    "kl_pinned": (("klpin", "kl.apply=reward 'kl.controller={name: adaptive, target: 2.0, horizon: 1000}' "
-                            "trainer.total_steps=300"),
-                  ("klpin-fix", "kl.apply=reward 'kl.controller={name: adaptive, target: 6.0, horizon: 1000}' "
-                                "trainer.total_steps=300"),
+    "kl_pinned": (("klpin100", "kl.apply=reward 'kl.controller={name: adaptive, target: 2.0, horizon: 100}' "
+                               "trainer.total_steps=300"),
+                  ("klpin100-fix", "kl.apply=reward 'kl.controller={name: adaptive, target: 6.0, horizon: 100}' "
+                                   "trainer.total_steps=300"),
                   ("kl/sequence_sum", "kl/coef", "reward/mean")),
     "rollout_mismatch": (("stale4", "rollout.staleness=4 trainer.total_steps=300"),
                          ("base300", "trainer.total_steps=300"),
@@ -100,7 +100,7 @@ def figure(key: str, runs: Path, out: Path) -> Path:
         ax.set_title(tag, fontsize=10)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
-        if tag in ("policy/approx_kl", "rollout/mismatch_k3", "value/loss"):
+        if tag in ("policy/approx_kl", "rollout/mismatch_k3", "value/loss", "kl/coef"):
             ax.set_yscale("symlog", linthresh=1e-4)
     axes[0].legend(fontsize=8)
     title = "\n".join(textwrap.wrap(f"sick: {command(sick, sick_args)}", 150) +

@@ -184,7 +184,7 @@ def memory_parts(resolved: ResolvedConfig, shapes: ModelShapes, prompt_max: int,
     parts = [MemoryPart("baseline", baseline, "this process with the run's libraries imported, measured"),
              MemoryPart("policy weights", n * e, f"{n:,} parameters x {e} bytes")]
     kind = "LoRA adapters" if plan.lora is not None else "all weights"
-    parts += [MemoryPart("gradients", trained * e, f"{trained:,} trained parameters ({kind})"),
+    parts += [MemoryPart("gradients", trained * e, f"{trained:,} trained parameters: {kind}"),
               MemoryPart("optimizer", 3 * trained * e, "AdamW's two moments and one moment-sized scratch tensor")]
     if "reference" in plan.models and plan.lora is None:
         parts.append(MemoryPart("reference", n * e, "a frozen copy of the policy"))
