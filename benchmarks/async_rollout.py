@@ -28,7 +28,7 @@ from pathlib import Path
 
 def run(mode: str, steps: int, run_dir: Path, extra: list[str]) -> dict[str, list[tuple[int, float]]]:
     """Train ``steps`` steps in ``mode`` in a fresh process; its logged scalars."""
-    from rlzoo.run.events import read_scalars
+    from rlzoo.core.events import read_scalars
 
     command = [sys.executable, "-m", "rlzoo", "train", f"rollout.mode={mode}", f"trainer.total_steps={steps}",
                "trainer.threads=1", "eval.size=0", "checkpoint.every=0", "logging.progress=false",

@@ -31,7 +31,7 @@ saved once and loaded by every worker. The compute floor is HF ``generate`` of t
 number of tokens with the KV cache, plus one forward/backward/optimizer step over the
 sequences (plus one reference forward when KL > 0): what any GRPO implementation must spend.
 
-The roofline (``benchmarks/roofline.py``, formulas in its docstring) is each system's step
+The roofline (``rlzoo/diagnostics/roofline.py``, formulas in its docstring) is each system's step
 at this machine's limits: per phase the larger of its matmul FLOPs at the matmul rate of
 its shapes and the bytes it must stream (every weight and the KV cache per decode step,
 AdamW's state) at the memory bandwidth, both measured in the same run before and after the
@@ -57,8 +57,8 @@ from datetime import date
 from pathlib import Path
 from typing import Callable
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # roofline.py beside this script, also when imported
-from roofline import DTYPE_BYTES, ModelShapes, StepWork, machine, matmul_rates, memory_bandwidth, roofline, step_flops  # noqa: E402
+from rlzoo.diagnostics.roofline import (DTYPE_BYTES, ModelShapes, StepWork, machine, matmul_rates, memory_bandwidth,
+                                        roofline, step_flops)
 
 SETTINGS = {
     # micro_batch: rlzoo's sequences per forward/backward (all 64 at once where memory is no
@@ -680,7 +680,8 @@ def main() -> None:
                   for name, entry in summary.items()} for kl, summary in results.items()}
     flop_text = "; ".join(f"KL {kl}: " + ", ".join(f"{name} {tf / 1e12:.3f}" for name, tf in systems.items())
                           for kl, systems in flops.items())
-    header += (f"\n\nRoofline (benchmarks/roofline.py): per phase the larger of its matmul FLOPs at this machine's "
+    header += (f"\n\nRoofline (rlzoo/diagnostics/roofline.py): per phase the larger of its matmul FLOPs at this "
+               "machine's "
                f"matmul rate for the phase's shapes and the bytes it must move (decode: every weight and the KV cache "
                f"per decode step; AdamW's state) at its memory bandwidth, summed; from each system's own median "
                f"completion length and decode steps (prompt {prompt_len:.1f} tokens on average). TFLOP per step: "

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rlzoo.commands.compare import find_runs
-from rlzoo.run.events import read_scalars
+from rlzoo.core.events import read_scalars
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rlzoo.run.events import read_scalars
+from rlzoo.core.events import read_scalars
 from plots import plot_runs
 
 RUNS = {

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from rlzoo.core.errors import RlzooError
-from rlzoo.run.events import read_scalars
+from rlzoo.core.events import read_scalars
 
 
 def smooth(values: np.ndarray, window: int) -> np.ndarray:

@@ -71,7 +71,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from compare_trl import SMOLLM2_TASK, convert_gguf  # noqa: E402  (the sibling benchmark's helpers)
-from roofline import machine  # noqa: E402
+from rlzoo.diagnostics.roofline import machine  # noqa: E402
 
 SECTION = "## Learning race on a real model (issue 21)"
 SYSTEMS = ("rlzoo", "trl")
@@ -263,7 +263,7 @@ def score_completions(sampler: Any, examples: list[Any], completions: list[str])
 
 def run_rlzoo(model_dir: Path, seed: int, args: argparse.Namespace, run_dir: Path) -> dict[str, Any]:
     """``rlzoo train`` of the race (a subprocess); its evaluations and step seconds from its events."""
-    from rlzoo.run.events import read_scalars
+    from rlzoo.core.events import read_scalars
 
     shutil.rmtree(run_dir, ignore_errors=True)
     cmd = [sys.executable, "-m", "rlzoo", "train", *rlzoo_overrides(model_dir, seed, args), f"run_dir={run_dir}"]

@@ -18,7 +18,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from rlzoo.run.events import read_scalars  # noqa: E402
+from rlzoo.core.events import read_scalars  # noqa: E402
 
 WINDOW = 10
 

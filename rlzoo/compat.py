@@ -57,7 +57,7 @@ OLD_MODULES: dict[str, tuple[str, ...]] = {
     "rlzoo.resume": ("rlzoo.run.resume",), "rlzoo.tracking": ("rlzoo.run.tracking",),
     "rlzoo.context": ("rlzoo.run.context",), "rlzoo.evaluation": ("rlzoo.run.evaluation",),
     "rlzoo.trainer": ("rlzoo.run.trainer",), "rlzoo.recording": ("rlzoo.run.recording",),
-    "rlzoo.events": ("rlzoo.run.events",),
+    "rlzoo.events": ("rlzoo.core.events",),
     "rlzoo.cli": ("rlzoo.commands.cli",), "rlzoo.ab": ("rlzoo.commands.ab",),
     "rlzoo.compare": ("rlzoo.commands.compare",), "rlzoo.explain": ("rlzoo.commands.explain",),
     "rlzoo.export": ("rlzoo.commands.export",), "rlzoo.sweep": ("rlzoo.commands.sweep",),

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from rlzoo.run.events import read_scalars
+from rlzoo.core.events import read_scalars
 from test_plugins_tutorial import install_doc_package
 
 pytestmark = pytest.mark.slow  # end-to-end: builds, installs and trains

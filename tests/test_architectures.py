@@ -22,7 +22,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, LlamaForCausalLM
 from rlzoo.models import head as head_module
 from rlzoo.commands.cli import main
 from rlzoo.models.dropout import disable_dropout
-from rlzoo.run.events import read_scalars
+from rlzoo.core.events import read_scalars
 from rlzoo.models.head import FastPaths, LogitTransform, fast_paths, known_transform, set_fast_paths
 from rlzoo.models.logprobs import head_logits, response_forward, token_logprobs
 from rlzoo.models.model_check import TOLERANCE, check_model, reference_logprobs

@@ -17,7 +17,7 @@ from rlzoo.rollout.async_generator import AsyncRollout, _failure
 from rlzoo.core.batch import RolloutBatch
 from rlzoo.plan.planner import load_config
 from rlzoo.core.errors import ConfigError
-from rlzoo.run.events import read_scalars
+from rlzoo.core.events import read_scalars
 from rlzoo.plan.records import RolloutPlan
 from test_train import _cli
 from zoo import REGISTRY, TINY

@@ -133,7 +133,7 @@ def test_launcher_trains_logs_on_rank_zero_and_resumes_with_the_same_world(tmp_p
 
 
 def test_launcher_trains_episodes_on_two_ranks(tmp_path: Path) -> None:
-    from rlzoo.run.events import read_scalars
+    from rlzoo.core.events import read_scalars
 
     run_dir = tmp_path / "run"
     proc = _rlzoo("train", *COMMON, *EPISODES, "launcher.nproc=2", f"run_dir={run_dir}", "trainer.total_steps=2")

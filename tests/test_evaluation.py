@@ -18,7 +18,7 @@ from rlzoo.run.evaluation import Evaluator, pass_at_k
 from rlzoo.plan.planner import RolloutPlan
 from rlzoo.rollout.sampler import Sampler
 from rlzoo.run.tracking import eval_metric_tags
-from rlzoo.run.events import read_scalars
+from rlzoo.core.events import read_scalars
 from rlzoo.models.build import build_char_tokenizer
 from rlzoo.core.batch import Generation
 from rlzoo.tasks.task import Example, FileTask, Holdout, Task, check_encodable

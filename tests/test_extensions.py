@@ -118,7 +118,7 @@ def test_extension_parameters_are_validated(registry, name: str, params: dict, f
 
 def test_dapo_preset_trains_with_its_extensions(capsys, tmp_path) -> None:
     from rlzoo.commands.cli import main
-    from rlzoo.run.events import read_scalars
+    from rlzoo.core.events import read_scalars
 
     code = main(["train", "algo=dapo", "extensions=[dynamic_sampling, overlong_shaping, overlong_filter,"
                  " entropy_top_tokens]", f"run_dir={tmp_path / 'r'}", "trainer.total_steps=2",

@@ -33,7 +33,7 @@ from rlzoo.run.checkpoint import (
     write_manifest,
 )
 from rlzoo.commands.cli import main
-from rlzoo.run.events import read_scalars
+from rlzoo.core.events import read_scalars
 from zoo import TINY
 
 SLOW = pytest.mark.slow  # end-to-end: trains, launches or installs

@@ -24,6 +24,7 @@ LAYERS: tuple[str, ...] = (
     "models",     # building, heads, log-probs, the decode loop, the load-time check, LoRA, reward models
     "rollout",    # the sampler, scoring, staleness, the asynchronous generator
     "learn",      # the update: passes, KL, advantages, losses, corrections, optimizers
+    "diagnostics",  # rlzoo doctor's detectors and thresholds, the pre-flight memory and time estimate
     "run",        # run directory, checkpoints, resume, tracking, evaluation, the trainer
     "commands",   # the CLI and its subcommands
     "testing",    # the plugin test kit

@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 from rlzoo.commands.cli import main
 from rlzoo.plan.planner import load_config
 from rlzoo.core.errors import ConfigError
-from rlzoo.run.events import read_scalars
+from rlzoo.core.events import read_scalars
 from rlzoo.commands.export import export_policy
 from rlzoo.models.logprobs import response_forward
 from rlzoo.models.lora import ADAPTER_WEIGHTS, AdaptersOff, adapter_parameters, base_state_dict

@@ -270,7 +270,7 @@ def test_lifecycle_hooks_are_called_in_order_each_step(capsys, tmp_path: Path, p
     import importlib
 
     from rlzoo.commands.cli import main
-    from rlzoo.run.events import read_scalars
+    from rlzoo.core.events import read_scalars
 
     name = plugin_module(RECORDER)
     code = main(["train", f"plugins=[{name}]", f"run_dir={tmp_path / 'r'}", "trainer.total_steps=2",

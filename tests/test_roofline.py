@@ -1,4 +1,4 @@
-"""benchmarks/roofline.py and compare_trl.py's smollm2 setting: the roofline's arithmetic
+"""rlzoo/diagnostics/roofline.py and benchmarks/compare_trl.py's smollm2 setting: the roofline's arithmetic
 against a hand computation and against the FLOPs torch counts in a real forward, and the
 setting's assets and rlzoo worker on a tiny stand-in for SmolLM2."""
 
@@ -41,7 +41,7 @@ def tiny_llama(path: Path, hidden: int = 8, layers: int = 1, heads: int = 2, kv_
 
 
 def test_flops_and_bytes_of_a_tiny_model_match_the_hand_computation():
-    roofline = load("roofline")
+    roofline = importlib.import_module("rlzoo.diagnostics.roofline")
     shapes = roofline.ModelShapes(hidden=8, layers=1, heads=2, kv_heads=1, intermediate=16, vocab=10)
     # k = 8 / 2 * 1 = 4; W_b = 2*64 + 2*8*4 + 3*8*16 = 576; W_h = 80; N = 80 + 576 + (2 + 1) * 8
     assert (shapes.kv_width, shapes.backbone_weights, shapes.head_weights, shapes.parameters) == (4, 576, 80, 680)
@@ -72,7 +72,7 @@ def test_shapes_count_the_weights_and_flops_of_a_real_forward(tmp_path):
     from torch.utils.flop_counter import FlopCounterMode
     from transformers import AutoModelForCausalLM
 
-    roofline = load("roofline")
+    roofline = importlib.import_module("rlzoo.diagnostics.roofline")
     tiny_llama(tmp_path / "m", hidden=16, layers=2, heads=4, kv_heads=2, intermediate=40)
     # eager attention: its QKᵀ and AV are matmuls torch's counter knows (SDPA's CPU kernel it may not)
     model = AutoModelForCausalLM.from_pretrained(tmp_path / "m", attn_implementation="eager")
@@ -92,7 +92,7 @@ def test_shapes_count_the_weights_and_flops_of_a_real_forward(tmp_path):
 
 
 def test_bandwidth_and_matmul_rates_are_measured_per_shape():
-    roofline = load("roofline")
+    roofline = importlib.import_module("rlzoo.diagnostics.roofline")
     shapes = roofline.ModelShapes(hidden=16, layers=1, heads=2, kv_heads=1, intermediate=32, vocab=64)
     work = roofline.StepWork(groups=1, sequences=4, prompt_tokens=3, new_tokens=2, decode_steps=2)
     rates = roofline.matmul_rates(shapes, work, threads=1, repeats=1)
@@ -207,5 +207,5 @@ def test_the_machine_line_names_the_isa_torch_dispatches_to_and_the_cores():
 
     import torch
 
-    line = load("roofline").machine()
+    line = importlib.import_module("rlzoo.diagnostics.roofline").machine()
     assert f", {torch.backends.cpu.get_cpu_capability()}, {os.cpu_count()} cores)" in line

@@ -16,7 +16,7 @@ from rlzoo.run.checkpoint import list_checkpoints
 from rlzoo.plan.planner import load_config
 from rlzoo.core.errors import ConfigError
 from rlzoo.rollout.staleness import RolloutQueue
-from rlzoo.run.events import read_scalars
+from rlzoo.core.events import read_scalars
 from test_train import KILLER, _cli, _final_state
 from zoo import REGISTRY, TINY
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import socket
+import re
 import subprocess
 import sys
 import time
@@ -73,7 +74,7 @@ def test_compare_table_png_and_report(capsys, sweep_dir: Path, tmp_path: Path) -
     header = next(line for line in out.splitlines() if line.startswith("| group"))
     assert [c.strip() for c in header.split("|")[1:-1]] == [
         "group", "seeds", "eval acc", "eval pass@1", "eval strict", "eval lenient", "reward final", "reward best",
-        "steps to 0.01", "train s", "eval s", "tokens/s"]
+        "steps to 0.01", "train s", "eval s", "tokens/s", "doctor"]
     lines = [line for line in out.splitlines() if line.startswith("| algo=")]
     assert [line.split("|")[1].strip() for line in lines] == ["algo=grpo", "algo=rloo"]
     for line in lines:
@@ -85,6 +86,7 @@ def test_compare_table_png_and_report(capsys, sweep_dir: Path, tmp_path: Path) -
         final, best = (float(cells[i].split(" ± ")[0]) for i in (6, 7))
         assert best >= final
         assert cells[8].endswith("(2/2)")                    # both reached the tiny threshold
+        assert re.fullmatch(r"\d+, \d+", cells[12])          # doctor: each seed's count of findings
     for header, _ in COLUMNS:
         assert f"- **{header}**:" in out                     # every column defined in the legend
     png = tmp_path / "compare.png"

@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 
 from rlzoo.run.checkpoint import list_checkpoints
 from rlzoo.commands.cli import main
-from rlzoo.run.events import read_scalars
+from rlzoo.core.events import read_scalars
 import zoo
 from zoo import builtin_names
 

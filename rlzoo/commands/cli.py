@@ -1,4 +1,4 @@
-"""The ``rlzoo`` command line: train, sft, rm, sweep, compare, config, explain, diff, ab, export, list.
+"""The ``rlzoo`` command line: train, sft, rm, sweep, compare, doctor, config, explain, diff, ab, export, list.
 
 Every user error (:class:`rlzoo.core.errors.RlzooError`) prints one line ``rlzoo: error: ...``
 and exits with code 2, before any model is built.
@@ -87,10 +87,28 @@ def _parser() -> argparse.ArgumentParser:
     compare.add_argument("--x", metavar="KEY", help="also plot the final reward and accuracy against this "
                          "numeric key (one that separates the groups, e.g. rollout.staleness): compare_KEY.png")
 
+    doctor = sub.add_parser("doctor", help="what went wrong in runs (RUN_DIR ...), or what a config will cost "
+                            "(--plan)", description="Post-mortem (rlzoo doctor RUN_DIR [RUN_DIR ...]): read each run's "
+                            "logged curves and report every pathology found (entropy collapse, KL blow-up, steps too "
+                            "big, rollout mismatch, zero-variance groups, truncation, gradient spikes, non-finite "
+                            "values, a dead loss, a lagging critic, a held-out fall, proxy over-optimisation, "
+                            "schedules that never act) with the steps and values that show it, the likely cause and "
+                            "the overrides to try. Pre-flight (rlzoo doctor --plan [--config FILE] [KEY=VALUE ...]): "
+                            "the estimated peak memory and step time of the run, against this machine's free "
+                            "memory, before any model is built.")
+    doctor.add_argument("--plan", action="store_true", help="estimate a config's cost instead (the items are "
+                        "config overrides)")
+    doctor.add_argument("--config", metavar="FILE", help="with --plan: a YAML file of config keys")
+    doctor.add_argument("--strict", action="store_true", help="exit 2 when a run has a finding, or (--plan) the "
+                        "estimate does not fit")
+    doctor.add_argument("items", nargs="*", metavar="RUN_DIR|KEY=VALUE",
+                        help="run (or sweep) directories; with --plan, config overrides")
+
     config = sub.add_parser("config", help="print the fully resolved config (or its run plan) and exit",
                             description="Resolve and check the config exactly as `rlzoo train` would, "
                             "print it and exit; --plan prints the run plan instead (models, passes, "
-                            "KL placement, aggregation, update structure, warnings).")
+                            "KL placement, aggregation, update structure, warnings) and the pre-flight estimate of "
+                            "its peak memory and step time (rlzoo doctor --plan).")
     with_config(config)
     config.add_argument("--plan", action="store_true", help="print the run plan instead of the config")
 
@@ -182,8 +200,37 @@ def _resolve(args: argparse.Namespace):
 
 def _cmd_config(args: argparse.Namespace) -> int:
     _, _, resolved = _resolve(args)
-    sys.stdout.write(resolved.plan.render() if args.plan else resolved.to_yaml())
+    if not args.plan:
+        sys.stdout.write(resolved.to_yaml())
+        return 0
+    from rlzoo.commands.doctor import preflight
+
+    sys.stdout.write(resolved.plan.render())
+    _quiet_transformers()
+    sys.stdout.write("\n".join(preflight(resolved).lines()) + "\n")
     return 0
+
+
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    if args.plan:
+        from rlzoo.commands.doctor import preflight
+
+        args.overrides = args.items
+        _, _, resolved = _resolve(args)
+        _quiet_transformers()
+        found = preflight(resolved)
+        sys.stdout.write("\n".join(found.lines()) + "\n")
+        return EXIT_USAGE if args.strict and not found.fits else 0
+    if args.config:
+        raise ConfigError("--config goes with --plan (rlzoo doctor --plan --config FILE); rlzoo doctor RUN_DIR reads "
+                          "each run's own config.yaml")
+    if not args.items:
+        raise ConfigError("rlzoo doctor needs run directories (rlzoo doctor runs/NAME) or --plan [KEY=VALUE ...]")
+    from rlzoo.commands.doctor import examine, report
+
+    results = examine(args.items)
+    sys.stdout.write(report(results))
+    return EXIT_USAGE if args.strict and any(result.findings for result in results) else 0
 
 
 def _cmd_explain(args: argparse.Namespace) -> int:
@@ -411,5 +458,6 @@ def _cmd_list(args: argparse.Namespace) -> int:
 
 
 _COMMANDS = {"train": _cmd_train, "sft": _cmd_sft, "rm": _cmd_rm, "sweep": _cmd_sweep, "compare": _cmd_compare,
-             "config": _cmd_config, "explain": _cmd_explain, "diff": _cmd_diff, "ab": _cmd_ab, "list": _cmd_list,
+             "doctor": _cmd_doctor, "config": _cmd_config, "explain": _cmd_explain, "diff": _cmd_diff, "ab": _cmd_ab,
+             "list": _cmd_list,
              "export": _cmd_export}

@@ -15,8 +15,10 @@ from typing import Any
 import numpy as np
 import yaml
 
+from rlzoo.diagnostics.detectors import diagnose
+from rlzoo.diagnostics.run_record import RunRecord
 from rlzoo.core.errors import RlzooError
-from rlzoo.run.events import read_events
+from rlzoo.core.events import read_events
 from rlzoo.run.rundir import check_output_dir
 from rlzoo.run.tracking import NOT_HPARAMS, flatten_config, matches
 
@@ -33,7 +35,8 @@ COLUMNS: list[tuple[str, str]] = [
               "`seed`, `trainer.threads` and `eval.every`; labelled by the keys that differ between groups "
               "(a component by its name, a list of components by their names, a component's parameters only "
               "where they differ for the same component; keys an algorithm preset sets are folded into `algo=`)"),
-    ("seeds", "runs in the group; every other cell is their mean ± standard deviation (n−1 denominator)"),
+    ("seeds", "runs in the group; every other cell but `doctor` is their mean ± standard deviation (n−1 "
+              "denominator)"),
     ("eval acc", "`eval/greedy_accuracy` at the last evaluation (after the last step): share of the held-out "
                  "prompts whose greedy completion scores at least `eval.threshold`"),
     ("eval pass@1", "`eval/pass@1` at the last evaluation: per held-out prompt, the share of its `eval.n` "
@@ -55,6 +58,9 @@ COLUMNS: list[tuple[str, str]] = [
     ("eval s", "seconds spent in evaluation (the sum of `timing/eval_s`)"),
     ("tokens/s", "prompt + response tokens per second of step time (`throughput/tokens_per_s`), mean over "
                  "logged steps"),
+    ("doctor", "the number of `rlzoo doctor`'s findings in each run of the group, run by run (a pathology its "
+               "detectors see in the run's curves; `rlzoo doctor RUN_DIR` names them, with the evidence and the "
+               "overrides to try)"),
 ]
 """(header, definition) of every column of the table, in order; the definitions are the legend."""
 
@@ -74,6 +80,8 @@ class RunSummary:
     eval_s: float
     tokens_per_s: float
     eval_curves: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
+    findings: list[str] = field(default_factory=list)
+    """The codes of ``rlzoo doctor``'s findings for the run."""
 
     def final_eval(self, tag: str) -> float | None:
         """The value of ``tag`` at the run's last evaluation, or ``None``."""
@@ -132,8 +140,8 @@ def summarise(run_dir: Path, threshold: float, window: int, tag: str = "reward/m
     smoothed_steps = steps[len(steps) - len(smoothed):]
     reached = np.nonzero(smoothed >= threshold)[0]
     hparams = events.hparams
+    config = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
     if hparams is None:  # a run from before rlzoo recorded effective hparams
-        config = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
         hparams = {k: v for k, v in flatten_config(config).items() if not matches(k, NOT_HPARAMS)}
     step_times = [v for _, v in curves.get("timing/step_s", [])]
     return RunSummary(
@@ -145,6 +153,7 @@ def summarise(run_dir: Path, threshold: float, window: int, tag: str = "reward/m
         tokens_per_s=float(np.mean([v for _, v in curves.get("throughput/tokens_per_s", [(0, 0.0)])])),
         eval_curves={t: (np.array([s for s, _ in c], dtype=float), np.array([v for _, v in c]))
                      for t, c in curves.items() if t.startswith("eval/")},
+        findings=[finding.code for finding in diagnose(RunRecord(curves, config))],
     )
 
 
@@ -251,9 +260,14 @@ def table(groups: list[Group], threshold: float) -> str:
                  _mean_std([r.final_eval("eval/lenient_accuracy") for r in runs]),
                  _mean_std([r.reward_final for r in runs]), _mean_std([r.reward_best for r in runs]), steps,
                  _mean_std([r.train_s for r in runs], 0), _mean_std([r.eval_s for r in runs], 0),
-                 _mean_std([r.tokens_per_s for r in runs], 0)]
+                 _mean_std([r.tokens_per_s for r in runs], 0), _findings(runs)]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _findings(runs: list[RunSummary]) -> str:
+    """The ``doctor`` cell: findings per run, in run order (``0``, or ``2, 0, 1`` over seeds)."""
+    return ", ".join(str(len(r.findings)) for r in runs)
 
 
 def legend(threshold: float, window: int) -> str:

@@ -13,6 +13,9 @@ LOGGING = Section("logging", (
     Key("sample_every", int, 20, "log sample completions as text every N steps (0: never)", range=">= 0"),
     Key("progress", bool, True, "a progress bar on a terminal",
         "`false`, or output to a file or pipe: a plain line every tenth of the steps (what `rlzoo sweep` relays)"),
+    Key("doctor", bool, True, "every eval.every steps, doctor's checks on the curves so far as one-line warnings "
+        "(rlzoo doctor)", "the same detectors and thresholds as `rlzoo doctor RUN_DIR` "
+        "([diagnostics.md](diagnostics.md)); `false` silences them", old=False),
 ), resumable=True)
 
 EVAL = Section("eval", (

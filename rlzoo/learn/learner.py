@@ -22,11 +22,12 @@ from rlzoo.core import distributed
 from rlzoo.core.batch import BatchCounts, RolloutBatch
 from rlzoo.learn.correcting import Corrections, offpolicy_metrics
 from rlzoo.config.resolved import ResolvedConfig
-from rlzoo.core.ratios import LOG_RATIO_CLAMP
 from rlzoo.core.errors import TrainingError
+from rlzoo.core.ratios import LOG_RATIO_CLAMP
 from rlzoo.models.logprobs import full_sequence, sum_of_squared_probs
-from rlzoo.core.masked import masked_mean
+from rlzoo.core.masked import masked_mean, masked_var
 from rlzoo.models.build import RunModels
+from rlzoo.core.tags import Tag
 
 
 
@@ -273,6 +274,7 @@ class Learner:
             metrics["teacher/reverse_kl"] = float(masked_mean(batch.old_logp - batch.teacher_logp, mask))
         if self.models.critic is not None:
             metrics["value/returns_mean"] = float(masked_mean(returns, mask))
+            metrics[Tag.EXPLAINED_VAR] = explained_variance(batch.old_values, returns, mask)
 
     # ---------------------------------------------------------------- the update
 
@@ -432,6 +434,15 @@ class Learner:
                                              state["critic_optimizer"])
             self.critic_scheduler.load_state_dict(state["critic_scheduler"])
         self.kl_controller.load_state_dict(state["kl_controller"])
+
+
+def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
+    """How much of the returns' variance the critic's values explain, over the valid tokens
+    of ``(B, T)`` tensors: 1 − Var(returns − values) / (Var(returns) + 1e-5) (verl's
+    ``critic/vf_explained_var``). 1 is a perfect critic, 0 one no better than the mean return,
+    below 0 one worse than that."""
+    residual = masked_var(returns - values, mask)
+    return float(1.0 - residual / (masked_var(returns, mask) + 1e-5))
 
 
 def _sync_context(module: torch.nn.Module, last: bool) -> Any:

@@ -52,7 +52,7 @@ from rlzoo.run.checkpoint import (
 )
 from rlzoo.core.errors import ConfigError, RlzooError, TrainingError
 from rlzoo.run.run_lock import LOCK_FILE, RunLock, in_use_error, lock_holder
-from rlzoo.run.events import read_scalars
+from rlzoo.core.events import read_scalars
 from rlzoo.models.lora import ADAPTER_CONFIG
 from rlzoo.run.recording import ROLLOUT_DIR, record
 

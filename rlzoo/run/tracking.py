@@ -5,7 +5,7 @@ Tags every run writes (so runs and algorithms compare side by side):
 ``reward/mean``, ``reward/std``, ``response_length/mean``, ``policy/loss``,
 ``policy/clipfrac``, ``policy/approx_kl``, ``kl/value``, ``kl/coef``, ``entropy``,
 ``value/loss`` (actor-critic runs), ``grad_norm``, ``lr``, ``timing/rollout_s``,
-``timing/update_s``, ``throughput/tokens_per_s``; ``eval/...`` and ``timing/eval_s``
+``timing/update_s``, ``throughput/tokens_per_s``, ``reward/zero_std_frac``; ``eval/...`` and ``timing/eval_s``
 when evaluation runs (:mod:`rlzoo.run.evaluation`); plus any metric a component or extension
 adds under its own name.
 
@@ -24,6 +24,7 @@ first, then policy, KL, lengths and time, one chart per tag with every run overl
 
 from __future__ import annotations
 
+import math
 import sys
 
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ from torch.utils.tensorboard.summary import hparams
 from rlzoo.contract.kinds import COMPONENT_FIELDS
 
 from rlzoo.core import distributed
+from rlzoo.core.tags import Tag
 from rlzoo.core.batch import RolloutBatch
 from rlzoo.agents.episodes import COUNT_COLUMNS
 from rlzoo.plan.planner import RunPlan
@@ -45,6 +47,8 @@ from rlzoo.plan.planner import RunPlan
 NOT_HPARAMS = ("run_name", "run_dir", "resume", "logging.", "checkpoint.")
 """Config keys (a trailing dot: every key under it) that name or place a run, or say how it
 is logged and saved, rather than what it trains: not hyperparameters."""
+
+
 
 
 def matches(key: str, patterns: tuple[str, ...]) -> bool:
@@ -57,10 +61,11 @@ OFF = "off"
 LAYOUT: list[tuple[str, list[str]]] = [
     ("reward and evaluation", ["reward/mean", "eval/greedy_accuracy", "eval/pass@1", "eval/pass@N",
                                "eval/greedy_score", "eval/sampled_score", "eval/greedy_turns", "reward/std",
-                               "reward/max"]),
+                               "reward/max", "reward/zero_std_frac"]),
     ("policy", ["policy/loss", "policy/clipfrac", "policy/approx_kl", "entropy", "advantages/mean", "grad_norm",
                 "lr"]),
-    ("kl and critic", ["kl/value", "kl/coef", "value/loss", "value/vf_clipfrac", "value/grad_norm"]),
+    ("kl and critic", ["kl/value", "kl/coef", "value/loss", "value/explained_var", "value/vf_clipfrac",
+                       "value/grad_norm"]),
     ("lengths", ["response_length/mean", "response_length/truncated_frac"]),
     ("time", ["timing/step_s", "timing/rollout_s", "timing/update_s", "timing/eval_s", "throughput/tokens_per_s"]),
 ]
@@ -202,19 +207,22 @@ def write_experiment(log_dir: Path, runs: list[dict[str, Any]], metrics: list[st
 def batch_metrics(batch: RolloutBatch, reward_names: list[str], dist: distributed.DistInfo,
                   reward_weights: list[float] | None = None) -> dict[str, float]:
     """Reward and length statistics of the global batch (all ranks): ``reward/mean`` (the
-    weighted sum of the reward functions), ``/std``, ``/max``, ``reward/shaped_mean`` when
-    shaping changed the rewards, ``reward/<name>`` per function when there are several,
-    ``response_length/mean`` and ``/truncated_frac``. When exactly one function has weight
-    0 and another does not (a gold reward monitored beside a learned one), also
-    ``reward/proxy`` (the weighted sum trained on) and ``reward/gold`` (that function's mean)."""
+    weighted sum of the reward functions), ``/std``, ``/max``, ``reward/zero_std_frac`` (the
+    share of groups whose rewards are all equal: a group-relative advantage is 0 for each of
+    their completions), ``reward/shaped_mean`` when shaping changed the rewards,
+    ``reward/<name>`` per function when there are several, ``response_length/mean`` and
+    ``/truncated_frac``. When exactly one function has weight 0 and another does not (a gold
+    reward monitored beside a learned one), also ``reward/proxy`` (the weighted sum trained
+    on) and ``reward/gold`` (that function's mean)."""
     per_reward = batch.reward_scores if batch.reward_scores is not None else batch.scores[:, None]
     local = (batch.scores.cpu(), batch.rewards.cpu(), batch.response_lengths.cpu(), batch.truncated.cpu(),
-             per_reward.cpu())
+             per_reward.cpu(), torch.tensor(zero_std_groups(batch.rewards.cpu(), batch.group_ids.cpu())))
     parts = distributed.gather_objects(local, dist)
     scores, rewards, lengths, truncated, per_reward = (torch.cat([part[i] for part in parts]) for i in range(5))
-    metrics = {"reward/mean": float(scores.mean()), "reward/std": float(scores.std()) if len(scores) > 1 else 0.0,
-               "reward/max": float(scores.max()), "response_length/mean": float(lengths.mean()),
-               "response_length/truncated_frac": float(truncated.float().mean())}
+    zero_std, groups = sum(part[5] for part in parts).tolist()
+    metrics = {Tag.REWARD: float(scores.mean()), Tag.REWARD_STD: float(scores.std()) if len(scores) > 1 else 0.0,
+               Tag.REWARD_MAX: float(scores.max()), Tag.ZERO_STD_GROUPS: zero_std / max(groups, 1),
+               Tag.LENGTH: float(lengths.mean()), Tag.TRUNCATED: float(truncated.float().mean())}
     if not torch.equal(rewards, scores):
         metrics["reward/shaped_mean"] = float(rewards.mean())
     if batch.episode_counts is not None:
@@ -223,9 +231,22 @@ def batch_metrics(batch: RolloutBatch, reward_names: list[str], dist: distribute
         metrics.update({f"reward/{name}": float(column.mean()) for name, column in zip(reward_names, per_reward.T)})
         zero = [k for k, w in enumerate(reward_weights or []) if w == 0]
         if len(zero) == 1 and len(zero) < len(reward_weights or []):
-            metrics["reward/proxy"] = metrics["reward/mean"]
-            metrics["reward/gold"] = float(per_reward[:, zero[0]].mean())
+            metrics[Tag.PROXY] = metrics[Tag.REWARD]
+            metrics[Tag.GOLD] = float(per_reward[:, zero[0]].mean())
     return metrics
+
+
+def zero_std_groups(rewards: torch.Tensor, group_ids: torch.Tensor) -> tuple[int, int]:
+    """``(groups whose rewards are all equal, groups)`` of one process's batch; ``rewards``
+    and ``group_ids`` are ``(B,)``. A group of one completion counts as all equal."""
+    if len(rewards) == 0:
+        return 0, 0
+    _, group = torch.unique(group_ids, return_inverse=True)
+    count = int(group.max()) + 1
+    values = rewards.double()
+    high = torch.full((count,), -math.inf, dtype=torch.float64).scatter_reduce(0, group, values, "amax")
+    low = torch.full((count,), math.inf, dtype=torch.float64).scatter_reduce(0, group, values, "amin")
+    return int((high == low).sum()), count
 
 
 def episode_metrics(batch: RolloutBatch, dist: distributed.DistInfo) -> dict[str, float]:

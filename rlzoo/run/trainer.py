@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from omegaconf import OmegaConf
 
 from rlzoo.core import distributed, processes
 from rlzoo.rollout.async_generator import AsyncRollout, GeneratorSpec, to_bytes
@@ -27,13 +28,15 @@ from rlzoo.core.batch import RolloutBatch
 from rlzoo.config.resolved import ResolvedConfig
 from rlzoo.run.checkpoint import CHECKPOINT_DIR, STATE_FILE, check_optimizer_fits, checkpoint_name, first_non_finite
 from rlzoo.run.context import RunContext
+from rlzoo.diagnostics.watch import Watch
 from rlzoo.agents.episodes import environment_factory
 from rlzoo.core.errors import ConfigError, TrainingError
 from rlzoo.run.evaluation import Evaluator, eval_only
+from rlzoo.core.events import read_scalars
 from rlzoo.learn.learner import Learner
+from rlzoo.models.build import build_run_models
 from rlzoo.models.head import fast_paths
 from rlzoo.models.model_check import report
-from rlzoo.models.build import build_run_models
 from rlzoo.contract.loading import PluginManager
 from rlzoo.tasks.prompts import PromptFormat
 from rlzoo.rollout.staleness import RolloutQueue
@@ -126,6 +129,7 @@ class Trainer:
         self.queue = RolloutQueue(self.plan.rollout.staleness)
         self.step = 0
         self.last_samples: list[Sample] = []
+        self.watch: Watch | None = None  # rank 0 with logging.doctor: set by run()
         if resume_state is not None:
             self._restore(resume_state)
 
@@ -300,6 +304,7 @@ class Trainer:
                     flush=True)
         stop = StopRequest(announce=main).__enter__()
         progress = Progress(cfg, self.step) if main else None
+        self.watch = self._watch() if main and cfg.logging.doctor else None
         status, metrics, failing = "failed", {}, False
         try:
             self._start_generator()
@@ -354,18 +359,35 @@ class Trainer:
 
     def _step_end(self, metrics: dict[str, float], tracker: Tracker | None, progress: Progress | None,
                   last: bool) -> None:
-        """After a step: ``rlzoo_step_end`` and, on rank 0, the logs and the progress bar."""
+        """After a step: ``rlzoo_step_end`` and, on rank 0, the logs, the doctor's checks and the
+        progress bar."""
         cfg = self.cfg
         if tracker is not None and self.evaluator is not None and self.evaluator.due(self.step, last):
             tracker.log_samples(self.step, self.evaluator.samples, tag="eval_samples")
         self.pm.hook.rlzoo_step_end(step=self.step, metrics=metrics, ctx=self.ctx)
+        logged = metrics if self.step % cfg.logging.log_every == 0 or last else eval_only(metrics)
         if tracker is not None:
-            on_grid = self.step % cfg.logging.log_every == 0 or last
-            tracker.log_scalars(self.step, metrics if on_grid else eval_only(metrics))
+            tracker.log_scalars(self.step, logged)
+        if self.watch is not None:
+            self.watch.add(self.step, logged)
+            for line in self.watch.check(self.step, last):
+                if progress is not None and progress.bar is not None:
+                    progress.bar.write(line, file=sys.stderr)  # above the bar, not through it
+                else:
+                    print(line, file=sys.stderr, flush=True)
         if tracker is not None and cfg.logging.sample_every and self.step % cfg.logging.sample_every == 0:
             tracker.log_samples(self.step, self.last_samples)
         if progress is not None:
             progress.update(self.step, metrics)
+
+    def _watch(self) -> Watch:
+        """The doctor's checks during the run (``logging.doctor``): every ``eval.every`` steps and
+        after the last, on the curves logged so far (a resumed run's from its event files)."""
+        before = {}
+        if self.run_dir.resume_from is not None:
+            before = {tag: [(s, v) for s, v in points if s <= self.step]
+                      for tag, points in read_scalars(self.run_dir.path).items()}
+        return Watch(OmegaConf.to_container(self.cfg, resolve=True), int(self.cfg.eval.every), before)
 
     def close(self) -> None:
         """Unregister the run's extensions and release the run directory (idempotent)."""

@@ -1,7 +1,8 @@
 """The roofline of a GRPO step: the least time this machine needs for the step's work.
 
-Used by ``compare_trl.py`` (the ``roofline s`` and ``vs roofline`` columns, and the phases of
-the smollm2 profile). Notation: ``G`` prompts per step, ``B = G × n`` sequences, ``P`` prompt
+Used by ``rlzoo doctor --plan`` (:mod:`rlzoo.diagnostics.preflight`: the estimated step time
+per phase) and by ``benchmarks/compare_trl.py`` (the ``roofline s`` and ``vs roofline``
+columns, and the phases of the smollm2 profile). Notation: ``G`` prompts per step, ``B = G × n`` sequences, ``P`` prompt
 tokens (the mean over the prompt pool), ``T`` new tokens per sequence (the step's mean),
 ``S`` decode steps (the step's longest completion: the decode loop runs until it ends);
 the model's hidden size ``d``, ``L`` layers, MLP width ``f``, query width
@@ -192,11 +193,13 @@ def machine() -> str:
     return f"{model} ({platform.machine()}, {torch.backends.cpu.get_cpu_capability()}, {os.cpu_count()} cores)"
 
 
-def matmul_rates(shapes: ModelShapes, work: StepWork, threads: int, repeats: int = 3) -> dict[str, dict[str, float]]:
+def matmul_rates(shapes: ModelShapes, work: StepWork, threads: int, repeats: int = 3,
+                 dtypes: tuple[str, ...] = ("float32", "bfloat16"), max_rows: int = MAX_RATE_ROWS
+                 ) -> dict[str, dict[str, float]]:
     """FLOP/s of a linear layer on this machine, now, for the step's shapes: per dtype
     (``float32``, ``bfloat16``), per phase (``decode``: M = B rows; ``update``: M = B (P+T),
-    at most :data:`MAX_RATE_ROWS`) and kind (``backbone``: d × f, ``head``: d × V); best of
-    ``repeats`` calls after one warm-up call.
+    at most ``max_rows``) and kind (``backbone``: d × f, ``head``: d × V); best of
+    ``repeats`` calls after one warm-up call. ``dtypes``: the dtypes to time.
 
     Timed as ``torch.nn.functional.linear`` with an (N, d) weight, the layout of every
     ``nn.Linear`` in the models: on CPUs without bfloat16 instructions ``a @ b`` with a
@@ -207,9 +210,9 @@ def matmul_rates(shapes: ModelShapes, work: StepWork, threads: int, repeats: int
     d = shapes.hidden
     rows = {"decode": work.sequences, "update": round(work.sequences * (work.prompt_tokens + work.new_tokens))}
     rates: dict[str, dict[str, float]] = {}
-    for dtype in (torch.float32, torch.bfloat16):
+    for dtype in (getattr(torch, name) for name in dtypes):
         for phase, m in rows.items():
-            m = min(m, MAX_RATE_ROWS)
+            m = min(m, max_rows)
             for kind, n in (("backbone", shapes.intermediate), ("head", shapes.vocab)):
                 a, weight = torch.randn(m, d, dtype=dtype), torch.randn(n, d, dtype=dtype)
                 torch.nn.functional.linear(a, weight)

@@ -1,0 +1,148 @@
+"""Every threshold ``rlzoo doctor``'s detectors compare a run's curves with, in one table,
+each with the source of its value: a paper, verl's or TRL's documentation, or a measurement
+made here on this project's runs (the command named; docs/diagnostics.md shows the runs).
+
+A detector reads a value with :func:`limit`; docs/diagnostics.md prints :func:`markdown`
+(a test keeps the page equal to this table).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+PAPER, DOCS, MEASURED, DEFINITION, CHOSEN = "paper", "docs", "measured here", "definition", "chosen here"
+"""Kinds of source: a published paper; a library's documentation or reference code; a
+measurement on this project's runs (docs/diagnostics.md's gallery, whose commands re-make
+them); what the quantity means (e.g. "exactly zero"); or a round value chosen here that no
+measurement set (said so)."""
+
+
+@dataclass(frozen=True)
+class Threshold:
+    """One threshold.
+
+    :ivar name: what detectors call it.
+    :ivar value: the number.
+    :ivar meaning: what is compared with it, in words (and its unit).
+    :ivar kind: :data:`PAPER`, :data:`DOCS`, :data:`MEASURED`, :data:`DEFINITION` or :data:`CHOSEN`.
+    :ivar source: where the value comes from (citation, or the runs that set it).
+    """
+
+    name: str
+    value: float
+    meaning: str
+    kind: str
+    source: str
+
+
+TABLE: tuple[Threshold, ...] = (
+    # ---- reading curves
+    Threshold("window_share", 0.05, "curves are smoothed over windows of this share of the run's logged steps "
+              "(at least `min_window` steps)", CHOSEN, "a twentieth of the run; not tuned"),
+    Threshold("min_window", 5, "fewest steps in a smoothing window; a curve shorter than 4 windows is not judged",
+              CHOSEN, "not tuned"),
+    Threshold("persist_share", 0.5, "a condition is *persistent* when it holds on at least this share of the "
+              "steps judged", DEFINITION, "the majority of the steps"),
+    Threshold("success_share", 0.9, "a reward at or above this share of the task's success score "
+              "(`eval.threshold`) counts as solved; at or below 1 minus it, as failing", CHOSEN,
+              "not tuned (the default run's last half averages 0.89-0.92 of it)"),
+    # ---- entropy
+    Threshold("entropy_collapse_ratio", 0.25, "entropy has *collapsed* once its smoothed value is below this "
+              "share of its first window's", MEASURED,
+              "`trainer.lr=2e-3` falls below 0.25 of its start by step 147 (0.602 of 2.43) with reward/mean at 0.47 "
+              "and stays there; the default run falls as low (0.17), after its reward passed 0.6 (the shape of "
+              "Cui et al. 2025, arXiv:2505.22617: performance saturates as entropy is spent)"),
+    Threshold("stall_rate", 0.1, "after an entropy collapse, a reward rising at under this share of its rate "
+              "before the collapse has stalled", MEASURED,
+              "after their entropy collapses `trainer.lr=2e-3` rises at 0.04 of its rate before (0.468 at step 147 "
+              "-> 0.514 at 600), `trainer.lr=1e-3` at 0.29, the default run at 0.24 (0.627 at step 300 -> 0.896)"),
+    Threshold("stall_share", 0.05, "a reward gain below this share of the success score counts as none", CHOSEN,
+              "not tuned (the KL, held-out and truncation checks)"),
+    # ---- step size
+    Threshold("approx_kl_high", 0.015, "`policy/approx_kl` (k1 KL from the rollout's policy to the updated one, "
+              "mean over the step's optimizer steps) above this is a step too big", DOCS,
+              "OpenAI Spinning Up's PPO: target_kl 0.01, updates stop at 1.5 x target_kl. Here the default run is "
+              "above it on 34 % of its steps, `trainer.lr=5e-3` on 68 %"),
+    Threshold("clipfrac_high", 0.1, "`policy/clipfrac` above this is a step too big", MEASURED,
+              "the default run's median is 0.015 and above 0.1 on no step; `trainer.update_epochs=4 "
+              "trainer.num_mini_batches=8` has median 0.22, above 0.1 on every step"),
+    # ---- KL to the reference
+    Threshold("kl_blowup", 0.5, "`kl/value` (nats per token) above this at the end, and still rising, is a "
+              "blow-up", DEFINITION,
+              "sampled tokens e^0.5 = 1.6x likelier under the policy than under the reference, on average; a floor "
+              "only (a run learnt from a random initial policy sits near 1.5: the default run)"),
+    Threshold("kl_rise", 0.1, "and `kl/value` grew by more than this share of itself over the last half while "
+              "the reward gained less than `stall_share`", MEASURED,
+              "the default run's KL falls over its last half (1.76 -> 1.51); `trainer.lr=5e-3`'s grows 33 % over "
+              "steps 100-200 while its reward gains 0.036"),
+    Threshold("kl_pin_band", 0.2, "`kl/sequence_sum` within this relative distance of the adaptive controller's "
+              "target counts as *at* the target", PAPER,
+              "the controller's own error clip ±0.2 (Ziegler et al. 2019, arXiv:1909.08593; TRL's "
+              "AdaptiveKLController)"),
+    Threshold("kl_coef_rise", 1.5, "β (`kl/coef`) grown by this factor means the controller is pushing back",
+              CHOSEN, "not tuned: the preset's controller moves β by at most 2 % of its value per step (horizon "
+              "10,000, 128 sequences), so 1.5x takes 20 steps or more at the clip"),
+    # ---- rollout / trainer mismatch
+    Threshold("mismatch_high", 1e-3, "`rollout/mismatch_k3` (nats per token from the rollout's sampling "
+              "distribution to the trained policy's) above this, with no rollout correction", MEASURED,
+              "float32 rollouts log ~1e-14 (the default run), bfloat16 rollouts of the tiny model 1e-6 -> 1e-4 "
+              "(benchmarks/RESULTS.md); `rollout.staleness=4` 0.026 -> 0.105"),
+    # ---- groups, lengths
+    Threshold("zero_std_high", 0.5, "`reward/zero_std_frac` (groups whose rewards are all equal) above this: "
+              "most of the batch gives a group-relative advantage no signal", PAPER,
+              "DAPO (arXiv:2503.14476 §3.2): groups of all-correct or all-wrong answers carry no gradient; the "
+              "value is the majority of the batch"),
+    Threshold("truncation_high", 0.2, "`response_length/truncated_frac` above this at the end (a finding only "
+              "when `reward/max` sits at a ceiling below the success score)", CHOSEN,
+              "not tuned: `rollout.max_new_tokens=3` ends at 1.0 with reward/max stuck at 0.75, but so does the "
+              "default run's truncation (its policy writes filler after the answer) with reward/max at 1.0"),
+    Threshold("length_collapse_ratio", 0.25, "`response_length/mean` at the end below this share of its "
+              "start has collapsed", CHOSEN, "not tuned: no run here collapsed (the default run's ends at 1.07x "
+              "its start)"),
+    # ---- gradients, losses, values
+    Threshold("spike_sigmas", 7.0, "a `grad_norm` more than this many standard deviations above the mean of the "
+              "preceding `spike_window` steps is a spike", PAPER,
+              "OLMo 2 (arXiv:2501.00656): its spike score counts values 7 standard deviations from a rolling mean"),
+    Threshold("spike_window", 50, "steps of that rolling window (OLMo 2's is 1,000, longer than these runs)",
+              MEASURED, "windows of 10 steps flag the heavy-tailed batch-to-batch noise of every run here (1.3 % "
+              "of the default run's steps)"),
+    Threshold("spike_share", 0.02, "spikes on more than this share of the judged steps make a finding", MEASURED,
+              "the runs of the gallery, sick or not, spike on 0-1.3 % of their steps (one up to 23x the median "
+              "in the default run), and none of their pathologies came with more"),
+    Threshold("zero_abs", 1e-8, "`|policy/loss|` and `grad_norm` below this are zero", DEFINITION,
+              "float32 rounding of a mean of zero advantages"),
+    Threshold("explained_var_low", 0.0, "`value/explained_var` below this (median of the last half): the critic "
+              "predicts the returns worse than their mean", DOCS,
+              "what explained variance means (verl's `critic/vf_explained_var`, stable-baselines3's "
+              "`explained_variance`: 1 perfect, 0 the mean, below 0 worse). Here `trainer.critic_lr=1e-6` "
+              "logs -0.0013, the PPO preset's critic 0.26 at step 300"),
+    # ---- held-out and gold rewards
+    Threshold("heldout_sigmas", 2.0, "a fall of held-out accuracy from its peak larger than this many standard "
+              "errors (binomial, `eval.size` prompts) is real", DEFINITION, "a two-sided 95 % test"),
+    Threshold("heldout_min_drop", 0.05, "and at least this much accuracy", CHOSEN,
+              "not tuned (with 128 prompts two standard errors are 0.08-0.12 already)"),
+    Threshold("gold_flat", 0.05, "a gold reward gaining less than this share of the success score, or ending "
+              "this much below its peak, while the proxy rose", MEASURED,
+              "the phenomenon: Gao et al. 2022 (arXiv:2210.10760); the value: against a learned reward model "
+              "`kl.coef=0` takes the gold reward 0.047 -> 0.000, `kl.coef=0.05` 0.039 -> 0.157"),
+    # ---- learning-rate schedule
+    Threshold("lr_reached", 0.99, "a warm-up that never brought `lr` to this share of `trainer.lr` never "
+              "finished", DEFINITION, "the schedule's own peak"),
+    Threshold("lr_decayed", 0.9, "a decaying schedule (`linear`, `cosine`) whose `lr` at the run's last step is "
+              "above this share of its peak never decayed", DEFINITION, "the schedule's own end point (0)"),
+)
+"""Every threshold, in the order docs/diagnostics.md shows them."""
+
+BY_NAME = {t.name: t for t in TABLE}
+
+
+def limit(name: str) -> float:
+    """The value of threshold ``name`` (:data:`TABLE`)."""
+    return BY_NAME[name].value
+
+
+def markdown() -> str:
+    """:data:`TABLE` as the Markdown table of docs/diagnostics.md."""
+    lines = ["| threshold | value | what is compared | source |", "|---|---|---|---|"]
+    lines += [f"| `{t.name}` | {t.value:g} | {t.meaning} | {t.kind}: {t.source} |" for t in TABLE]
+    return "\n".join(lines) + "\n"
