@@ -1,0 +1,101 @@
+"""What a plugin author stumbled on (issue 37 item 24): building an environment from the
+registry, running a tool from an environment's own call format, every problem of a preset
+in one error, name clashes, a too-long SFT demonstration, and ``rlzoo explain`` / ``diff``
+output a reader can follow."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from rlzoo.api import build_registry, check_component, Example, make_plugin_manager, module_plugin, Tool
+from rlzoo.commands.cli import main
+
+ROOT = Path(__file__).parents[1]
+
+
+def _doc_block(page: str, name: str) -> str:
+    return re.search(rf"```python file={re.escape(name)}\n(.*?)```", (ROOT / page).read_text(), re.S).group(1)
+
+
+@pytest.fixture(scope="module")
+def hilo_registry():
+    """A registry with agents.md's `convert_length` tool and `convert` environment, as their
+    blocks are printed (the installed package is tests/test_agents_tutorial.py's)."""
+    namespace: dict = {}
+    for name in ("rlzoo_hilo/tools.py", "rlzoo_hilo/convert.py"):
+        exec(compile(_doc_block("docs/agents.md", name), name, "exec"), namespace)
+    pm = make_plugin_manager()
+    plugin = module_plugin(rlzoo_register_tools=namespace["rlzoo_register_tools"],
+                           rlzoo_register_environments=namespace["rlzoo_register_environments"])
+    pm.register(plugin, name="docs-hilo")
+    try:
+        registry = build_registry(pm)
+    finally:
+        pm.unregister(plugin)
+    assert not registry.load_errors, registry.load_errors
+    return registry
+
+
+def test_an_environment_is_built_from_the_registry_with_every_registered_tool(hilo_registry) -> None:
+    env = hilo_registry.get("environment", "convert")()  # was: TypeError, missing 'tools'
+    assert [tool.name for tool in env.tools] == ["convert_length"] and isinstance(env.tools[0], Tool)
+    env.reset(Example("10 km in miles?", "6.21 mi"))
+    assert env.step("10 km?").observations == [{"role": "tool", "content": "6.21 mi"}]  # 10 · 0.621371
+    assert env.step("6.21 mi").done
+    check_component(hilo_registry.get("environment", "convert"), registry=hilo_registry)
+    # the built-ins that take tools and tool_style: the defaults are a run's without a chat template
+    tools_env = hilo_registry.get("environment", "tools")(tools=["calculator", "convert_length"])
+    assert [t.name for t in tools_env.tools] == ["calculator", "convert_length"] and tools_env.style == "plain"
+    assert hilo_registry.get("environment", "tools")(tools=["calculator"], tool_style="hermes").style == "hermes"
+    calculator = hilo_registry.get("environment", "calculator")()
+    calculator.reset(Example("37*48=", "1776"))
+    assert calculator.step("37*48").observations == [{"role": "tool", "content": "=1776;"}]
+
+
+def test_a_registered_tools_tool_is_its_meta_and_runs_in_an_environment_built_by_hand(hilo_registry) -> None:
+    tool = hilo_registry.get("tool", "convert_length").meta["tool"]
+    assert isinstance(tool, Tool) and tool.name == "convert_length"
+    env = hilo_registry.get("environment", "convert")(tools={"convert_length": tool})
+    env.reset(Example("3 mi?", "4.83 km"))
+    result = env.step("3 mi?")
+    assert result.observations == [{"role": "tool", "content": "4.83 km"}]  # 3 / 0.621371 = 4.828
+    assert (result.tool_calls, result.tool_errors) == (1, 0)
+
+
+def test_an_environment_asking_for_a_tool_nobody_registered_is_one_config_error(plugin_module, capsys) -> None:
+    name = plugin_module("""
+from rlzoo.api import Environment, hookimpl, StepResult
+
+class NeedsTool(Environment):
+    def __init__(self, tools):
+        self.tools = [tools["convert_lenght"]]
+
+    def step(self, completion):
+        return StepResult(done=True)
+
+@hookimpl
+def rlzoo_register_environments(register):
+    register("needs_tool", NeedsTool)
+""")
+    code = main(["config", f"plugins=[{name}]", "env=needs_tool", "rollout.max_new_tokens=32"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("rlzoo: error: env 'needs_tool': no tool 'convert_lenght' is registered; "
+                                        "registered tools: calculator"), err
+    assert err.endswith(" (rlzoo list --kind tool)\n") and err.count("\n") == 1, err  # one line, before any run
+    registry = build_registry(make_plugin_manager(modules=[name]))
+    with pytest.raises(KeyError, match="no tool 'convert_lenght' is registered"):
+        registry.get("environment", "needs_tool")()
+
+
+def test_the_task_of_the_registry_call_equals_the_bound_call() -> None:
+    from rlzoo.api import build_params
+
+    registry = build_registry(make_plugin_manager())
+    component = registry.get("task", "sort_digits")
+    direct, bound = component(num_digits=6), component.bind(build_params(component, {"num_digits": 6}))()
+    import random
+    assert direct.sample(4, random.Random(1)) == bound.sample(4, random.Random(1))
+    assert len(direct.sample(1, random.Random(0))[0].prompt) == 7  # six digits and '='
