@@ -10,8 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from rlzoo.api import build_registry, check_component, Example, make_plugin_manager, module_plugin, Tool
+from rlzoo.api import (build_registry, check_component, ConfigError, Example, make_plugin_manager, module_plugin,
+                       Tool)
 from rlzoo.commands.cli import main
+from rlzoo.plan.planner import load_config
 
 ROOT = Path(__file__).parents[1]
 
@@ -99,3 +101,84 @@ def test_the_task_of_the_registry_call_equals_the_bound_call() -> None:
     import random
     assert direct.sample(4, random.Random(1)) == bound.sample(4, random.Random(1))
     assert len(direct.sample(1, random.Random(0))[0].prompt) == 7  # six digits and '='
+
+
+# ------------------------------------------------------------- presets: every problem at once
+
+BROKEN = """
+from rlzoo.api import hookimpl
+
+@hookimpl
+def rlzoo_register_algorithms(register):
+    register("broken", {"advantage": "grpoo", "policy_loss": {"name": "ppo_clip", "clip_hgh": 0.3},
+                        "trainer": {"update_epoch": 2, "lr": "fast"}, "rollout": {"n": 0},
+                        "loss_agg": "token-mean"},
+             description="d", card={"advantage": "a paper", "loss_agg": 3, "kl.coef": "nowhere"})
+"""
+BROKEN_LINES = [
+    "card entry 'loss_agg' must be a string or {source: ..., deviation: ...}",
+    "card entry 'kl.coef' names no key the preset sets (it sets advantage, policy_loss, trainer.update_epoch, "
+    "trainer.lr, rollout.n, loss_agg)",
+    "advantage: unknown advantage 'grpoo'",
+    "unknown parameter 'clip_hgh' for policy_loss 'ppo_clip'",
+    "unknown config key 'trainer.update_epoch'. Did you mean 'trainer.update_epochs'?",
+    "invalid value for trainer.lr: 'fast' is not a valid float",
+    "invalid value for rollout.n: 0; must be > 0",
+]
+
+
+def test_every_problem_of_a_preset_is_reported_in_one_error(plugin_module, capsys) -> None:
+    name = plugin_module(BROKEN)
+    code = main(["config", f"plugins=[{name}]", "algo=broken"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith(f"rlzoo: error: algorithm preset 'broken' (package {name}) has 7 "
+                                        "problems:\n"), err
+    lines = err.splitlines()[1:]
+    assert len(lines) == 7 and all(line.startswith("  - ") for line in lines), err
+    for line, expected in zip(lines, BROKEN_LINES):
+        assert line[4:].startswith(expected), (line, expected)
+    registry = build_registry(make_plugin_manager(modules=[name]))
+    with pytest.raises(AssertionError) as info:
+        check_component(registry.get("algorithm", "broken"), registry=registry)
+    assert str(info.value).startswith("algorithm preset 'broken' does not resolve: \n  - card entry 'loss_agg'")
+    assert all(expected in str(info.value) for expected in BROKEN_LINES)
+
+
+def test_a_key_that_fails_only_beside_another_is_reported_once_and_no_good_key_is_blamed(plugin_module) -> None:
+    """bf16 compute over bfloat16 weights fails only together (a rule reading two keys); the
+    preset's good keys (kl.coef) are not listed."""
+    name = plugin_module("""
+from rlzoo.api import hookimpl
+
+@hookimpl
+def rlzoo_register_algorithms(register):
+    register("pair", {"trainer": {"precision": "bf16"}, "model": {"dtype": "bfloat16"}, "kl": {"coef": 0.0},
+                      "advantage": "nosuch"})
+""")
+    registry = build_registry(make_plugin_manager(modules=[name]))
+    with pytest.raises(ConfigError) as info:
+        load_config(registry, ["algo=pair"])
+    lines = str(info.value).splitlines()
+    assert lines[0] == f"algorithm preset 'pair' (package {name}) has 2 problems:"
+    assert lines[1].startswith("  - advantage: unknown advantage 'nosuch'")
+    assert lines[2].startswith("  - trainer.precision=bf16 computes in bfloat16 over float32 master weights")
+    assert len(lines) == 3
+
+
+def test_a_preset_with_one_problem_and_a_command_line_error_keep_their_one_line(plugin_module) -> None:
+    name = plugin_module("""
+from rlzoo.api import hookimpl
+
+@hookimpl
+def rlzoo_register_algorithms(register):
+    register("one", {"advantage": "nosuch", "loss_agg": "nosuch"})
+    register("fine", {"advantage": "rloo"}, card={"advantage": "RLOO paper"})
+""")
+    registry = build_registry(make_plugin_manager(modules=[name]))
+    with pytest.raises(ConfigError) as info:
+        load_config(registry, ["algo=one", "advantage=grpo"])  # the command line replaces one broken choice
+    assert "has 2 problems" in str(info.value)  # the preset's own problems, whatever overrides it
+    with pytest.raises(ConfigError) as info:
+        load_config(registry, ["algo=fine", "trainer.lr=fast"])
+    assert str(info.value) == "invalid value for trainer.lr: 'fast' is not a valid float"
+    check_component(registry.get("algorithm", "fine"), registry=registry)
