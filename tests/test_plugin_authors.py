@@ -7,15 +7,20 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-from rlzoo.api import (build_registry, check_component, ConfigError, Example, make_plugin_manager, module_plugin,
-                       Tool)
+from rlzoo.api import (build_registry, check_component, ConfigError, DuplicateComponentError, Example,
+                       make_plugin_manager, module_plugin, Tool)
 from rlzoo.commands.cli import main
+from rlzoo.commands.sft import _unfit
+from rlzoo.agents.episodes import EpisodeLimits
+from rlzoo.contract.registry import Registry
 from rlzoo.plan.planner import load_config
 
 ROOT = Path(__file__).parents[1]
+TINY = ["model.hidden_size=32", "model.num_layers=1", "trainer.threads=1"]
 
 
 def _doc_block(page: str, name: str) -> str:
@@ -182,3 +187,78 @@ def rlzoo_register_algorithms(register):
         load_config(registry, ["algo=fine", "trainer.lr=fast"])
     assert str(info.value) == "invalid value for trainer.lr: 'fast' is not a valid float"
     check_component(registry.get("algorithm", "fine"), registry=registry)
+
+
+# ------------------------------------------------------------- a name clash
+
+def test_a_name_clash_offers_renaming_beside_disabling_the_package() -> None:
+    registry = Registry()
+
+    def k3(logp, ref_logp):
+        return logp - ref_logp
+
+    registry.add("kl_estimator", "mine", k3, plugin="pkg-a:main", package="pkg-a")
+    with pytest.raises(DuplicateComponentError) as info:
+        registry.add("kl_estimator", "mine", k3, plugin="pkg-b:main", package="pkg-b")
+    assert str(info.value) == ("kl_estimator name 'mine' is registered twice: by plugin 'pkg-a:main' (pkg-a) and by "
+                               "plugin 'pkg-b:main' (pkg-b); rename one of them (register another name), or skip one "
+                               "with RLZOO_DISABLE_PLUGINS=pkg-b:main or uninstall its package")
+    registry.add("kl_estimator", "ours", k3, plugin="module:ours", package="")  # plugins=[...] modules: no package
+    with pytest.raises(DuplicateComponentError, match=r"by plugin 'file:ours.py' \(\?\); rename one of them "
+                                                      r"\(register another name\)$"):
+        registry.add("kl_estimator", "ours", k3, plugin="file:ours.py", package="")
+
+
+# ------------------------------------------------------------- a demonstration that does not fit
+
+def test_a_too_long_demonstration_says_what_it_needs_and_which_knob_to_raise(tmp_path: Path, capsys) -> None:
+    """Two-digit products: `59*63` + EOS = 6 tokens, `=3717;` 6, `3717` + EOS 5: 2 turns,
+    6 tokens in the longest, 17 after the prompt (the embedded tokenizer: a token a character)."""
+    def sft(*bounds: str, out: str) -> int:
+        return main(["sft", "env=calculator", "task=multiply", *TINY, *bounds, "--steps", "1", "--batch-size", "1",
+                     "--out", str(tmp_path / out)])
+
+    code = sft("rollout.max_turns=1", "rollout.max_turn_tokens=3", "rollout.max_new_tokens=10", out="a")
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "env='calculator': the demonstration ['59*63', '3717'] of '59*63=' needs 2 turn(s), 6 tokens in its " \
+           "longest turn (end of turn included) and 17 tokens after the prompt: raise rollout.max_turns=1 to 2, " \
+           "rollout.max_turn_tokens=3 to 6, rollout.max_new_tokens=10 to 17" in err, err
+    code = sft("rollout.max_turns=2", "rollout.max_turn_tokens=6", "rollout.max_new_tokens=17", out="b")  # as it needs
+    assert code == 0, capsys.readouterr().err
+
+
+def test_a_demonstration_the_environment_never_ends_is_named() -> None:
+    free = SimpleNamespace(policy=[1, 1, 0, 0, 0, 1], turns=2, tokens=[7] * 6, done=False)
+    assert _unfit(free, EpisodeLimits(max_turns=4, max_turn_tokens=8, max_tokens=64)) == (
+        "needs 2 turn(s), 2 tokens in its longest turn (end of turn included) and 6 tokens after the prompt; the "
+        "environment does not end the episode after its last turn (Environment.step must return done=True on the "
+        "final answer)")
+
+
+# ------------------------------------------------------------- explain and diff
+
+def test_explain_prints_a_shared_card_source_once(capsys) -> None:
+    assert main(["explain", "algo=ppo"]) == 0
+    out = capsys.readouterr().out
+    gae = "GAE (arXiv:1506.02438) with TRL PPOConfig gamma=1.0, lam=0.95"
+    assert out.count(gae) == 1
+    rows = {line.split()[0]: line for line in out.splitlines() if line and not line.startswith(("#", " "))}
+    assert gae in rows["advantage.name"]
+    for key in ("advantage.gamma", "advantage.lam", "advantage.whiten"):
+        assert rows[key].endswith("[preset ppo]  source: see advantage.name"), rows[key]
+    assert rows["kl.controller.horizon"].endswith("source: see kl.controller.name")
+
+
+def test_diff_prints_each_differing_plan_line_under_its_section(capsys) -> None:
+    assert main(["diff", "algo=ppo", "algo=grpo"]) == 0
+    out = capsys.readouterr().out
+    only_ppo = out.split("# plan lines only in algo=ppo\n")[1].split("\n\n")[0].splitlines()
+    assert only_ppo[0] == "models:" and only_ppo[1].startswith("  reference: frozen initial policy")
+    assert only_ppo[2].startswith("  critic: value model")
+    aggregation = only_ppo.index("aggregation:")
+    assert only_ppo[aggregation + 1:aggregation + 3] == ["  policy: token-mean over loss_mask",
+                                                          "  value: token-mean over response_mask"]
+    assert only_ppo[aggregation - 1].startswith("kl: k1 in the reward")  # an unindented line: its own heading
+    assert sum(line == "models:" for line in only_ppo) == 1
+    assert "`1.0` [preset ppo; source: see advantage.name]" in out  # advantage.gamma

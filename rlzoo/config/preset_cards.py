@@ -73,11 +73,15 @@ class Preset:
 
     def entry_for(self, key: str) -> CardEntry | None:
         """The card entry of dotted ``key``: its own, or that of the closest enclosing key."""
+        covering = self.card_key_for(key)
+        return self.card[covering] if covering is not None else None
+
+    def card_key_for(self, key: str) -> str | None:
+        """The card key whose entry covers dotted ``key``: ``key`` itself or the closest enclosing key."""
         parts = key.split(".")
         for end in range(len(parts), 0, -1):
-            entry = self.card.get(".".join(parts[:end]))
-            if entry is not None:
-                return entry
+            if ".".join(parts[:end]) in self.card:
+                return ".".join(parts[:end])
         return None
 
     def set_keys(self) -> list[str]:

@@ -184,8 +184,9 @@ class Registry:
             if owner is not None:
                 installed = [p for p in (who, owner.plugin)  # third-party entry points, not rlzoo's own
                              if not p.startswith(("module:", "file:", "<", "rlzoo:", "extension:"))]
-                hint = (f"; skip one with RLZOO_DISABLE_PLUGINS={installed[0]} or uninstall its package"
-                        if installed else "")
+                hint = (f"; rename one of them (register another name), or skip one with "
+                        f"RLZOO_DISABLE_PLUGINS={installed[0]} or uninstall its package"
+                        if installed else "; rename one of them (register another name)")
                 raise DuplicateComponentError(
                     f"{kind} name {label!r} is registered twice: by plugin {owner.plugin!r} "
                     f"({owner.package}) and by plugin {who!r} ({package or '?'}){hint}", kind=kind
