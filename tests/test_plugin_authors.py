@@ -97,6 +97,26 @@ def rlzoo_register_environments(register):
         registry.get("environment", "needs_tool")()
 
 
+def test_naming_an_installed_plugins_module_in_plugins_loads_it_once(plugin_module) -> None:
+    """A package author tries `plugins=[their_module]` with the package installed: pluggy
+    refused the second registration with a message listing every plugin."""
+    import importlib
+
+    name = plugin_module("""
+from rlzoo.api import hookimpl
+
+@hookimpl
+def rlzoo_register_advantage_estimators(register):
+    def mine(token_rewards, response_mask):
+        return token_rewards * response_mask, token_rewards * response_mask
+    register("mine_once", mine)
+""")
+    pm = make_plugin_manager()
+    pm.register_plugin(importlib.import_module(name), name="pkg-mine:main", package="pkg-mine")  # its entry point
+    pm.load_modules([name])
+    assert build_registry(pm).get("advantage", "mine_once").plugin == "pkg-mine:main"
+
+
 def test_the_task_of_the_registry_call_equals_the_bound_call() -> None:
     from rlzoo.api import build_params
 

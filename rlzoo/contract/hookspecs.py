@@ -8,7 +8,7 @@ are found through the ``rlzoo`` entry-point group.
 
 A registration hook receives a ``register`` callback and calls it once per component::
 
-    from rlzoo import hookimpl
+    from rlzoo.api import hookimpl
     @hookimpl
     def rlzoo_register_advantage_estimators(register):
         register("my_adv", my_adv, params=MyAdvParams,
