@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from rlzoo.api import (build_registry, check_component, ConfigError, DuplicateComponentError, Example,
+from rlzoo.api import (build_registry, check_component, ConfigError, DuplicateComponentError, Environment, Example,
                        make_plugin_manager, module_plugin, Tool)
 from rlzoo.commands.cli import main
 from rlzoo.commands.sft import _unfit
@@ -117,6 +117,25 @@ def rlzoo_register_advantage_estimators(register):
     assert build_registry(pm).get("advantage", "mine_once").plugin == "pkg-mine:main"
 
 
+def test_an_observation_the_embedded_tokenizer_cannot_read_is_warned_once(capsys) -> None:
+    from rlzoo.agents.episodes import EpisodeFormat
+    from rlzoo.models.build import build_char_tokenizer
+    from rlzoo.tasks.prompts import PromptFormat
+
+    fmt = EpisodeFormat(build_char_tokenizer("0123456789+-*="), PromptFormat())  # multiply's alphabet
+    episode = fmt.start(Example("6*7=", "42"), Environment())
+    assert len(fmt.observation_ids(episode, [{"role": "user", "content": "+"}])) == 1
+    assert capsys.readouterr().err == ""
+    ids = fmt.observation_ids(episode, [{"role": "user", "content": "higher"}])
+    assert ids == [fmt.tokenizer.unk_token_id] * 6
+    assert capsys.readouterr().err == (
+        "rlzoo: warning: the environment's observation 'higher' holds characters the tokenizer encodes as <unk> "
+        "('eghir'): the policy cannot read them. The embedded model's tokenizer knows only the task's alphabet: keep "
+        "observations inside it (as the guess and calculator environments do) or train a pretrained model.path\n")
+    fmt.observation_ids(episode, [{"role": "user", "content": "lower"}])
+    assert capsys.readouterr().err == ""  # once a run
+
+
 def test_the_task_of_the_registry_call_equals_the_bound_call() -> None:
     from rlzoo.api import build_params
 
@@ -207,6 +226,17 @@ def rlzoo_register_algorithms(register):
         load_config(registry, ["algo=fine", "trainer.lr=fast"])
     assert str(info.value) == "invalid value for trainer.lr: 'fast' is not a valid float"
     check_component(registry.get("algorithm", "fine"), registry=registry)
+
+
+def test_a_card_that_is_not_a_mapping_is_one_error_line() -> None:
+    pm = make_plugin_manager()
+    plugin = module_plugin(rlzoo_register_algorithms=lambda register: register("strcard", {"advantage": "rloo"},
+                                                                                card="my paper"))
+    pm.register_plugin(plugin, name="pkg:presets", package="rlzoo-cards")
+    with pytest.raises(ConfigError) as info:  # was: ValueError from dict("my paper")
+        load_config(build_registry(pm), ["algo=strcard"])
+    assert str(info.value) == ("algorithm preset 'strcard' (package rlzoo-cards): 'card' must map dotted config keys "
+                               "to sources")
 
 
 # ------------------------------------------------------------- a name clash
