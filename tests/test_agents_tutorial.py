@@ -21,8 +21,8 @@ pytestmark = pytest.mark.slow  # end-to-end: builds, installs and trains
 
 DOC = Path(__file__).parents[1] / "docs" / "agents.md"
 BLOCK = re.compile(r"```\w+ file=(\S+)\n(.*?)```", re.S)
-FILES = {"pyproject.toml", "rlzoo_hilo/__init__.py", "rlzoo_hilo/tools.py", "tests/test_hilo.py",
-         "tests/test_convert_length.py"}
+FILES = {"pyproject.toml", "rlzoo_hilo/__init__.py", "rlzoo_hilo/convert.py", "rlzoo_hilo/tools.py",
+         "tests/test_hilo.py", "tests/test_convert.py", "tests/test_convert_length.py"}
 SHORT = ["trainer.total_steps=2", "rollout.prompts_per_step=2", "rollout.n=2", "eval.size=4",
          "model.hidden_size=32", "model.num_layers=1", "logging.progress=false"]
 """Appended to the page's train commands (later overrides win): two small steps."""
@@ -54,6 +54,7 @@ def test_agents_package_builds_installs_lists_passes_the_kit_and_trains(tmp_path
     listing = json.loads(run([sys.executable, "-m", "rlzoo", "list", "--json"], env, tmp_path).stdout)
     entries = {(e["kind"], e["name"]): e for e in listing["components"]}
     assert entries[("environment", "hilo")]["package"] == "rlzoo-hilo"
+    assert entries[("environment", "convert")]["package"] == "rlzoo-hilo"
     assert entries[("tool", "convert_length")]["package"] == "rlzoo-hilo"
     listed = {}
     for command in documented_commands():
@@ -61,10 +62,11 @@ def test_agents_package_builds_installs_lists_passes_the_kit_and_trains(tmp_path
             kind = command[command.index("--kind") + 1]
             listed[kind] = run([sys.executable, "-m", *command], env, tmp_path).stdout
     assert re.search(r"^\s*hilo\b.*rlzoo-hilo", listed["environment"], re.M), listed["environment"]
+    assert re.search(r"^\s*convert\b.*rlzoo-hilo", listed["environment"], re.M), listed["environment"]
     assert re.search(r"^\s*convert_length\b.*rlzoo-hilo", listed["tool"], re.M), listed["tool"]
 
     tests = run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"], env, package)
-    assert "3 passed" in tests.stdout, tests.stdout
+    assert "4 passed" in tests.stdout, tests.stdout
 
     trained = 0
     for i, command in enumerate(documented_commands()):

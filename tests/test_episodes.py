@@ -379,7 +379,9 @@ def test_the_calculator_demonstrates_a_call_then_the_answer_and_sft_trains_on_it
     assert tokenizer.decode(ids[1][response_mask[1].bool()]) == "2*3</s>=6;6</s>"
     assert loss_mask[1].tolist() == [1] * 4 + [0] * 3 + [1] * 2 + [0] * 8  # the loss skips the observation
     assert loss_mask[0].tolist() == episode.policy and response_mask[0].sum() == len(episode.tokens)
-    with pytest.raises(ConfigError, match=r"does not fit rollout.max_turns=1"):
+    needs = (r"needs 2 turn\(s\), 6 tokens in its longest turn \(end of turn included\) and 17 tokens after the "
+             r"prompt: raise rollout.max_turns=1 to 2$")  # 37*48</s> =1776; 1776</s>
+    with pytest.raises(ConfigError, match=needs):
         _demonstrations(load_config(REGISTRY, [*TINY_ENV, "rollout.max_turns=1"]), tokenizer, PromptFormat(),
                         "answer")([Example("37*48=", "1776")])
     assert _demonstrations(load_config(REGISTRY, TINY), tokenizer, PromptFormat(), "answer") is None

@@ -73,7 +73,8 @@ def test_explain_names_inert_knobs_and_the_layer_of_each_value(capsys) -> None:
     assert code == 0, err
     lines = {line.split()[0]: line for line in out.splitlines() if line and not line.startswith(("#", " "))}
     assert "[command line]" in lines["trainer.lr"] and "[defaults]" in lines["trainer.total_steps"]
-    assert "[preset dapo]" in lines["policy_loss.clip_high"] and "DAPO §3.1" in lines["policy_loss.clip_high"]
+    assert "[preset dapo]" in lines["policy_loss.clip_high"] and "DAPO §3.1" in lines["policy_loss.name"]
+    assert lines["policy_loss.clip_high"].endswith("source: see policy_loss.name")  # the card entry, printed once
     assert "unused: kl.coef = 0" in lines["kl.estimator.name"]
     assert "warning: kl.coef=0" in out
 

@@ -103,6 +103,7 @@ class EpisodeFormat:
         self.tokenizer, self.prompt_format = tokenizer, prompt_format
         self.chat = prompt_format.chat_template is not False and bool(getattr(tokenizer, "chat_template", None))
         self.warned = False
+        self.warned_unknown = False
 
     def _encode(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=False).input_ids)
@@ -134,7 +135,10 @@ class EpisodeFormat:
         rendering does not extend the ids so far (retokenisation drift)."""
         episode.messages.extend(dict(m) for m in observations)
         if not self.chat:
-            return self._encode("".join(m["content"] for m in observations))
+            text = "".join(m["content"] for m in observations)
+            ids = self._encode(text)
+            self._warn_unknown(text, ids)
+            return ids
         so_far = episode.prompt_ids + episode.tokens
         full = self._encode(self.render(episode.messages, episode.env.tools, True))
         if full[:len(so_far)] != so_far:
@@ -145,6 +149,19 @@ class EpisodeFormat:
                 self.warned = True
             return None
         return full[len(so_far):]
+
+    def _warn_unknown(self, text: str, ids: list[int]) -> None:
+        """Warn once when an observation holds characters the tokenizer encodes as its
+        unknown token (the embedded model's knows only the task's alphabet)."""
+        unknown = getattr(self.tokenizer, "unk_token_id", None)
+        if self.warned_unknown or unknown is None or unknown not in ids:
+            return
+        chars = sorted(c for c in set(text) if self._encode(c) == [unknown])
+        print(f"rlzoo: warning: the environment's observation {text[:60]!r} holds characters the tokenizer encodes "
+              f"as {self.tokenizer.unk_token} ({''.join(chars)!r}): the policy cannot read them. The embedded "
+              "model's tokenizer knows only the task's alphabet: keep observations inside it (as the guess and "
+              "calculator environments do) or train a pretrained model.path", file=sys.stderr, flush=True)
+        self.warned_unknown = True
 
 
 def play(backend: Any, fmt: EpisodeFormat, make_env: Callable[[], Environment], examples: list[Example],

@@ -37,6 +37,7 @@ class Knob:
     :ivar source: the layer that set it.
     :ivar note: the preset card's source (and deviation), when a preset set it.
     :ivar unused: why the value cannot act in this run, or ``""``.
+    :ivar card_key: the card entry ``note`` comes from (``advantage`` for ``advantage.lam``), or ``""``.
     """
 
     key: str
@@ -44,6 +45,7 @@ class Knob:
     source: str
     note: str = ""
     unused: str = ""
+    card_key: str = ""
 
 
 EXPANDED_LISTS = ("rollout_correction",)
@@ -92,11 +94,29 @@ def knobs(resolved: ResolvedConfig, preset: Preset | None) -> list[Knob]:
             continue
         source_key = key if key in resolved.sources else key.split("[")[0]
         source = resolved.sources.get(source_key, "defaults")
-        note = ""
+        note, card_key = "", ""
         if preset is not None and source == f"preset {preset.name}":
-            entry = preset.entry_for(key.removesuffix(".name"))
-            note = entry.text() if entry else ""
-        out.append(Knob(key=key, value=value, source=source, note=note, unused=_unused(key, resolved)))
+            card_key = preset.card_key_for(key.removesuffix(".name")) or ""
+            note = preset.card[card_key].text() if card_key else ""
+        out.append(Knob(key=key, value=value, source=source, note=note, unused=_unused(key, resolved),
+                        card_key=card_key))
+    return out
+
+
+def shown_notes(rows: list[Knob | None]) -> list[str]:
+    """The note to print beside each row: a card entry's text on the first row it covers,
+    then ``source: see <that row's key>`` on the others (a component's card entry covers
+    every parameter of it), so a long source is printed once. ``None`` rows get ``""``."""
+    first: dict[str, str] = {}
+    out = []
+    for knob in rows:
+        if knob is None or not knob.note:
+            out.append("")
+        elif knob.card_key in first:
+            out.append(f"source: see {first[knob.card_key]}")
+        else:
+            first[knob.card_key] = knob.key
+            out.append(knob.note)
     return out
 
 
@@ -126,8 +146,8 @@ def explain(resolved: ResolvedConfig, registry: Registry) -> str:
     width = max((len(k.key) for k in rows), default=0)
     value_width = min(max((len(_show(k.value)) for k in rows), default=0), 28)
     lines.append("# knobs: value  [set by]  source")
-    for knob in rows:
-        tail = f"  {knob.note}" if knob.note else ""
+    for knob, note in zip(rows, shown_notes(rows)):
+        tail = f"  {note}" if note else ""
         if knob.unused:
             tail += f"  (unused: {knob.unused})"
         lines.append(f"{knob.key:<{width}}  {_show(knob.value):<{value_width}}  [{knob.source}]{tail}")
@@ -142,27 +162,50 @@ def diff(a: ResolvedConfig, b: ResolvedConfig, registry: Registry, labels: tuple
     keys = [k for k in knobs_a if k in knobs_b] + [k for k in knobs_a if k not in knobs_b] + \
         [k for k in knobs_b if k not in knobs_a]
     lines = [f"| knob | {labels[0]} | {labels[1]} |", "|---|---|---|"]
-    for key in keys:
-        left, right = knobs_a.get(key), knobs_b.get(key)
-        if left is not None and right is not None and left.value == right.value:
-            continue
+    differ = [key for key in keys if key not in knobs_a or key not in knobs_b
+              or knobs_a[key].value != knobs_b[key].value]
+    notes_a = shown_notes([knobs_a.get(key) for key in differ])
+    notes_b = shown_notes([knobs_b.get(key) for key in differ])
 
-        def cell(knob: Knob | None) -> str:
-            if knob is None:
-                return "—"
-            note = f"; {knob.note}" if knob.note else ""
-            unused = f" (unused: {knob.unused})" if knob.unused else ""
-            return f"`{_show(knob.value)}` [{knob.source}{note}]{unused}".replace("|", "\\|")
+    def cell(knob: Knob | None, note: str) -> str:
+        if knob is None:
+            return "—"
+        note = f"; {note}" if note else ""
+        unused = f" (unused: {knob.unused})" if knob.unused else ""
+        return f"`{_show(knob.value)}` [{knob.source}{note}]{unused}".replace("|", "\\|")
 
-        lines.append(f"| `{key}` | {cell(left)} | {cell(right)} |")
-    plan_a = a.plan.render().splitlines()
-    plan_b = b.plan.render().splitlines()
-    only_a = [line for line in plan_a if line not in plan_b]
-    only_b = [line for line in plan_b if line not in plan_a]
+    for key, note_a, note_b in zip(differ, notes_a, notes_b):
+        lines.append(f"| `{key}` | {cell(knobs_a.get(key), note_a)} | {cell(knobs_b.get(key), note_b)} |")
+    plan_a, plan_b = _plan_lines(a.plan.render()), _plan_lines(b.plan.render())
+    only_a = _with_sections([line for line in plan_a if line not in plan_b])
+    only_b = _with_sections([line for line in plan_b if line not in plan_a])
     if len(lines) == 2 and not only_a and not only_b:
         return "the two configs resolve to the same knobs and plan\n"
     lines += ["", "# plan lines only in " + labels[0], *only_a, "", "# plan lines only in " + labels[1], *only_b]
     return "\n".join(lines) + "\n"
+
+
+def _plan_lines(text: str) -> list[tuple[str, str]]:
+    """The rendered plan's lines, each with the heading of its section: the last unindented
+    line's text up to its colon (an unindented line heads its own section)."""
+    out, section = [], ""
+    for line in text.splitlines():
+        if line and not line[0].isspace():
+            section = line.split(":")[0] + ":" if ":" in line else line
+        out.append((section, line))
+    return out
+
+
+def _with_sections(lines: list[tuple[str, str]]) -> list[str]:
+    """Differing plan lines, each indented one under its section's heading (printed once,
+    before the first of its lines, unless the differing line is the heading line itself)."""
+    out, last = [], None
+    for section, line in lines:
+        if line[:1].isspace() and section != last:
+            out.append(section)
+        last = section
+        out.append(line)
+    return out
 
 
 def presets_markdown(registry: Registry, package: str = "rlzoo") -> str:

@@ -149,13 +149,35 @@ def _demonstrations(resolved: ResolvedConfig, tokenizer: Any, prompt_format: Pro
                                   f"{example.prompt!r} does not start with its ids (retokenisation drift: "
                                   "docs/agents.md, Tokens and masks), so its tokens cannot be trained on")
             if episode.truncated or not episode.done:
-                raise ConfigError(f"env={name!r}: the demonstration {turns!r} of {example.prompt!r} does not fit "
-                                  f"rollout.max_turns={limits.max_turns}, rollout.max_turn_tokens="
-                                  f"{limits.max_turn_tokens} and rollout.max_new_tokens={limits.max_tokens} "
-                                  "(or the environment does not end the episode after it): raise them")
+                raise ConfigError(f"env={name!r}: the demonstration {turns!r} of {example.prompt!r} "
+                                  + _unfit(replay(fmt, make_env(), example, turns, _unbounded(turns)), limits))
             episodes.append(episode)
         tensors = episode_tensors(episodes, tokenizer.pad_token_id)
         prompt_ids, prompt_mask = left_pad([e.prompt_ids for e in episodes], tokenizer.pad_token_id)
         return prompt_ids, prompt_mask, tensors["response_ids"], tensors["response_mask"], tensors["loss_mask"]
 
     return batch
+
+
+def _unbounded(turns: list[str]) -> EpisodeLimits:
+    """Bounds a demonstration of ``turns`` cannot reach: one turn more than it has, no token limits."""
+    return EpisodeLimits(max_turns=len(turns) + 1, max_turn_tokens=2**31, max_tokens=2**31)
+
+
+def _unfit(free: Any, limits: EpisodeLimits) -> str:
+    """Why a demonstration does not fit ``limits``, from ``free``, its episode replayed
+    without bounds: what it needs (turns, tokens of its longest turn, tokens in all) and
+    which knob to raise to what, or that the environment never ends it."""
+    runs = "".join(str(p) for p in free.policy).split("0")
+    needs = {"rollout.max_turns": (free.turns, limits.max_turns),
+             "rollout.max_turn_tokens": (max(len(r) for r in runs), limits.max_turn_tokens),
+             "rollout.max_new_tokens": (len(free.tokens), limits.max_tokens)}
+    text = (f"needs {free.turns} turn(s), {needs['rollout.max_turn_tokens'][0]} tokens in its longest turn "
+            f"(end of turn included) and {len(free.tokens)} tokens after the prompt")
+    raise_ = [f"{key}={now} to {need}" for key, (need, now) in needs.items() if need > now]
+    if raise_:
+        text += f": raise {', '.join(raise_)}"
+    if not free.done:
+        text += ("; the environment does not end the episode after its last turn (Environment.step must return "
+                 "done=True on the final answer)")
+    return text

@@ -30,7 +30,7 @@ from omegaconf.errors import (
 
 from rlzoo.config.choices import CHOICE_PATHS, choose_components, take_choices, task_default_reward
 from rlzoo.config.keys import renamed_keys, run_schema
-from rlzoo.config.preset_cards import load_preset
+from rlzoo.config.preset_cards import Preset, card_problems, load_preset, preset_label, read_preset
 from rlzoo.config.resolved import ResolvedConfig
 from rlzoo.config.schema import check_values, schema_keys, type_message
 from rlzoo.config.yamlfile import read_yaml
@@ -39,7 +39,8 @@ from rlzoo.contract.registry import Registry
 from rlzoo.core.errors import ConfigError, did_you_mean
 
 __all__ = ["PRESET_REFUSED_KEYS", "Layers", "check_merged", "default_config_path", "labelled_layers",
-           "merge_into_schema", "parse_overrides", "plugin_modules", "preset_of", "read_layers", "resolve_config"]
+           "merge_into_schema", "parse_overrides", "plugin_modules", "preset_error", "preset_of", "preset_problems",
+           "read_layers", "resolve_config", "resolve_layers"]
 
 PRESET_REFUSED_KEYS: tuple[str, ...] = ("algo", "plugins", "seed", "run_name", "run_dir", "resume")
 """Top-level keys an algorithm preset may not set: they choose the preset, are read before
@@ -143,11 +144,13 @@ class Layers:
     :ivar labelled: ``(label, layer)``: defaults (or the base), the preset, the file, the command line.
     :ivar preset_label: how errors name the algorithm preset, or ``None`` without one.
     :ivar user_labels: the labels of the user's own layers (the file, the command line).
+    :ivar preset: the name of the preset the layers hold, or ``None``.
     """
 
     labelled: list[tuple[str, dict[str, Any]]]
     preset_label: str | None
     user_labels: set[str]
+    preset: str | None = None
 
 
 def resolve_config(
@@ -170,6 +173,17 @@ def resolve_config(
     :param base_label: how ``sources`` names the base layer.
     """
     layers = labelled_layers(registry, overrides, config_file, base, base_label)
+    try:
+        return resolve_layers(registry, layers)
+    except ConfigError as exc:
+        raise preset_error(registry, layers.preset, exc) from exc
+
+
+def resolve_layers(registry: Registry, layers: Layers) -> ResolvedConfig:
+    """Merge ``layers`` and choose the components (:func:`resolve_config` without reading the layers).
+
+    :raises ConfigError: the first problem, one line.
+    """
     choices = take_choices(layers.labelled)
     cfg = merge_into_schema(layers, choices.sources)
     check_merged(cfg)
@@ -199,13 +213,17 @@ def labelled_layers(registry: Registry, overrides: list[str] | None, config_file
     for layer in (file_layer, cli_layer):
         if "algo" in layer:
             algo = layer["algo"]
-    preset_layer, preset_label = preset_of(registry, algo) if algo is not None and base is None else ({}, None)
+    try:
+        preset_layer, preset_label = preset_of(registry, algo) if algo is not None and base is None else ({}, None)
+    except ConfigError as exc:
+        raise preset_error(registry, str(algo), exc) from exc
     labelled = [("defaults" if base is None else base_label, defaults), (f"preset {algo}", preset_layer),
                 (f"--config {config_file}", file_layer), ("command line", cli_layer)]
     labelled = [(label, copy.deepcopy(layer)) for label, layer in labelled]
     for label, layer in labelled:
         _check_renamed(label, layer)
-    return Layers(labelled, preset_label, {f"--config {config_file}", "command line"})
+    return Layers(labelled, preset_label, {f"--config {config_file}", "command line"},
+                  str(algo) if preset_label is not None else None)
 
 
 def preset_of(registry: Registry, algo: Any) -> tuple[dict[str, Any], str]:
@@ -215,13 +233,120 @@ def preset_of(registry: Registry, algo: Any) -> tuple[dict[str, Any], str]:
     """
     preset = registry.get("algorithm", str(algo))
     layer = load_preset(preset).config
-    label = f"algorithm preset {preset.name!r} (package {preset.package or '?'})"
+    label = preset_label(preset)
     refused = sorted(set(layer) & set(PRESET_REFUSED_KEYS))
     if refused:
-        raise ConfigError(f"{label} sets {', '.join(refused)}: a preset holds a recipe (components, "
-                          f"their parameters, rollout / trainer / kl / eval / model keys), not "
-                          f"{', '.join(PRESET_REFUSED_KEYS)}")
+        raise ConfigError(f"{label} {_refused(refused)}")
     return layer, label
+
+
+def _refused(keys: list[str]) -> str:
+    return (f"sets {', '.join(keys)}: a preset holds a recipe (components, their parameters, rollout / trainer / "
+            f"kl / eval / model keys), not {', '.join(PRESET_REFUSED_KEYS)}")
+
+
+def preset_problems(registry: Registry, name: str) -> list[str]:
+    """Every problem of the preset ``name`` over the defaults, one line each (``[]``: it
+    resolves): malformed card entries, card entries for keys it does not set, keys a preset
+    may not set, then each key it sets that fails (an unknown key, component or parameter,
+    a bad value), then what its keys fail together (a rule that reads several keys).
+
+    Each key is first resolved alone over the defaults; one that fails alone is resolved
+    again beside every key that passed, so a key that needs another one of the preset is
+    not blamed. The run plan's checks are not run (:func:`rlzoo.plan.planner.load_config`).
+
+    :raises UnknownComponentError: no preset ``name``.
+    """
+    component = registry.get("algorithm", name)
+    label = preset_label(component)
+    try:
+        config, raw_card, _, _ = read_preset(component, label)
+    except ConfigError as exc:
+        return [str(exc).removeprefix(label).lstrip(": ")]
+    card, problems = card_problems(raw_card)
+    preset = Preset(component.name, config, card)
+    keys = preset.set_keys()
+    problems += preset.stale_card_entries()
+    refused = sorted(set(config) & set(PRESET_REFUSED_KEYS))
+    if refused:
+        problems.append(_refused(refused))
+    defaults = read_yaml(default_config_path(), "default config")
+
+    def error(layer: dict[str, Any]) -> str | None:
+        return _error_over_defaults(registry, name, layer, defaults)
+
+    pieces = [_only(config, key) for key in keys if key.split(".")[0] not in PRESET_REFUSED_KEYS]
+    alone = [(piece, error(piece)) for piece in pieces]
+    passed: dict[str, Any] = {}
+    for piece, failed in alone:
+        if failed is None:
+            passed = _merged(passed, piece)
+    together = error(passed)  # the keys that pass alone may still fail together
+    context = passed if together is None else {}
+    for piece, failed in alone:
+        if failed is not None:
+            failed = error(_merged(context, piece)) if context else failed
+            if failed is None:
+                context = _merged(context, piece)
+            else:
+                problems.append(failed)
+    if together is not None:
+        problems.append(together)
+    return problems
+
+
+def preset_error(registry: Registry, name: str | None, exc: ConfigError) -> ConfigError:
+    """``exc``, or, when it is a problem of the preset ``name`` and the preset has several,
+    one error listing them all (a line each: :func:`preset_problems`)."""
+    if name is None or ("algorithm", name) not in registry:
+        return exc
+    component = registry.get("algorithm", name)
+    label = preset_label(component)
+    if not str(exc).startswith(label):  # a value check or a rule: the preset's when the preset alone fails
+        try:
+            config = read_preset(component, label)[0]
+        except ConfigError:
+            return exc
+        if _error_over_defaults(registry, name, config, read_yaml(default_config_path(), "default config")) is None:
+            return exc
+    problems = preset_problems(registry, name)
+    if len(problems) < 2 or not (str(exc).startswith(label) or str(exc) in problems):
+        return exc
+    error = ConfigError(f"{label} has {len(problems)} problems:\n" + "\n".join(f"  - {p}" for p in problems))
+    error.problems = problems  # type: ignore[attr-defined]  # the lines, for the plugin kit's check_preset
+    return error
+
+
+def _error_over_defaults(registry: Registry, name: str, layer: dict[str, Any], defaults: dict[str, Any]) -> str | None:
+    """The error of ``layer`` as the preset ``name``'s layer over ``defaults`` (without the
+    preset's name in front), or ``None`` when it resolves."""
+    label = preset_label(registry.get("algorithm", name))
+    layers = Layers([("defaults", copy.deepcopy(defaults)), (f"preset {name}", copy.deepcopy(layer))], label, set(),
+                    name)
+    try:
+        resolve_layers(registry, layers)
+    except ConfigError as exc:
+        return str(exc).removeprefix(label + ": ")
+    return None
+
+
+def _only(config: dict[str, Any], key: str) -> dict[str, Any]:
+    """The nested mapping holding only the dotted ``key`` of ``config``."""
+    parts = key.split(".")
+    node: Any = config
+    for part in parts:
+        node = node[part]
+    for part in reversed(parts):
+        node = {part: node}
+    return node
+
+
+def _merged(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """``a`` and ``b`` merged (mappings recursively; ``b`` wins a leaf)."""
+    out = dict(a)
+    for key, value in b.items():
+        out[key] = _merged(out[key], value) if isinstance(out.get(key), dict) and isinstance(value, dict) else value
+    return out
 
 
 def merge_into_schema(layers: Layers, sources: dict[str, str]) -> DictConfig:

@@ -73,16 +73,28 @@ class Preset:
 
     def entry_for(self, key: str) -> CardEntry | None:
         """The card entry of dotted ``key``: its own, or that of the closest enclosing key."""
+        covering = self.card_key_for(key)
+        return self.card[covering] if covering is not None else None
+
+    def card_key_for(self, key: str) -> str | None:
+        """The card key whose entry covers dotted ``key``: ``key`` itself or the closest enclosing key."""
         parts = key.split(".")
         for end in range(len(parts), 0, -1):
-            entry = self.card.get(".".join(parts[:end]))
-            if entry is not None:
-                return entry
+            if ".".join(parts[:end]) in self.card:
+                return ".".join(parts[:end])
         return None
 
     def set_keys(self) -> list[str]:
         """The dotted keys the preset sets (a component choice counts as one key)."""
         return _leaf_keys(self.config)
+
+    def stale_card_entries(self) -> list[str]:
+        """One line per card entry that covers no key the preset sets (a typo, or a knob
+        the preset no longer sets): ``rlzoo explain`` would show its source nowhere."""
+        keys = self.set_keys()
+        return [f"card entry {entry!r} names no key the preset sets (it sets {', '.join(keys) or 'none'})"
+                for entry in self.card
+                if not any(k == entry or k.startswith(entry + ".") or entry.startswith(k + ".") for k in keys)]
 
 
 def _leaf_keys(data: Any, prefix: str = "") -> list[str]:
@@ -96,19 +108,27 @@ def _leaf_keys(data: Any, prefix: str = "") -> list[str]:
     return keys
 
 
-def _card(raw: Any, where: str) -> dict[str, CardEntry]:
+def card_problems(raw: Any) -> tuple[dict[str, CardEntry], list[str]]:
+    """The well-formed entries of a preset's raw ``card`` and one line per malformed one."""
     if raw is None:
-        return {}
+        return {}, []
     if not isinstance(raw, dict):
-        raise ConfigError(f"{where}: 'card' must map dotted config keys to sources")
-    card = {}
+        return {}, ["'card' must map dotted config keys to sources"]
+    card, problems = {}, []
     for key, value in raw.items():
         if isinstance(value, str):
             card[str(key)] = CardEntry(source=value)
         elif isinstance(value, dict) and set(value) <= {"source", "deviation"} and "source" in value:
             card[str(key)] = CardEntry(source=str(value["source"]), deviation=str(value.get("deviation", "")))
         else:
-            raise ConfigError(f"{where}: card entry {key!r} must be a string or {{source: ..., deviation: ...}}")
+            problems.append(f"card entry {key!r} must be a string or {{source: ..., deviation: ...}}")
+    return card, problems
+
+
+def _card(raw: Any, where: str) -> dict[str, CardEntry]:
+    card, problems = card_problems(raw)
+    if problems:
+        raise ConfigError(f"{where}: {'; '.join(problems)}")
     return card
 
 
@@ -116,9 +136,24 @@ def load_preset(component: Component) -> Preset:
     """The preset registered as ``component`` (a mapping, a card mapping, or a YAML path).
 
     :raises ConfigError: an unreadable file, a value that is not a mapping, a malformed card
-        (the preset and its package named).
+        (the preset and its package named; every malformed card entry).
     """
-    where = f"algorithm preset {component.name!r} ({component.package or component.plugin or '?'})"
+    where = preset_label(component)
+    value, card, description, paper = read_preset(component, where)
+    return Preset(name=component.name, config=copy.deepcopy(value), card=_card(card, where), description=description,
+                  paper=paper, package=component.package)
+
+
+def preset_label(component: Component) -> str:
+    """How errors name a preset: ``algorithm preset 'name' (package dist)``."""
+    return f"algorithm preset {component.name!r} (package {component.package or component.plugin or '?'})"
+
+
+def read_preset(component: Component, where: str) -> tuple[dict[str, Any], Any, str, str | None]:
+    """The preset's config keys, its raw card, description and paper, unchecked.
+
+    :raises ConfigError: an unreadable file, a value that is not a mapping (``where`` names the preset).
+    """
     value = component.fn
     if isinstance(value, (str, Path)):
         path = Path(value)
@@ -132,7 +167,7 @@ def load_preset(component: Component) -> Preset:
         value = {}
     if not isinstance(value, dict):
         raise ConfigError(f"{where} is a {type(value).__name__}, not a mapping of config keys")
-    card = dict(component.meta.get("card") or {})
+    card = component.meta.get("card")
     description, paper = component.description, component.paper
     if "config" in value and set(value) <= CARD_FILE_KEYS:
         card = value.get("card") or {}
@@ -141,8 +176,7 @@ def load_preset(component: Component) -> Preset:
         value = value["config"] or {}
         if not isinstance(value, dict):
             raise ConfigError(f"{where}: 'config' must be a mapping of config keys")
-    return Preset(name=component.name, config=copy.deepcopy(value), card=_card(card, where), description=description,
-                  paper=paper, package=component.package)
+    return value, card, description, paper
 
 
 def read_card_file(path: str | Path) -> dict[str, Any]:

@@ -8,7 +8,7 @@ are found through the ``rlzoo`` entry-point group.
 
 A registration hook receives a ``register`` callback and calls it once per component::
 
-    from rlzoo import hookimpl
+    from rlzoo.api import hookimpl
     @hookimpl
     def rlzoo_register_advantage_estimators(register):
         register("my_adv", my_adv, params=MyAdvParams,
@@ -261,13 +261,13 @@ def rlzoo_register_environments(register: Register) -> None:
 
     :param register: call ``register(name, factory, params=..., ...)``. The engine builds
         ``factory(params=..., **inputs)`` once per episode, with the inputs it names from
-        ``INPUTS["environment"]`` (``tools``: every registered tool by name; ``tool_style``: the
-        tool-call format of the run's rendering, ``hermes`` or ``plain``), and gets an
-        :class:`rlzoo.agents.environment.Environment`: ``reset(example) -> list[message]`` (the first
-        messages), ``step(completion) -> rlzoo.agents.environment.StepResult`` (observations, a
-        per-turn reward or ``None``, ``done``, tool-call counts) and ``tools`` (the tools whose
-        schemas the chat template shows). The engine owns tokens and masks: environment
-        tokens never enter a loss.
+        ``INPUTS["environment"]`` (``tools``: a ``dict[str, rlzoo.api.Tool]``, every registered
+        tool by name; ``tool_style``: the tool-call format of the run's rendering, ``hermes`` or
+        ``plain``), and gets an :class:`rlzoo.api.Environment`: ``reset(example) -> list[message]``
+        (the first messages), ``step(completion) -> rlzoo.api.StepResult`` (observations, a
+        per-turn reward or ``None``, ``done``, tool-call counts) and the attribute ``tools`` (the
+        ``Tool`` objects whose schemas the chat template shows; ``()`` by default). The engine
+        owns tokens and masks: environment tokens never enter a loss.
     """
 
 

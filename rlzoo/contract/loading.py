@@ -97,7 +97,7 @@ class PluginManager(pluggy.PluginManager):
                                   f"{did_you_mean(attr, HOOK_NAMES)} (hooks: rlzoo.contract.hookspecs)")
             if self.parse_hookimpl_opts(plugin, attr) is None:
                 raise PluginError(f"plugin {name!r} ({package}) defines {attr!r} without @hookimpl, so "
-                                  "pluggy would never call it: decorate it with `from rlzoo import hookimpl`")
+                                  "pluggy would never call it: decorate it with `from rlzoo.api import hookimpl`")
             spec = getattr(self.hook, attr).spec
             wanted = _required_args(getattr(plugin, attr))
             unknown = [arg for arg in wanted if spec is not None and arg not in spec.argnames]
@@ -157,6 +157,8 @@ class PluginManager(pluggy.PluginManager):
             if self.has_plugin(name):
                 continue
             module = _import_file(item) if _is_path(item) else _import_module(item)
+            if self.is_registered(module):  # an installed plugin's own module: its entry point loaded it
+                continue
             self.register_plugin(module, name=name, package=item)
 
 

@@ -14,7 +14,7 @@ from typing import Any
 from rlzoo.contract.checks import BoundComponent, check_declared_needs, derived_needs, inspect_inputs
 from rlzoo.core.errors import DuplicateComponentError, PluginError, UnknownComponentError, did_you_mean
 from rlzoo.contract.kinds import KINDS
-from rlzoo.contract.tool_schema import registered_tool
+from rlzoo.contract.tool_schema import ToolsByName, registered_tool
 
 NEEDS = frozenset({"critic", "reference", "groups", "logits", "greedy", "entropy", "old_logp", "teacher",
                    "sum_pi_squared"})
@@ -49,7 +49,10 @@ class Component:
     :ivar paper: reference, e.g. ``"arXiv:2402.03300"``.
     :ivar plugin: the plugin that registered it (``distribution:entry-point`` or a name).
     :ivar package: the distribution the plugin came from.
-    :ivar meta: any further keyword given to ``register``.
+    :ivar meta: any further keyword given to ``register``; a tool's :class:`~rlzoo.contract.tool_schema.Tool`
+        is ``meta["tool"]``.
+    :ivar registry: the registry it was added to (``None`` for a component made by hand): where
+        calling an environment finds the registered tools.
     """
 
     kind: str
@@ -65,6 +68,7 @@ class Component:
     plugin: str = ""
     package: str = ""
     meta: dict[str, Any] = field(default_factory=dict)
+    registry: Any = field(default=None, repr=False, compare=False)
 
     def default_params(self) -> Any:
         """An instance of the parameter dataclass with every default, or ``None``."""
@@ -81,11 +85,19 @@ class Component:
         dropped (so every component of a kind can be called with the same keywords).
 
         ``registry.get("policy_loss", "ppo_clip")(logp, old, adv, mask, clip_high=0.28)``
+
+        An environment gets the inputs a run passes unless they are given: ``tools``, every
+        tool of its registry by name, and ``tool_style="plain"`` (the format of a run
+        without a chat template): ``registry.get("environment", "tools")(tools=["calculator"])``.
         """
         if self.params is not None and "params" not in kwargs:
             names = {f.name for f in dataclasses.fields(self.params)}
             given = {k: kwargs.pop(k) for k in list(kwargs) if k in names}
             kwargs["params"] = self.params(**given)
+        if self.kind == "environment":
+            if "tools" not in kwargs and self.registry is not None:
+                kwargs["tools"] = ToolsByName({c.name: c.meta["tool"] for c in self.registry.components("tool")})
+            kwargs.setdefault("tool_style", "plain")
         known = KINDS[self.kind].inputs
         kwargs = {k: v for k, v in kwargs.items() if k not in known or k in self.inputs}
         return self.fn(*args, **kwargs)
@@ -172,8 +184,9 @@ class Registry:
             if owner is not None:
                 installed = [p for p in (who, owner.plugin)  # third-party entry points, not rlzoo's own
                              if not p.startswith(("module:", "file:", "<", "rlzoo:", "extension:"))]
-                hint = (f"; skip one with RLZOO_DISABLE_PLUGINS={installed[0]} or uninstall its package"
-                        if installed else "")
+                hint = (f"; rename one of them (register another name), or skip one with "
+                        f"RLZOO_DISABLE_PLUGINS={installed[0]} or uninstall its package"
+                        if installed else "; rename one of them (register another name)")
                 raise DuplicateComponentError(
                     f"{kind} name {label!r} is registered twice: by plugin {owner.plugin!r} "
                     f"({owner.package}) and by plugin {who!r} ({package or '?'}){hint}", kind=kind
@@ -192,6 +205,7 @@ class Registry:
             plugin=plugin,
             package=package,
             meta=dict(meta),
+            registry=self,
         )
         self._components[kind][name] = component
         for alias in aliases:

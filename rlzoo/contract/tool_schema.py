@@ -348,4 +348,22 @@ def registered_tools(registry: Any, names: list[str]) -> dict[str, Tool]:
     """Name -> :class:`Tool` for the registered tools ``names`` (aliases resolved); an
     unknown name raises the registry's error listing the tools there are."""
     tools = [tool_from_component(registry.get("tool", name)) for name in names]
-    return {tool.name: tool for tool in tools}
+    return ToolsByName({tool.name: tool for tool in tools})
+
+
+class UnknownToolError(KeyError, ValueError):
+    """An environment looked up a tool no tool is registered under. A ``KeyError`` (what a
+    missing key is) and a ``ValueError``, which the config check of ``env`` turns into one
+    error line before the run directory exists."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class ToolsByName(dict):
+    """Name -> :class:`Tool`: the ``tools`` input of an environment. Looking up a name that
+    is not there raises :class:`UnknownToolError` listing the names that are."""
+
+    def __missing__(self, name: str) -> Tool:
+        raise UnknownToolError(f"no tool {name!r} is registered; registered tools: {', '.join(sorted(self)) or 'none'}"
+                               " (rlzoo list --kind tool)")

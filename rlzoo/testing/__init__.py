@@ -50,6 +50,7 @@ import torch
 from rlzoo.core.batch import BatchCounts
 from rlzoo.run.checkpoint import check_plain
 from rlzoo.plan.planner import load_config
+from rlzoo.config.preset_cards import load_preset
 from rlzoo.contract.checks import BoundComponent, BuiltComponent
 from rlzoo.core.errors import ConfigError, TrainingError
 from rlzoo.contract.kinds import KINDS
@@ -405,11 +406,16 @@ def check_reward(fn: Callable[..., Any], name: str = "reward", task: Any = None)
 def check_preset(component: Component, registry: Registry) -> None:
     """A preset (kind ``algorithm``) resolves, over the defaults, into a run plan: every
     key, component and parameter it names exists and the combination passes the plan's
-    checks (``rlzoo config algo=<name> --plan`` would succeed)."""
+    checks (``rlzoo config algo=<name> --plan`` would succeed); every card entry is well
+    formed and covers a key the preset sets. Every problem is named, a line each."""
     try:
         load_config(registry, [f"algo={component.name}"])
+        problems = load_preset(component).stale_card_entries()
     except ConfigError as exc:
-        raise AssertionError(f"algorithm preset {component.name!r} does not resolve: {exc}") from exc
+        problems = getattr(exc, "problems", None) or [str(exc)]  # several: listed by the config check
+    if problems:
+        raise AssertionError(f"algorithm preset {component.name!r} does not resolve: "
+                             + (problems[0] if len(problems) == 1 else "\n  - " + "\n  - ".join(problems)))
 
 
 _CHECKS: dict[str, Callable[..., None]] = {
