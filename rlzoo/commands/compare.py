@@ -17,7 +17,7 @@ import yaml
 
 from rlzoo.core.errors import RlzooError
 from rlzoo.run.events import read_events
-from rlzoo.run.tracking import NOT_HPARAMS, flatten_config, matches
+from rlzoo.plan.hparams import NOT_HPARAMS, flatten_config, matches
 
 MAX_INSET_LEGEND = 8
 """More groups than this: the curve figure's legend goes below the panels, in columns."""

@@ -342,3 +342,10 @@ def tool_from_component(component: Any) -> Tool:
     """The :class:`Tool` of a registered component of kind ``tool``
     (``registry.get("tool", name)``)."""
     return component.meta["tool"]
+
+
+def registered_tools(registry: Any) -> dict[str, Tool]:
+    """Every registered tool (kind ``tool``) by name: the ``tools`` input of an environment."""
+    if registry is None:
+        return {}
+    return {name: tool_from_component(registry.get("tool", name)) for name in registry.names("tool")}
