@@ -109,6 +109,27 @@ def test_the_plan_names_the_input_that_pulled_a_critic_or_a_greedy_rollout_in() 
     assert plan.passes["greedy"].endswith("(advantage migrated via its input baseline_scores)")
 
 
+def test_the_plan_prints_its_optimizer_loss_terms_model_evaluation_and_cadence() -> None:
+    text = plan_of("algo=ppo", "trainer.entropy_coef=0.02", "trainer.lr=0.001", "trainer.lr_schedule=cosine",
+                   "trainer.warmup_steps=5", "trainer.total_steps=40", "trainer.max_grad_norm=null",
+                   "eval.size=16", "eval.n=0", "eval.every=10", "checkpoint.every=20", "checkpoint.keep=3",
+                   "logging.sample_every=0", "model.gradient_checkpointing=true", "launcher.nproc=2",
+                   "distributed.strategy=fsdp").render().splitlines()
+    assert "processes: 2 (fsdp: each trained model wrapped)" in text
+    assert ("policy weights: the embedded tiny qwen2 model (2 layers, width 64, 4 heads, 2 key-value), float32; "
+            "gradient checkpointing") in text
+    assert text[text.index("loss terms (coefficient x aggregation over mask):") + 1:][:3] == [
+        "  policy: token-mean over loss_mask", "  entropy: -0.02 x token-mean over loss_mask",
+        "  value: token-mean over response_mask"]
+    assert ("optimizer: AdamW lr 0.001 (critic 0.001), betas 0.9/0.99, weight decay 0; LR linear warm-up over 5 "
+            "steps, then cosine decay to 0 at step 40; gradient norm never clipped (norm logged)") in text
+    assert ("evaluation: up to 16 held-out prompts (0.1 of the prompts, never trained on), greedy each, correct = "
+            "score >= 1, every 10 steps and after the last") in text
+    assert "steps: 40; checkpoints every 20 steps and at the end, newest 3 kept; scalars logged every 1 step(s)" in text
+    assert "evaluation: off (eval.size=0); 0.1 of the prompts still held out of training" in plan_of(
+        "eval.size=0").render()
+
+
 def test_the_plan_is_written_to_the_run_directory(tmp_path: Path) -> None:
     resolved = load_config(REGISTRY, [*TINY, "algo=ppo", f"run_dir={tmp_path / 'r'}", "trainer.total_steps=1"])
     Trainer(engine_input(resolved), PM).run()

@@ -140,9 +140,9 @@ class OptimizerPlan:
     def line(self, critic: bool) -> str:
         """The optimizer as one line of ``plan.txt``."""
         clip = "never clipped (norm logged)" if self.max_grad_norm is None else f"clipped at {self.max_grad_norm:g}"
-        warmup = f"{self.warmup_steps} warm-up step(s), then " if self.warmup_steps else ""
-        shape = {"constant": "constant", "linear": "linear decay to 0", "cosine": "cosine decay to 0"}.get(
-            self.schedule, self.schedule)
+        warmup = f"linear warm-up over {self.warmup_steps} steps, then " if self.warmup_steps else ""
+        decay = "constant" if self.schedule == "constant" else \
+            f"{self.schedule} decay to 0 at step {self.schedule_steps}"
         return (f"optimizer: AdamW lr {self.lr:g}{f' (critic {self.critic_lr:g})' if critic else ''}, betas "
-                f"{self.betas[0]:g}/{self.betas[1]:g}, weight decay {self.weight_decay:g}; LR {warmup}{shape} over "
-                f"{self.schedule_steps} steps; gradient norm {clip}")
+                f"{self.betas[0]:g}/{self.betas[1]:g}, weight decay {self.weight_decay:g}; LR {warmup}{decay}; "
+                f"gradient norm {clip}")
