@@ -35,13 +35,16 @@ STYLES = ("auto", "hermes", "plain")
 @dataclass
 class ToolsEnvParams:
     tools: list[str] = field(default_factory=list)
-    """Names of registered tools (rlzoo list --kind tool) the policy is offered."""
+    """Names of registered tools (rlzoo list --kind tool) the policy is offered (required: at least one)."""
     style: str = "auto"
     """Tool-call format: auto (the run's: hermes under a Qwen/Hermes chat template, else plain) | hermes | plain."""
 
     def __post_init__(self) -> None:
         if self.style not in STYLES:
             raise ValueError(f"style must be one of {', '.join(STYLES)}, got {self.style!r}")
+        if not self.tools:
+            raise ValueError("tools is empty: name the registered tools to offer, e.g. tools: [calculator] "
+                             "(rlzoo list --kind tool); an episode without tools is a plain completion")
 
 
 class ToolsEnv(Environment):

@@ -9,15 +9,27 @@ where the format finds none), so ``answer_format=answer_tag`` works with them un
 from __future__ import annotations
 
 import re
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any, Optional
 
 import torch
-
-from rlzoo.api import (encode, hookimpl, is_reward_model_dir, load_reward_model, reward_text, RunningMoments,
-                       score_ids, uses_chat_template)
 from rlzoo_plugins.tasks import eval_expression
+
+from rlzoo.api import (
+    RunningMoments,
+    context_length,
+    cut_warning,
+    encode,
+    fit_context,
+    hookimpl,
+    is_reward_model_dir,
+    load_reward_model,
+    reward_text,
+    score_ids,
+    uses_chat_template,
+)
 
 RLZOO_API_VERSION = "2"
 
@@ -167,6 +179,7 @@ class RewardModel:
         self.params, self.device = params, device
         self.model, self.tokenizer = load_reward_model(params.path, params.dtype, device)
         self.templated = uses_chat_template(self.tokenizer, params.chat_template)
+        self.context, self.warned = context_length(self.model), False
         self.moments = RunningMoments()
         self.seconds = 0.0
 
@@ -191,7 +204,11 @@ class RewardModel:
     def __call__(self, prompts: list[Any], completions: list[Any]) -> torch.Tensor:
         start = time.perf_counter()
         texts = [reward_text(self.tokenizer, p, c, self.templated) for p, c in zip(prompts, completions)]
-        ids = encode(self.tokenizer, texts, self.templated)
+        ids, cut = fit_context(encode(self.tokenizer, texts, self.templated), self.context)
+        if cut and not self.warned:
+            self.warned = True
+            print(f"rlzoo: warning: {cut_warning('reward_model', cut, len(texts), self.context)}", file=sys.stderr,
+                  flush=True)
         scores = score_ids(self.model, ids, self.tokenizer.pad_token_id, self.params.batch_size, self.device)
         if self.params.normalize:
             if self.training:

@@ -50,7 +50,8 @@ SURFACE: dict[str, tuple[str, ...]] = {
     "rlzoo.models.decode": ("generate",),
     "rlzoo.models.build": ("DTYPES",),
     "rlzoo.models.reward_model": ("RunningMoments", "encode", "is_reward_model_dir", "load_reward_model",
-                                  "reward_text", "score_ids", "uses_chat_template"),
+                                  "reward_text", "score_ids", "uses_chat_template", "context_length", "cut_warning",
+                                  "fit_context"),
     # what lifecycle hooks are passed
     "rlzoo.run.context": ("RunContext",),
     # the plugin test kit

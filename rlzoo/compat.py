@@ -44,7 +44,8 @@ OLD_MODULES: dict[str, tuple[str, ...]] = {
     "rlzoo.episodeplan": ("rlzoo.plan.episode_rules",),
     "rlzoo.tasks": ("rlzoo.tasks.task",), "rlzoo.prompts": ("rlzoo.tasks.prompts",),
     "rlzoo.environments": ("rlzoo.agents.environment",), "rlzoo.episodes": ("rlzoo.agents.episodes",),
-    "rlzoo.tools": ("rlzoo.agents.tool_calls", "rlzoo.contract.tool_schema"), "rlzoo.sandbox": ("rlzoo.agents.sandbox",),
+    "rlzoo.tools": ("rlzoo.agents.tool_calls", "rlzoo.contract.tool_schema"),
+    "rlzoo.sandbox": ("rlzoo.agents.sandbox",),
     "rlzoo.head": ("rlzoo.models.head",), "rlzoo.logprobs": ("rlzoo.models.logprobs",),
     "rlzoo.model_check": ("rlzoo.models.model_check",), "rlzoo.models": ("rlzoo.models.build",),
     "rlzoo.lora": ("rlzoo.models.lora",), "rlzoo.rewardmodel": ("rlzoo.models.reward_model",),
@@ -76,12 +77,16 @@ def deprecated_attribute(old: str, name: str, stacklevel: int = 3) -> Any:
     """
     from rlzoo.api import HOME
 
-    for new in OLD_MODULES[old]:
+    homes = OLD_MODULES[old]
+    if HOME.get(name) in homes:
+        homes, where = (HOME[name],), "rlzoo.api"
+    else:
+        where = ""
+    for new in homes:
         module = importlib.import_module(new)
         if hasattr(module, name):
-            where = "rlzoo.api" if HOME.get(name) == new else new
             warnings.warn(f"{old}.{name} is an import path of plugin API 2.0, removed in API {REMOVED_IN}: "
-                          f"import {name} from {where}", DeprecationWarning, stacklevel=stacklevel)
+                          f"import {name} from {where or new}", DeprecationWarning, stacklevel=stacklevel)
             return getattr(module, name)
     raise AttributeError(f"module {old!r} has no attribute {name!r} (it moved: see rlzoo.api)")
 

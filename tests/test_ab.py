@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import shutil
 from pathlib import Path
 
 import pytest
@@ -95,6 +96,14 @@ def test_ab_refuses_a_run_without_recordings_and_an_output_inside_the_run(capsys
     recording.record(run_dir, 1, _tiny_batch())
     assert main(["ab", str(run_dir), "--out", str(run_dir / "ab")]) == 2
     assert "inside the recorded run" in capsys.readouterr().err
+    other = tmp_path / "other"  # another run's directory as --out: refused, as rlzoo export refuses it
+    shutil.copytree(run_dir, other)
+    before = _digest(other)
+    assert main(["ab", str(run_dir), "--out", str(other)]) == 2
+    err = capsys.readouterr().err
+    assert f"--out {str(other)!r} exists and is not an empty directory (it holds a run: completed at step 1 of 1)" \
+        in err and "Traceback" not in err
+    assert _digest(other) == before
     for frozen in ("rollout.n=2", "reward=exact_match", "seed=3", "task.num_digits=5", "model.hidden_size=8",
                    "env=guess"):
         assert main(["ab", str(run_dir), "--a", "policy_loss=cispo", "--b", frozen]) == 2

@@ -324,3 +324,65 @@ def test_a_resume_repeating_the_runs_own_values_is_not_refused_before_plugins(tm
                                       "reward=[a]", "trainer.total_steps=9"], config)
     with pytest.raises(Exception, match=r"trainer.lr \(0.002 -> 0.003\)"):
         check_before_plugins("r", saved, ["trainer.lr=0.003"], None)
+
+
+# ------------------------------------------------------------------ outputs in the way, keys given twice (issue 37)
+
+
+SHORT = ("trainer.total_steps=1", "trainer.threads=1", "eval.size=0", "logging.progress=false")
+"""A one-step run: what a refusal test passes so that a regression costs seconds, not a training."""
+
+
+def test_a_sweep_key_given_twice_is_refused(capsys, tmp_path: Path) -> None:
+    """``seed=0,1 seed=2,3`` ran four runs named seed-0_seed-2 ... whose configs said seeds
+    2,3,2,3: a key given twice is refused, before the sweep directory exists."""
+    for items in (["seed=0,1", "seed=2,3"], ["seed=0", "seed=1,2"], ["trainer.lr=1e-3", "trainer.lr=1e-4"]):
+        code, out, err = run_cli(capsys, "sweep", "--dir", str(tmp_path / "s"), *items, *SHORT)
+        key = items[0].split("=")[0]
+        assert_usage_error(code, out, err, f"sweep key {key!r} is given twice ({items[0]!r} and {items[1]!r})",
+                           f"{key}=a,b,c")
+    assert not (tmp_path / "s").exists()
+
+
+def test_outputs_that_are_files_are_refused(capsys, tmp_path: Path) -> None:
+    """``rlzoo sweep --dir F`` and ``rlzoo compare RUN --out F`` with F a file: one line, F untouched."""
+    blocker = tmp_path / "F"
+    blocker.write_text("mine\n")
+    code, out, err = run_cli(capsys, "sweep", "--dir", str(blocker), "seed=0,1", *SHORT)
+    assert_usage_error(code, out, err, f"--dir {str(blocker)!r} is a file, not a directory; choose another --dir")
+    code, out, err = run_cli(capsys, "sweep", "--dir", str(blocker / "s"), "seed=0,1", *SHORT)
+    assert_usage_error(code, out, err, f"--dir {str(blocker / 's')!r} cannot be created: {str(blocker)!r} is a file")
+    code, out, err = run_cli(capsys, "compare", str(tmp_path), "--out", str(blocker))
+    assert_usage_error(code, out, err, f"--out {str(blocker)!r} is a file, not a directory; choose another --out")
+    assert blocker.read_text() == "mine\n" and sorted(p.name for p in tmp_path.iterdir()) == ["F"]
+
+
+def _fake_run(path: Path) -> Path:
+    """A directory holding a run's files (config.yaml, status.json), as a run leaves them."""
+    from rlzoo.run.rundir import write_status
+
+    path.mkdir(parents=True)
+    (path / "config.yaml").write_text("seed: 0\n")
+    write_status(path, "completed", 3, 3)
+    return path
+
+
+def _listing(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_sft_refuses_an_out_that_holds_a_run_before_training(capsys, tmp_path: Path) -> None:
+    run = _fake_run(tmp_path / "run")
+    before = _listing(run)
+    code, out, err = run_cli(capsys, "sft", "--steps", "1", *SHORT, "--out", str(run))
+    assert_usage_error(code, out, err, f"--out {str(run)!r} exists and is not an empty directory (it holds a run: "
+                                       "completed at step 3 of 3); write into a new (or empty) one")
+    assert "sft step" not in out                              # refused before training
+    assert _listing(run) == before
+
+
+def test_export_refuses_a_negative_step(capsys, tmp_path: Path) -> None:
+    run = _fake_run(tmp_path / "run")
+    code, out, err = run_cli(capsys, "export", str(run), str(tmp_path / "out"), "--step", "-1")
+    assert_usage_error(code, out, err, "--step must be a checkpoint's step (>= 0), got -1; the steps of")
+    assert not (tmp_path / "out").exists()

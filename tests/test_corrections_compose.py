@@ -216,6 +216,9 @@ def test_a_list_of_corrections_resolves_in_order_with_sources() -> None:
 def test_single_choice_empty_list_and_bad_lists() -> None:
     assert [c.name for c, _ in load_config(REGISTRY, ["rollout_correction=tis"]).corrections] == ["tis"]
     assert load_config(REGISTRY, ["rollout_correction=[]"]).corrections == []
+    # [] is documented as none (docs/config.md), as extensions=[] is no extension: the same plan
+    assert load_config(REGISTRY, ["rollout_correction=[]"]).plan.render() == \
+        load_config(REGISTRY, ["rollout_correction=none"]).plan.render()
     assert load_config(REGISTRY, []).corrections == [] and load_config(REGISTRY, []).plan.corrections == ()
     with pytest.raises(ConfigError, match="names tis more than once"):
         load_config(REGISTRY, ["rollout_correction=[tis, tis]"])

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from rlzoo.commands.cli import main
 from rlzoo.plan.planner import load_config
 from rlzoo.plan.run_input import engine_input, load_run
 from rlzoo.agents.environment import Environment, StepResult
@@ -176,6 +177,23 @@ def test_plan_refuses_what_cannot_work_over_episodes(overrides: list[str], fragm
         load_config(REGISTRY, [*ENV, *overrides])
 
 
+@pytest.mark.parametrize("env, fragment", [
+    ("env={name: tools, tools: [nosuch_tool]}", "env 'tools': unknown tool(s) nosuch_tool; registered: calculator"),
+    ("env={name: tools, tools: []}", "invalid parameter for env 'tools': tools is empty: name the registered tools"),
+    ("env=tools", "tools is empty"),
+])
+def test_a_tools_env_without_usable_tools_is_refused_before_the_run_directory(capsys, tmp_path: Path, env: str,
+                                                                             fragment: str) -> None:
+    """An unknown tool was refused only when the first episode built the environment, after
+    the run directory was made; ``tools: []`` was accepted (``reward=[]`` is refused)."""
+    run = tmp_path / "run"
+    assert main(["train", *TINY_ENV, env, "trainer.total_steps=1", f"run_dir={run}"]) == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("rlzoo: error:")]
+    assert len(lines) == 1 and fragment in lines[0] and "Traceback" not in err, err
+    assert not run.exists()
+
+
 def test_plan_names_the_masks_of_an_episode_run() -> None:
     plan = load_config(REGISTRY, ENV).plan
     assert plan.episodes is not None and plan.sampled_mask == "loss_mask"
@@ -242,7 +260,7 @@ def test_a_run_trains_and_evaluates_on_episodes(tmp_path: Path) -> None:
 def test_the_kit_checks_environments() -> None:
     from rlzoo.testing import check_component, check_environment
 
-    for name in ("tools", "calculator", "feedback_test"):
+    for name in ("calculator", "feedback_test"):
         check_component(REGISTRY.get("environment", name), registry=REGISTRY)
     check_component(REGISTRY.get("environment", "tools"), {"tools": ["calculator"]}, registry=REGISTRY)
 
@@ -379,10 +397,10 @@ def test_the_calculator_demonstrates_a_call_then_the_answer_and_sft_trains_on_it
     out = tmp_path / "sft"
     assert main(["sft", *TINY_ENV, "--steps", "2", "--out", str(out)]) == 0, capsys.readouterr().err
     assert (out / "model.safetensors").is_file()
-    assert main(["sft", *TINY_ENV, "--steps", "2", "--target", "format", "--out", str(out)]) == 2
+    assert main(["sft", *TINY_ENV, "--steps", "2", "--target", "format", "--out", str(tmp_path / "sft2")]) == 2
     assert "--target format has no form under env='calculator'" in capsys.readouterr().err
     tools_env = [*TINY_ENV, "env={name: tools, tools: [calculator]}"]
-    assert main(["sft", *tools_env, "--steps", "1", "--out", str(out)]) == 2
+    assert main(["sft", *tools_env, "--steps", "1", "--out", str(tmp_path / "sft3")]) == 2
     assert "env='tools' has no demonstration for the prompt" in capsys.readouterr().err
 
 

@@ -33,11 +33,13 @@ TASK_PARAMS = {"reasoning_gym": {"dataset": "basic_arithmetic"}}
 
 def _inputs(component, tmp_path) -> dict:
     """What a component's checks need besides the defaults: a file for the file task, the
-    required parameters of a task, a model directory for reward_model, the task whose
+    required parameters of a task, the tools env's tools, a model directory for reward_model, the task whose
     default reward a reward is (its references or rows may not be strings)."""
     if component.kind == "task" and component.name == "file":
         (tmp_path / "d.jsonl").write_text("".join(f'{{"prompt": "{i}=", "answer": "{i}"}}\n' for i in range(20)))
         return {"params": {"path": str(tmp_path / "d.jsonl")}}
+    if component.kind == "environment" and component.name == "tools":  # offers the tools it names
+        return {"params": {"tools": ["calculator"]}}
     if component.kind == "task" and component.name in TASK_PARAMS:
         return {"params": TASK_PARAMS[component.name]}
     if component.kind == "reward" and component.name == "reward_model":  # scores with a model directory

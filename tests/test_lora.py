@@ -120,6 +120,35 @@ def test_target_modules_must_name_decoder_layers_of_the_model(tmp_path: Path, ta
     assert message in str(info.value)
 
 
+def test_a_rank_above_the_width_is_refused_before_the_run_directory(tmp_path: Path, capsys) -> None:
+    """model.lora.rank=100000 on 32-wide layers trained for minutes on gigabytes: the rank of
+    an update B·A of a layer is at most the smaller of its inputs and outputs. The tiny
+    model's width (hidden_size 32) and a model.path's config.json are known at config time."""
+    run = tmp_path / "run"
+    err = _error(capsys, ["train", *TINY, *QUIET, "model.lora.rank=100000", f"run_dir={run}"])
+    assert ("model.lora.rank=100000 exceeds the model's width (hidden_size 32): every layer LoRA adapts has 32 inputs "
+            "or outputs, so its update B·A has rank at most 32") in err and "use model.lora.rank <= 32" in err
+    assert not run.exists()
+    load_config(REGISTRY, [*TINY, "model.lora.rank=32"])  # the width itself is a full-rank update: accepted
+    model_dir = tmp_path / "lm"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text('{"hidden_size": 24}')
+    with pytest.raises(ConfigError, match=r"model.lora.rank=25 exceeds the model's width \(hidden_size 24\)"):
+        load_config(REGISTRY, [f"model.path={model_dir}", "model.lora.rank=25"])
+
+
+def test_a_rank_above_every_adapted_layer_is_refused_when_the_model_is_built(tmp_path: Path, capsys) -> None:
+    """Only k_proj and v_proj (32 -> 16 in the tiny model): rank 20 passes the config's
+    width check and is refused when the adapters are built, naming the layers' widths;
+    the run directory made for it is removed again."""
+    run = tmp_path / "run"
+    err = _error(capsys, ["train", *TINY, *QUIET, "model.lora.rank=20", "model.lora.target_modules=[k_proj, v_proj]",
+                          f"run_dir={run}"])
+    assert ("model.lora.rank=20 exceeds the width of every adapted layer (the smaller of its inputs and outputs: "
+            "k_proj 16, v_proj 16)") in err and "use model.lora.rank <= 16" in err
+    assert not run.exists()
+
+
 # ------------------------------------------------------------------ the run's models
 
 

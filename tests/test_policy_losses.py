@@ -825,7 +825,8 @@ def test_masked_positions_never_affect_valid_ones_property(name: str, data) -> N
 @pytest.mark.parametrize("name", NAMES)
 def test_registered_with_paper_and_description(name: str) -> None:
     component = REG.get("policy_loss", name)
-    assert component.fn is getattr(module, "gspo" if name == "luspo" else name)     # luspo: gspo's loss
+    fn_name = "gspo" if name == "luspo" else name                                 # luspo: gspo's loss
+    assert component.fn in {getattr(m, fn_name, None) for m in (clip_losses, sequence_losses, reinforce_losses)}
     assert component.plugin and component.description and component.paper.startswith("arXiv:")
     assert component.needs == frozenset()
     expected_agg = {"gspo": "seq-mean-token-mean", "geo_mean": "seq-mean-token-mean",

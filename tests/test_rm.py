@@ -136,3 +136,152 @@ def test_rm_starts_from_a_model_path_backbone(tmp_path: Path) -> None:
     assert main(["rm", *TINY, f"rm.data={data}", "rm.steps=2", f"model.path={tmp_path / 'lm'}", f"run_dir={run}"]) == 0
     config = json.loads((run / "reward_model" / "config.json").read_text())
     assert config["architectures"] == ["LlamaForSequenceClassification"] and config["num_hidden_layers"] == 1
+
+
+# ------------------------------------------------------------------ bad inputs: one line, no run directory
+
+
+def _error_line(capsys) -> str:
+    """The one ``rlzoo: error:`` line of the last command (no traceback)."""
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("rlzoo: error:")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+def _lying_parquet(path: Path) -> Path:
+    """A Parquet file whose footer claims to be 2 GB long."""
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.Table.from_pylist([{"prompt": "1=", "chosen": "1", "rejected": "2", "answer": "1"}]), path)
+    data = bytearray(path.read_bytes())
+    data[-8:-4] = (2_000_000_000).to_bytes(4, "little")  # footer length, before the closing b"PAR1"
+    path.write_bytes(bytes(data))
+    return path
+
+
+@pytest.mark.parametrize("make, fragment", [
+    (lambda p: (p.with_suffix(".jsonl").write_bytes(b'{"prompt": "1=", "chosen": "1", "rejected": "2", '
+                                                    b'"answer": "1"}\n{"prompt": "\xff\xfe"}\n'),
+                p.with_suffix(".jsonl"))[1], "is not a UTF-8 text file (line 2: byte 76 is 0xff)"),
+    (lambda p: _lying_parquet(p.with_suffix(".parquet")), "cannot be read (ArrowInvalid: "),
+])
+def test_unreadable_data_files_are_refused_alike_by_rm_and_task_file(tmp_path: Path, capsys, make,
+                                                                     fragment: str) -> None:
+    """rm.data and task=file read files through one reader (rlzoo.tasks.task.read_rows): the same
+    bytes give the same one-line refusal, before any run directory."""
+    path = make(tmp_path / "data")
+    assert main(["rm", *TINY, f"rm.data={path}", f"run_dir={tmp_path / 'rm'}"]) == 2
+    line = _error_line(capsys)
+    assert f"preference file {str(path)!r}" in line and fragment in line, line
+    assert main(["train", *zoo.TINY, f"task={{name: file, path: {path}}}", f"run_dir={tmp_path / 'train'}"]) == 2
+    line = _error_line(capsys)
+    assert f"task file {str(path)!r}" in line and fragment in line, line
+    assert not (tmp_path / "rm").exists() and not (tmp_path / "train").exists()
+
+
+def _pairs_file(path: Path, rows: list[tuple[str, str, str]]) -> Path:
+    path.write_text("".join(json.dumps({"prompt": p, "chosen": c, "rejected": r}) + "\n" for p, c, r in rows))
+    return path
+
+
+@pytest.mark.parametrize("rows, extra, fragment", [
+    ([("", "", "")] * 4, [], "row 1: 'prompt' and 'chosen' are both empty: the reward model would read no text"),
+    ([("1=", "1", "2"), ("", "", "2")], [], "row 2: 'prompt' and 'chosen' are both empty"),
+    ([("1=", "1", "1"), ("2=", "22", "22")], [], "chosen == rejected in every pair (2): the reward model cannot "
+                                                 "learn a preference from ties"),
+    ([("1=", "1", "2"), ("2=", "2", "1")], ["rm.eval_fraction=1.0"], "invalid value for rm.eval_fraction: 1.0; must "
+                                                                    "be in [0, 1)"),
+])
+def test_pairs_it_cannot_learn_from_are_refused_before_the_run_directory(tmp_path: Path, capsys, rows, extra,
+                                                                        fragment: str) -> None:
+    data = _pairs_file(tmp_path / "prefs.jsonl", rows)
+    assert main(["rm", *TINY, f"rm.data={data}", *extra, f"run_dir={tmp_path / 'run'}"]) == 2
+    assert fragment in _error_line(capsys)
+    assert not (tmp_path / "run").exists()
+
+
+def test_some_tied_pairs_are_a_warning(tmp_path: Path, capsys) -> None:
+    data = _pairs_file(tmp_path / "prefs.jsonl", [("1=", "1", "2"), ("2=", "2", "2"), ("3=", "3", "1")])
+    assert main(["rm", *TINY, f"rm.data={data}", "rm.steps=1", "rm.eval_fraction=0", "rm.batch_size=2",
+                 f"run_dir={tmp_path / 'run'}"]) == 0
+    assert "rlzoo: warning: rm.data" in capsys.readouterr().err
+    # the message itself, by hand
+    from rlzoo.commands.rm import load_pairs, tie_warning
+
+    assert tie_warning(load_pairs(data), "p") == ("rm.data 'p': chosen == rejected in 1 of 3 pairs (rows 2): they add "
+                                                  "a constant to the loss and teach nothing")
+
+
+def test_fit_context_keeps_the_last_tokens() -> None:
+    from rlzoo.models.reward_model import fit_context
+
+    assert fit_context([[1, 2, 3, 4, 5], [6, 7], [8, 9, 10]], 3) == ([[3, 4, 5], [6, 7], [8, 9, 10]], 1)
+    assert fit_context([[1, 2]], None) == ([[1, 2]], 0)
+
+
+def test_a_text_past_the_context_keeps_its_end_and_allocates_nothing_big(tmp_path: Path, capsys) -> None:
+    """A 200,000-character response: the tiny backbone's context stops at TINY_CONTEXT (1024)
+    and the text keeps its last 1024 tokens, with one warning; a second of CPU, not 40 GB."""
+    from rlzoo.commands.rm import TINY_CONTEXT
+
+    data = _pairs_file(tmp_path / "prefs.jsonl", [("1=", "12" * 100_000, "2"), ("2=", "2", "1")])
+    run = tmp_path / "run"
+    assert main(["rm", *TINY, f"rm.data={data}", "rm.steps=1", "rm.eval_fraction=0", "rm.batch_size=2",
+                 f"run_dir={run}"]) == 0
+    err = capsys.readouterr().err
+    assert err.count("longer than the reward model's context (1024 tokens)") == 1, err
+    assert TINY_CONTEXT == 1024
+    config = json.loads((run / "reward_model" / "config.json").read_text())
+    assert config["max_position_embeddings"] == 1024
+
+
+def test_the_reward_function_cuts_as_rm_trained(tmp_path: Path, capsys) -> None:
+    """reward_model scores a text past its context (64 here) as its last 64 tokens."""
+    from rlzoo.models.reward_model import score_ids
+
+    model, tokenizer = zoo.tiny_reward_model(tmp_path / "rm")
+    component = REGISTRY.get("reward", "reward_model")
+    scorer = component.bind(component.params(path=str(tmp_path / "rm"))).build(device=torch.device("cpu"))
+    long = "1=" + "0123456789" * 20
+    ids = tokenizer(long, add_special_tokens=True).input_ids
+    assert len(ids) > 64
+    want = score_ids(model, [ids[-64:]], tokenizer.pad_token_id, 1, torch.device("cpu"))
+    got = scorer(prompts=["1="], completions=[long[2:]])
+    assert torch.equal(got, want)
+    assert "longer than the reward model's context (64 tokens)" in capsys.readouterr().err
+
+
+class _Payload:
+    """Unpickling this touches ``marker``: proof that code ran."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
+def test_a_pickled_reward_model_checkpoint_is_refused_on_resume(tmp_path: Path, capsys) -> None:
+    """rlzoo rm resume= reads the checkpoint's reward_model/ as rlzoo train reads a policy:
+    a pickle .bin is one error line and never runs."""
+    import pickle
+
+    from rlzoo.run.checkpoint import list_checkpoints, write_manifest
+
+    data = sorting_pairs(tmp_path / "prefs.jsonl", count=8)
+    run = tmp_path / "run"
+    assert main(["rm", *TINY, f"rm.data={data}", "rm.steps=1", "rm.batch_size=2", f"run_dir={run}"]) == 0
+    checkpoint = list_checkpoints(run)[-1][1]
+    weights = checkpoint / "reward_model"
+    (weights / "model.safetensors").unlink()
+    marker = tmp_path / "PWNED"
+    with open(weights / "pytorch_model.bin", "wb") as handle:
+        pickle.dump({"x": _Payload(marker)}, handle)
+    write_manifest(checkpoint)
+    capsys.readouterr()
+    assert main(["rm", f"resume={run}", "rm.steps=2"]) == 2
+    line = _error_line(capsys)
+    assert f"cannot load the model in {str(weights)!r}" in line, line
+    assert not marker.exists()

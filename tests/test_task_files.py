@@ -109,3 +109,31 @@ def test_a_messages_parquet_trains_end_to_end_and_scores_its_ground_truth(capsys
     e = task.rows[0]
     scores, _ = Rewards.of(engine_input(resolved).components).score([e.prompt], ["0"], [e.reference], [dict(e.row)])
     assert scores.tolist() == [1.0]
+
+
+def test_null_reference_answers_are_refused_or_warned(capsys, tmp_path: Path) -> None:
+    """Every reference null: reward 0 every step, silently; now refused before a run
+    directory is left. Some null: a warning with the count."""
+    from rlzoo.commands.cli import main
+
+    short = ["trainer.total_steps=1", "trainer.threads=1", "model.hidden_size=32", "model.intermediate_size=64",
+             "model.num_layers=1", "model.num_heads=2", "model.num_kv_heads=1", "rollout.prompts_per_step=2",
+             "rollout.n=2", "rollout.max_new_tokens=3", "logging.progress=false", "eval.size=0"]
+    none = _jsonl(tmp_path / "none.jsonl", [{"prompt": f"{a}+{a}=", "answer": None} for a in range(10)])
+    run = tmp_path / "run"
+    assert main(["train", f"task={{name: file, path: {none}}}", "reward=exact_match", *short, f"run_dir={run}"]) == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("rlzoo: error:")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert ("task 'file': every reference answer is null (all 10 examples), but reward 'exact_match' compares "
+            "completions with them") in lines[0]
+    assert not run.exists()
+    out = tmp_path / "m"
+    assert main(["sft", f"task={{name: file, path: {none}}}", *short, "--steps", "1", "--out", str(out)]) == 2
+    assert "but rlzoo sft trains on them (the text 'None')" in capsys.readouterr().err
+    assert not out.exists()
+    some = _jsonl(tmp_path / "some.jsonl", [{"prompt": f"{a}+{a}=", "answer": None if a < 3 else str(2 * a)}
+                                            for a in range(10)])
+    assert main(["train", f"task={{name: file, path: {some}}}", "reward=exact_match", *short, f"run_dir={run}"]) == 0
+    assert ("rlzoo: warning: task 'file': 3 of 10 examples have a null reference answer, but reward 'exact_match' "
+            "compares") in capsys.readouterr().err

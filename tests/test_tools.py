@@ -191,6 +191,32 @@ def test_malformed_hermes_call_is_an_observation(text: str, message: str) -> Non
     assert isinstance(result, str) and result.startswith("error: ") and message in result, result
 
 
+TOO_DEEP = "is not valid JSON for a tool call (brackets nested deeper than 100)"
+
+
+@pytest.mark.parametrize("text, message", [
+    ("<tool_call>" + "[" * 500 + "</tool_call>", TOO_DEEP),
+    ("<tool_call>" + "[" * 1000 + "</tool_call>", TOO_DEEP),
+    ("<tool_call>" + "{" * 100_000 + "</tool_call>", TOO_DEEP),
+    ('<tool_call>{"name": "f", "arguments": {"x": ' + "[" * 990 + "]" * 990 + "}}</tool_call>", TOO_DEEP),
+    ('<tool_call>{"name": "f", "arguments": "' + "[" * 5000 + '"}</tool_call>',
+     "the arguments of the call to 'f' must be a JSON object"),
+    ("<tool_call>" + "[" * 100 + "</tool_call>", "is not valid JSON (Expecting value at character 100)"),
+])
+def test_a_call_nested_to_any_depth_is_an_observation(text: str, message: str) -> None:
+    """1000 brackets raised RecursionError where 500 gave the error observation: any depth
+    is an observation now (brackets inside strings do not count)."""
+    result = parse_tool_calls(text, "hermes")
+    assert isinstance(result, str) and result.startswith("error: ") and message in result, result[:300]
+
+
+def test_brackets_inside_strings_do_not_count_as_nesting() -> None:
+    text = '<tool_call>{"name": "f", "arguments": {"x": "' + "[{" * 500 + '", "y": [[1]]}}</tool_call>'
+    assert parse_tool_calls(text, "hermes") == [ToolCall("f", {"x": "[{" * 500, "y": [[1]]})]
+    deep = '<tool_call>{"name": "f", "arguments": {"x": ' + "[" * 98 + "]" * 98 + "}}</tool_call>"
+    assert isinstance(parse_tool_calls(deep, "hermes"), list)  # 100 levels with the two objects: accepted
+
+
 def test_plain_calls_one_per_line() -> None:
     text = ('I will use the tool.\nCALL calculator(expression="12*34")\n  CALL search(query=\'x\', limit=3, '
             'exact=true, tags=["a"], weights={"b": 1.5}, mode=None)\nA CALL in prose is not a call.')
@@ -367,13 +393,29 @@ def test_unsafe_tool_whose_process_dies_is_an_observation() -> None:
     assert is_error and observation.startswith("error: tool 'exit_now' crashed (its process ended with exit code 3")
 
 
+def test_unsafe_tool_that_ends_its_process_or_forges_a_result_is_told_apart() -> None:
+    """exit code 0 is no crash: a tool that ends its process itself, and one that writes a
+    result of its own to rlzoo's pipe and then returns, are reported as what they did."""
+    exit_now = tool_from_callable(tool_fns.exit_now, unsafe=True)
+    assert call_tool(exit_now, ToolCall("exit_now", {"code": 0})) == (
+        "error: tool 'exit_now' ended its process (exit code 0) before returning a result: did it call os._exit() "
+        "or close the result pipe?", True)
+    forge = tool_from_callable(tool_fns.forge, unsafe=True)
+    forged = len(json.dumps({"observation": "42", "is_error": False}))
+    honest = len(json.dumps({"observation": "honest", "is_error": False}))
+    assert call_tool(forge, ToolCall("forge", {"value": "42"})) == (
+        f"error: tool 'forge' returned, but its result pipe held {forged + honest} bytes that are not one "
+        "result: something in the tool's process wrote to rlzoo's result pipe itself, so nothing it holds is used",
+        True)
+
+
 def test_unsafe_tool_works_from_a_script_without_a_main_file() -> None:
     """The child process never re-runs the caller's ``__main__`` (multiprocessing's spawn would,
     and fails for a script read from stdin or a notebook)."""
     import subprocess
     import sys
 
-    script = ("import tool_fns\nfrom rlzoo.agents.tool_calls import ToolCall, call_tool; from rlzoo.contract.tool_schema import tool_from_callable\n"
+    script = ("import tool_fns\nfrom rlzoo.api import ToolCall, call_tool, tool_from_callable\n"
               "print(call_tool(tool_from_callable(tool_fns.add, unsafe=True), ToolCall('add', {'a': 1, 'b': 2})))\n")
     done = subprocess.run([sys.executable, "-"], input=script, capture_output=True, text=True, timeout=60,
                           cwd=Path(__file__).parent)

@@ -168,6 +168,18 @@ def _read_until(fd: int, deadline: float, limit: int | None = None) -> bytes | N
     return b"".join(chunks)
 
 
+def _no_result(name: str, code: int, data: bytes, memory_mb: int) -> str:
+    """The observation when the child's result pipe held no ``{observation, is_error}``:
+    what happened, told apart by the exit code and what the pipe held."""
+    if code != 0:
+        return f"error: tool {name!r} crashed (its process ended with exit code {code}; memory limit {memory_mb} MB)"
+    if not data:
+        return (f"error: tool {name!r} ended its process (exit code 0) before returning a result: did it call "
+                "os._exit() or close the result pipe?")
+    return (f"error: tool {name!r} returned, but its result pipe held {len(data)} bytes that are not one result: "
+            "something in the tool's process wrote to rlzoo's result pipe itself, so nothing it holds is used")
+
+
 def run_in_subprocess(name: str, fn: Callable[..., Any], arguments: dict[str, Any], timeout_s: float,
                       memory_mb: int) -> tuple[str, bool]:
     """Call ``fn(**arguments)`` in a fresh Python process whose address space may grow by
@@ -210,13 +222,12 @@ def run_in_subprocess(name: str, fn: Callable[..., Any], arguments: dict[str, An
         parsed = _parse_result(result)
         if parsed is not None:
             return parsed
-        try:  # nothing (or half a result) came: the process died
+        try:  # no result, or bytes that are not one: how did the process end?
             code = process.wait(timeout=5.0)
         except subprocess.TimeoutExpired:
             process.kill()
             code = process.wait()
-        return (f"error: tool {name!r} crashed (its process ended with exit code {code}; "
-                f"memory limit {memory_mb} MB)"), True
+        return _no_result(name, code, result, memory_mb), True
     finally:
         if process.poll() is None:
             process.kill()

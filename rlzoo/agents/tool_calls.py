@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlzoo.agents.sandbox import run_in_subprocess, run_in_thread
-from rlzoo.contract.tool_schema import Tool, argument_error, tool_from_component
+from rlzoo.contract.tool_schema import Tool, argument_error, registered_tools  # noqa: F401 - registered_tools: its home
 
 STYLES = ("hermes", "plain")
 """The tool-call formats :func:`parse_tool_calls` reads."""
@@ -63,21 +63,59 @@ _PLAIN = re.compile(r"^[ \t]*CALL[ \t]+(.*?)[ \t]*$", re.MULTILINE)
 _JSON_NAMES = {"true": True, "false": False, "null": None}
 
 
+MAX_NESTING = 100
+"""The deepest brackets a hermes tool call may nest (a call's arguments are plain values;
+Python's JSON reader recurses once per level and would fail near 1000)."""
+
+
+def _nesting(text: str) -> int:
+    """The deepest nesting of ``[`` / ``{`` in JSON ``text``, outside strings (malformed text too)."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for ch in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "]}":
+            depth -= 1
+    return deepest
+
+
+def _load_json(text: str, what: str) -> tuple[Any, str | None]:
+    """``(json.loads(text), None)``, or ``(None, error observation)`` naming ``what``: text
+    that is not JSON, or that nests deeper than :data:`MAX_NESTING` (refused before it is
+    parsed, so no depth reaches the parser's recursion limit)."""
+    if _nesting(text) > MAX_NESTING:
+        return None, f"error: {what} is not valid JSON for a tool call (brackets nested deeper than {MAX_NESTING})"
+    try:
+        return json.loads(text), None
+    except json.JSONDecodeError as exc:
+        return None, f"error: {what} is not valid JSON ({exc.msg} at character {exc.pos})"
+    except RecursionError:  # a stack already deep when the call is parsed
+        return None, f"error: {what} is not valid JSON for a tool call (nested too deeply)"
+
+
 def _hermes_call(body: str) -> ToolCall | str:
     shown = body.strip()
-    try:
-        payload = json.loads(shown)
-    except json.JSONDecodeError as exc:
-        return f"error: the tool call {shown[:200]!r} is not valid JSON ({exc.msg} at character {exc.pos})"
+    payload, error = _load_json(shown, f"the tool call {shown[:200]!r}")
+    if error is not None:
+        return error
     if not isinstance(payload, dict) or not isinstance(payload.get("name"), str):
         return (f"error: the tool call {shown[:200]!r} must be a JSON object "
                 f'{{"name": "<tool>", "arguments": {{...}}}}')
     arguments = payload.get("arguments", {})
     if isinstance(arguments, str):  # some models write the arguments as a JSON string
-        try:
-            arguments = json.loads(arguments)
-        except json.JSONDecodeError:
-            pass
+        parsed, error = _load_json(arguments, f"the arguments of the call to {payload['name']!r}")
+        arguments = arguments if error is not None else parsed  # not JSON: refused as not an object below
     if not isinstance(arguments, dict):
         return f"error: the arguments of the call to {payload['name']!r} must be a JSON object, got {arguments!r}"
     return ToolCall(payload["name"], arguments)
@@ -153,10 +191,3 @@ def tool_call_style(tokenizer: Any) -> str:
     if isinstance(template, str) and "tools" in template and "<tool_call>" in template:
         return "hermes"
     return "plain"
-
-
-def registered_tools(registry: Any, names: list[str]) -> dict[str, Tool]:
-    """Name -> :class:`Tool` for the registered tools ``names`` (aliases resolved); an
-    unknown name raises the registry's error listing the tools there are."""
-    tools = [tool_from_component(registry.get("tool", name)) for name in names]
-    return {tool.name: tool for tool in tools}

@@ -39,6 +39,7 @@ from rlzoo.core.errors import ConfigError, RlzooError
 from rlzoo.models.logprobs import response_forward
 from rlzoo.core.masked import masked_mean
 from rlzoo.contract.loading import build_registry, make_plugin_manager
+from rlzoo.run.rundir import check_new_output_dir
 from rlzoo.run.trainer import Trainer
 
 FORCED = ("resume=null", "rollout.record=false", "logging.progress=false", "launcher.nproc=1")
@@ -121,6 +122,7 @@ def run_ab(run_dir: str | Path, a: list[str], b: list[str], out_dir: str | Path 
     out = Path(out_dir) if out_dir else run_dir.with_name(f"{run_dir.name}-ab-{datetime.now():%Y%m%d-%H%M%S}")
     if out.resolve() == run_dir.resolve() or run_dir.resolve() in out.resolve().parents:
         raise ConfigError(f"--out {out} is inside the recorded run {run_dir}; rlzoo ab only reads that run")
+    check_new_output_dir(out, "--out")
     created = not out.exists()
     try:
         learners = {"a": _side(run_dir, base, a, out / "a")}

@@ -46,7 +46,7 @@ def _parser() -> argparse.ArgumentParser:
                          "answers; writes a model directory usable as model.path=.")
     with_config(sft)
     sft.add_argument("--steps", type=int, default=100, help="optimizer steps (default 100)")
-    sft.add_argument("--out", metavar="DIR", help="where to save the model (default "
+    sft.add_argument("--out", metavar="DIR", help="where to save the model: a new or empty directory (default "
                      "runs/<run_name or sft>-<task>/model)")
     sft.add_argument("--target", choices=("answer", "format"), default="answer",
                      help="train on reference answers (with env: the environment's demonstration "
@@ -121,7 +121,7 @@ def _parser() -> argparse.ArgumentParser:
     ab.add_argument("--a", nargs="*", default=[], metavar="KEY=VALUE", help="overrides of learner A")
     ab.add_argument("--b", nargs="*", default=[], metavar="KEY=VALUE", help="overrides of learner B")
     ab.add_argument("--steps", type=int, help="replay only the first N recorded steps")
-    ab.add_argument("--out", metavar="DIR", help="output directory (default RUN_DIR-ab-<timestamp>)")
+    ab.add_argument("--out", metavar="DIR", help="output directory, new or empty (default RUN_DIR-ab-<timestamp>)")
 
     export = sub.add_parser("export", help="write a run's trained policy as a model directory (LoRA merged)",
                             description="Write the policy of a run's newest intact checkpoint (or --step's) "

@@ -18,6 +18,7 @@ import yaml
 from rlzoo.core.errors import RlzooError
 from rlzoo.run.events import read_events
 from rlzoo.plan.hparams import NOT_HPARAMS, flatten_config, matches
+from rlzoo.run.rundir import check_output_dir
 
 MAX_INSET_LEGEND = 8
 """More groups than this: the curve figure's legend goes below the panels, in columns."""
@@ -393,14 +394,15 @@ def compare(paths: list[str | Path], out_dir: str | Path | None = None, threshol
     ``compare_<x>.png``, the final numbers against it. Returns ``(table and legend, png, report)``.
 
     :raises RlzooError: no runs, a run without ``reward/mean``, an out directory that is a
-        run, a window below 1, or no matplotlib.
+        run or a file (or under one), a window below 1, or no matplotlib.
     """
     if window < 1:
         raise RlzooError(f"--window must be >= 1, got {window}")
-    runs = find_runs(paths)
     out = Path(out_dir) if out_dir is not None else default_out(paths)
     if is_run(out):
         raise RlzooError(f"--out {str(out)!r} is a run directory; compare writes only outside runs")
+    check_output_dir(out, "--out")
+    runs = find_runs(paths)
     _pyplot()  # fail before reading every run
     groups = group_runs([summarise(run, threshold, window) for run in runs])
     text = table(groups, threshold)

@@ -16,14 +16,18 @@ from rlzoo.config.yamlfile import read_yaml
 from rlzoo.core.errors import ConfigError
 from rlzoo.models.lora import ADAPTER_CONFIG, merged_policy
 from rlzoo.models.build import load_pretrained
-from rlzoo.run.rundir import CONFIG_FILE, INIT_MODEL_DIR
+from rlzoo.run.rundir import CONFIG_FILE, INIT_MODEL_DIR, check_new_output_dir
 
 
 def export_checkpoint(run_dir: Path, step: int | None) -> Path:
     """The checkpoint to export: that of ``step``, or the newest intact one.
 
-    :raises ConfigError: no such checkpoint, or it fails verification against its manifest.
+    :raises ConfigError: a negative step, no such checkpoint, or it fails verification
+        against its manifest.
     """
+    if step is not None and step < 0:
+        raise ConfigError(f"--step must be a checkpoint's step (>= 0), got {step}; the steps of {run_dir}: "
+                          f"{', '.join(str(s) for s, _ in list_checkpoints(run_dir)) or 'none'}")
     if step is None:
         checkpoint, damaged = newest_intact_checkpoint(run_dir)
         if checkpoint is None:
@@ -51,8 +55,7 @@ def export_policy(run_dir: str | Path, out: str | Path, step: int | None = None)
     run_dir, out = Path(run_dir), Path(out)
     if not (run_dir / CONFIG_FILE).is_file():
         raise ConfigError(f"{str(run_dir)!r} is not a run directory (no {CONFIG_FILE})")
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise ConfigError(f"{str(out)!r} exists and is not an empty directory; export into a new one")
+    check_new_output_dir(out, "OUT")
     checkpoint = export_checkpoint(run_dir, step)
     dtype = str(read_yaml(run_dir / CONFIG_FILE, "run config").get("model", {}).get("dtype", "float32"))
     policy_dir = checkpoint / "policy"

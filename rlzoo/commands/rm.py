@@ -30,6 +30,7 @@ import math
 import os
 import random
 import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,20 +40,38 @@ import torch.nn.functional as F
 from transformers import AutoModelForSequenceClassification
 
 from rlzoo.core import distributed
-from rlzoo.run.checkpoint import STATE_FILE, WRITE_ERRORS, check_optimizer_fits, write_error
 from rlzoo.core.errors import ConfigError, TrainingError
-from rlzoo.learn.learner import adamw
-from rlzoo.models.build import DTYPES, build_char_tokenizer, build_tiny_model, load_pretrained, load_tokenizer
+from rlzoo.core.rng import global_rng_state, set_global_rng_state
 from rlzoo.plan.planner import PlannedConfig
 from rlzoo.plan.records import RunPlan
 from rlzoo.plan.run_input import engine_input
 from rlzoo.rollout.parts import RunParts, device_type
-from rlzoo.models.reward_model import Text, encode, from_causal_lm, reward_text, sequence_scores, uses_chat_template
-from rlzoo.core.rng import global_rng_state, set_global_rng_state
 from rlzoo.core.tokens import left_pad
+from rlzoo.learn.learner import adamw
+from rlzoo.models.build import (
+    DTYPES,
+    build_char_tokenizer,
+    build_tiny_model,
+    load_pretrained,
+    load_tokenizer,
+    unreadable_model,
+)
+from rlzoo.models.reward_model import (
+    Text,
+    context_length,
+    cut_warning,
+    encode,
+    fit_context,
+    from_causal_lm,
+    plain_text,
+    reward_text,
+    sequence_scores,
+    uses_chat_template,
+)
+from rlzoo.run.checkpoint import STATE_FILE, WRITE_ERRORS, check_optimizer_fits, write_error
 from rlzoo.run.rundir import RM_MODEL_DIR, RunDirectory
-from rlzoo.tasks.task import Holdout, read_rows
 from rlzoo.run.tracking import Tracker
+from rlzoo.tasks.task import Holdout, read_rows
 
 COLUMNS = ("prompt", "chosen", "rejected")
 MARGIN = "margin"
@@ -78,9 +97,10 @@ def _text_or_messages(value: Any) -> bool:
 def load_pairs(path: str | Path) -> list[Pair]:
     """The preference pairs of a ``.jsonl`` / ``.parquet`` file.
 
-    :raises ConfigError: a missing or empty file, or a row without a column, with a value
-        that is neither text nor chat messages, or a margin that is not a finite number
-        ≥ 0 (file, row and column named).
+    :raises ConfigError: a missing, unreadable or empty file, or a row without a column,
+        with a value that is neither text nor chat messages, with an empty prompt and an
+        empty response, or a margin that is not a finite number ≥ 0 (file, row and column
+        named).
     """
     path = Path(path)
     rows = read_rows(path, "preference file")
@@ -98,12 +118,33 @@ def load_pairs(path: str | Path) -> list[Pair]:
             if not _text_or_messages(row[column]):
                 raise ConfigError(f"{where} column {column!r} is {str(row[column])[:80]!r}: give text or chat "
                                   'messages ([{"role": ..., "content": ...}, ...])')
+        for column in ("chosen", "rejected"):
+            if not plain_text(row["prompt"]) + plain_text(row[column]):
+                raise ConfigError(f"{where}: 'prompt' and {column!r} are both empty: the reward model would read no "
+                                  "text; drop the row or give it text")
         margin = row.get(MARGIN)
         margin = 0.0 if margin is None else margin
         if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not math.isfinite(margin) or margin < 0:
             raise ConfigError(f"{where} column {MARGIN!r} is {margin!r}: a margin is a finite number >= 0")
         pairs.append(Pair(row["prompt"], row["chosen"], row["rejected"], float(margin)))
     return pairs
+
+
+def tie_warning(pairs: list[Pair], source: str) -> str | None:
+    """A warning when some pairs have ``chosen == rejected`` (a tie: its loss is
+    ``log(1 + e^m)`` whatever the model scores, so it teaches nothing), ``None`` when none do.
+
+    :raises ConfigError: every pair is a tie (the run could learn nothing).
+    """
+    ties = [number for number, pair in enumerate(pairs, 1) if pair.chosen == pair.rejected]
+    if not ties:
+        return None
+    rows = ", ".join(map(str, ties[:5])) + (", ..." if len(ties) > 5 else "")
+    if len(ties) == len(pairs):
+        raise ConfigError(f"rm.data {source!r}: chosen == rejected in every pair ({len(pairs)}): the reward model "
+                          "cannot learn a preference from ties; give pairs whose responses differ")
+    return (f"rm.data {source!r}: chosen == rejected in {len(ties)} of {len(pairs)} pairs (rows {rows}): they "
+            "add a constant to the loss and teach nothing")
 
 
 TASK_DATA = "task"
@@ -185,18 +226,27 @@ def bradley_terry(chosen: torch.Tensor, rejected: torch.Tensor, margin: torch.Te
 
 
 class PairScorer:
-    """Scores both responses of pairs with a model in one padded forward."""
+    """Scores both responses of pairs with a model in one padded forward; a text longer than
+    the model's context keeps its last tokens (:func:`rlzoo.models.reward_model.fit_context`, as
+    the ``reward_model`` reward function does), with one warning the first time."""
 
     def __init__(self, model: torch.nn.Module, tokenizer: Any, chat_template: bool | None,
                  device: torch.device) -> None:
         self.model, self.tokenizer, self.device = model, tokenizer, device
         self.templated = uses_chat_template(tokenizer, chat_template)
+        self.context = context_length(model)
+        self.warned = False
 
     def __call__(self, pairs: list[Pair]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(r_chosen, r_rejected, margin)``, each ``(B,)`` float32."""
         texts = [reward_text(self.tokenizer, p.prompt, p.chosen, self.templated) for p in pairs]
         texts += [reward_text(self.tokenizer, p.prompt, p.rejected, self.templated) for p in pairs]
-        ids, mask = left_pad(encode(self.tokenizer, texts, self.templated), self.tokenizer.pad_token_id)
+        ids, cut = fit_context(encode(self.tokenizer, texts, self.templated), self.context)
+        if cut and not self.warned:
+            self.warned = True
+            print(f"rlzoo: warning: {cut_warning('rlzoo rm', cut, len(texts), self.context)}", file=sys.stderr,
+                  flush=True)
+        ids, mask = left_pad(ids, self.tokenizer.pad_token_id)
         scores = sequence_scores(self.model, ids.to(self.device), mask.to(self.device))
         margin = torch.tensor([p.margin for p in pairs], dtype=torch.float32, device=self.device)
         return scores[:len(pairs)], scores[len(pairs):], margin
@@ -219,6 +269,13 @@ def _characters(value: Text) -> set[str]:
     return set(value) if isinstance(value, str) else {ch for m in value for ch in m["content"]}
 
 
+TINY_CONTEXT = 1024
+"""How far the embedded tiny backbone's context grows to cover the longest pair of the data
+(tokens = characters; it is at least the policy's, ``4 × (rollout.max_new_tokens + 64)``):
+longer texts keep their last tokens (:class:`PairScorer`), so one long row cannot make the
+model, and its attention, grow without bound."""
+
+
 def _initial_model(parts: RunParts, pairs: list[Pair]) -> tuple[torch.nn.Module, Any]:
     """The reward model to start from: ``model.path``'s backbone, or the tiny default with a
     character tokenizer over the task's alphabet and every character of the pairs."""
@@ -230,9 +287,10 @@ def _initial_model(parts: RunParts, pairs: list[Pair]) -> tuple[torch.nn.Module,
         for pair in pairs:
             chars |= _characters(pair.prompt) | _characters(pair.chosen) | _characters(pair.rejected)
         tokenizer = build_char_tokenizer("".join(sorted(chars)))
-        longest = max(len(p.prompt) + max(len(p.chosen), len(p.rejected)) for p in pairs
-                      if all(isinstance(x, str) for x in (p.prompt, p.chosen, p.rejected))) if pairs else 0
-        policy = build_tiny_model(model.tiny, tokenizer, max(model.tiny.max_positions, longest + 8))
+        longest = max((len(p.prompt) + max(len(p.chosen), len(p.rejected)) for p in pairs
+                       if all(isinstance(x, str) for x in (p.prompt, p.chosen, p.rejected))), default=0)
+        context = max(model.tiny.max_positions, min(longest + 8, TINY_CONTEXT))
+        policy = build_tiny_model(model.tiny, tokenizer, context)
         policy = policy.to(DTYPES[model.dtype])
     return from_causal_lm(policy), tokenizer
 
@@ -282,6 +340,9 @@ def run_rm(resolved: PlannedConfig, overwrite: bool = False) -> Path:
     parts = RunParts(run, device)  # seeded, as a run builds its parts: the task, its reward, the model's shape
     seed = run.setup.seed
     pairs = task_pairs(parts, int(cfg.rm.task_pairs), seed) if cfg.rm.data == TASK_DATA else load_pairs(cfg.rm.data)
+    warning = tie_warning(pairs, str(cfg.rm.data))
+    if warning is not None:
+        print(f"rlzoo: warning: {warning}", file=sys.stderr, flush=True)
     if len(pairs) < 2 and cfg.rm.eval_fraction > 0:
         raise ConfigError(f"rm.data {cfg.rm.data!r} holds {len(pairs)} pair: hold none out with rm.eval_fraction=0")
     train_rows, held_rows = split_pairs(len(pairs), float(cfg.rm.eval_fraction), seed)
@@ -300,8 +361,9 @@ def _train(cfg: Any, parts: RunParts, run_dir: RunDirectory, pairs: list[Pair], 
     if run_dir.resume_from is not None:
         state = run_dir.load_state()
         path = run_dir.resume_from / RM_MODEL_DIR
-        model = AutoModelForSequenceClassification.from_pretrained(str(path), dtype=DTYPES[plan.model.dtype])
-        tokenizer = load_tokenizer(path)
+        with unreadable_model(path):  # as rlzoo train reads a checkpoint's policy: a pickle is refused
+            model = AutoModelForSequenceClassification.from_pretrained(str(path), dtype=DTYPES[plan.model.dtype])
+            tokenizer = load_tokenizer(path)
     else:
         model, tokenizer = _initial_model(parts, pairs)
     model.to(device).train()

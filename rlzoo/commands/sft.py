@@ -19,6 +19,7 @@ environment's tokens are read, never trained on.
 from __future__ import annotations
 
 import random
+import sys
 from pathlib import Path
 from typing import Any, Callable
 
@@ -34,7 +35,8 @@ from rlzoo.plan.run_input import RunInput, engine_input
 from rlzoo.rollout.parts import RunParts
 from rlzoo.tasks.prompts import PromptFormat
 from rlzoo.core.tokens import left_pad
-from rlzoo.tasks.task import Example, Holdout
+from rlzoo.run.rundir import check_new_output_dir
+from rlzoo.tasks.task import Example, Holdout, check_references
 
 TARGETS = ("answer", "format")
 
@@ -47,6 +49,9 @@ def run_sft(resolved: PlannedConfig, steps: int = 100,
     :param steps: optimizer steps of ``batch_size`` examples.
     :param target: ``answer`` (reference answers) or ``format`` (format-only targets).
     :param lr: learning rate (default ``trainer.lr``).
+    :raises ConfigError: before anything is built: a bad target or count, LoRA, or an
+        ``out_dir`` that exists and is not an empty directory (a run's directory, an
+        earlier SFT model: nothing is written over).
     """
     if target not in TARGETS:
         raise ConfigError(f"unknown SFT target {target!r}; choose one of {', '.join(TARGETS)}")
@@ -55,10 +60,15 @@ def run_sft(resolved: PlannedConfig, steps: int = 100,
     if resolved.plan.lora is not None:
         raise ConfigError(f"rlzoo sft trains every weight of the model; model.lora.rank={resolved.plan.lora.rank} "
                           "is for rlzoo train: set model.lora.rank=0")
-    run = engine_input(resolved)
-    plan, seed = run.plan, run.setup.seed
+    cfg, run = resolved.cfg, engine_input(resolved)
+    plan, seed, task_name = run.plan, run.setup.seed, run.components.task.name
+    model_dir = Path(out_dir or Path("runs") / f"{cfg.run_name or 'sft'}-{task_name}" / "model")
+    check_new_output_dir(model_dir, "--out" if out_dir else "the default --out")
     parts = RunParts(run, torch.device("cpu"))  # seeded, as a run builds its parts
     task = parts.task
+    reads = target == "answer" and run.components.environment is None  # its targets are the references
+    for warning in check_references(task, task_name, "rlzoo sft trains on them (the text 'None')" if reads else None):
+        print(f"rlzoo: warning: {warning}", file=sys.stderr, flush=True)
     rng = random.Random(seed)
     model, tokenizer = parts.models.policy, parts.models.tokenizer
     prompt_format = parts.prompt_format  # the instruction, system prompt and chat template RL uses
@@ -94,11 +104,10 @@ def run_sft(resolved: PlannedConfig, steps: int = 100,
         optimizer.step()
         if step == 1 or step % max(1, steps // 10) == 0 or step == steps:
             print(f"sft step {step}/{steps}: loss {float(loss.detach()):.4f}", flush=True)
-    out = Path(out_dir or Path("runs") / f"{resolved.cfg.run_name or 'sft'}-{parts.task_name}" / "model")
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(str(out))
-    tokenizer.save_pretrained(str(out))
-    return out
+    model_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(model_dir))
+    tokenizer.save_pretrained(str(model_dir))
+    return model_dir
 
 
 def _demonstrations(run: RunInput, tokenizer: Any, prompt_format: PromptFormat,

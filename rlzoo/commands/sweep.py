@@ -35,7 +35,7 @@ from rlzoo.plan.planner import load_config
 from rlzoo.core.errors import ConfigError
 from rlzoo.contract.registry import Registry
 from rlzoo.config.resolved import ResolvedConfig
-from rlzoo.run.rundir import CONFIG_FILE, SWEEP_FILE, read_status, run_files
+from rlzoo.run.rundir import CONFIG_FILE, SWEEP_FILE, check_output_dir, read_status, run_files
 from rlzoo.core.stopping import STOP_SIGNALS, die_with_parent, send_signal, write_now
 from rlzoo.plan.hparams import effective_hparams
 from rlzoo.run.tracking import ALGORITHM_KEYS, hparam_metrics, write_experiment
@@ -79,12 +79,22 @@ def _slug(text: str) -> str:
 
 
 def expand(overrides: list[str]) -> tuple[list[str], list[tuple[str, list[str]]]]:
-    """Separate fixed overrides from swept ones (``key=v1,v2``)."""
+    """Separate fixed overrides from swept ones (``key=v1,v2``).
+
+    :raises ConfigError: an item that is not ``key=value``, an empty swept value, or a key
+        given twice (``seed=0,1 seed=2,3`` would run duplicates under misleading names:
+        give its values once, ``seed=0,1,2,3``).
+    """
     fixed, swept = [], []
+    seen: dict[str, str] = {}
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"override {item!r} is not of the form key=value")
         key, value = item.split("=", 1)
+        if key.strip() in seen:
+            raise ConfigError(f"sweep key {key.strip()!r} is given twice ({seen[key.strip()]!r} and {item!r}); give "
+                              f"it once, all its values comma-separated: {key.strip()}=a,b,c")
+        seen[key.strip()] = item
         values = split_values(value)
         if len(values) > 1:
             if any(v == "" for v in values):
@@ -218,7 +228,10 @@ def run_sweep(sweep_dir: Path, overrides: list[str], registry: Registry, config_
     """
     if jobs < 1:
         raise ConfigError(f"--jobs must be >= 1, got {jobs}")
+    check_output_dir(sweep_dir, "--dir")
     runs = plan(sweep_dir, overrides)
+    for run in runs:
+        check_output_dir(run.run_dir, f"the run directory of sweep run {run.name!r}")
     resolved = validate(runs, registry, config_file)
     sweep_dir.mkdir(parents=True, exist_ok=True)
     (sweep_dir / SWEEP_FILE).write_text(" ".join(overrides) + "\n")

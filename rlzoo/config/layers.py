@@ -31,7 +31,7 @@ from omegaconf.errors import (
 from rlzoo.core.errors import ConfigError, did_you_mean
 from rlzoo.config.yamlfile import read_yaml
 from rlzoo.contract.kinds import COMPONENT_FIELDS, LIST_FIELDS
-from rlzoo.config.params import build_params, expand, resolve_component
+from rlzoo.config.params import expand, resolve_component
 from rlzoo.config.preset_cards import load_preset
 from rlzoo.contract.registry import Component, Registry
 from rlzoo.config.resolved import ResolvedConfig

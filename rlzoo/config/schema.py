@@ -265,7 +265,7 @@ NON_NEGATIVE: tuple[str, ...] = (
     "trainer.lr", "trainer.critic_lr", "trainer.weight_decay", "trainer.warmup_steps",
     "trainer.entropy_coef", "trainer.threads", "trainer.logprob_keep_mb", "kl.coef",
     "logging.sample_every", "checkpoint.every", "rollout.staleness", "eval.every", "eval.size", "eval.n",
-    "rm.eval_fraction", "rm.eval_every", "rollout.max_staleness",
+    "rm.eval_every", "rollout.max_staleness",
     "model.lora.rank",
 )
 
@@ -353,6 +353,9 @@ def check_values(cfg: DictConfig) -> None:
     if not 0 <= cfg.eval.holdout < 1:
         raise ConfigError(f"invalid value for eval.holdout: {cfg.eval.holdout!r}; must be in [0, 1) (the share of "
                           "each task's prompts held out of training for evaluation)")
+    if not 0 <= cfg.rm.eval_fraction < 1:
+        raise ConfigError(f"invalid value for rm.eval_fraction: {cfg.rm.eval_fraction!r}; must be in [0, 1) (the share "
+                          "of rlzoo rm's preference pairs held out of training for evaluation)")
     _check_lora(cfg.model.lora)
     if len(cfg.trainer.betas) != 2 or not all(0 <= b < 1 for b in cfg.trainer.betas):
         raise ConfigError(f"invalid value for trainer.betas: {list(cfg.trainer.betas)}; need 2 numbers in [0, 1) "

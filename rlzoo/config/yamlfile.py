@@ -1,4 +1,5 @@
-"""Reading a YAML file of config keys, safely: a mapping, UTF-8, no key set twice, bounded aliases.
+"""Reading a YAML file of config keys, safely: a mapping, UTF-8, no key set twice, bounded aliases
+(and any UTF-8 text file: :func:`read_utf8`).
 
 ``yaml.safe_load`` constructs no objects, but it keeps the last of two equal keys without a
 word and expands nested anchors without bound (400 bytes of "billion laughs" become
@@ -70,6 +71,22 @@ def _expanded_size(node: yaml.Node, sizes: dict[int, int], open_nodes: set[int])
     return size
 
 
+def read_utf8(path: Path, what: str, expected: str) -> str:
+    """The text of ``path``, which must be UTF-8 (a config file, a JSONL data file).
+
+    :param what: how the message names the file (``--config file``, ``task file``).
+    :param expected: what to pass instead, ending the message.
+    :raises ConfigError: a byte that is not UTF-8, naming its line and byte offset.
+    """
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise ConfigError(f"{what} {str(path)!r} is not a UTF-8 text file (line {line}: byte {exc.start} is "
+                          f"0x{data[exc.start]:02x}): {expected}") from exc
+
+
 def read_yaml(path: str | Path, what: str) -> dict[str, Any]:
     """A YAML file of config keys as a dict (``{}`` for an empty file).
 
@@ -80,11 +97,7 @@ def read_yaml(path: str | Path, what: str) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"{what} {str(path)!r} does not exist or is not a file")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{what} {str(path)!r} is not a UTF-8 text file (byte {exc.start} is "
-                          f"0x{exc.object[exc.start]:02x}): pass a YAML file of config keys") from exc
+    text = read_utf8(path, what, "pass a YAML file of config keys")
     try:
         data = yaml.load(text, Loader=_ConfigLoader)  # noqa: S506 (a SafeLoader)
     except _YamlRefused as exc:

@@ -210,10 +210,10 @@ KINDS: dict[str, Kind] = {kind.name: kind for kind in (
         config_path='env', output=None,
         docs='docs/agents.md', tested_in='rlzoo.testing',
         inputs={
-            "tools": Input(None, "dict[str, rlzoo.contract.tool_schema.Tool]: every registered tool (kind tool) by name; an "
+            "tools": Input(None, "dict[str, rlzoo.api.Tool]: every registered tool (kind tool) by name; an "
                                  "environment offers the ones its parameters name"),
             "tool_style": Input(None, "str: the tool-call format the run's rendering teaches, for "
-                                      "rlzoo.agents.tool_calls.parse_tool_calls: 'hermes' (a chat template with <tool_call>) "
+                                      "rlzoo.api.parse_tool_calls: 'hermes' (a chat template with <tool_call>) "
                                       "or 'plain' (no chat template, or one without that tool format)"),
         }),
     Kind(

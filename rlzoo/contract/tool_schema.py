@@ -344,8 +344,12 @@ def tool_from_component(component: Any) -> Tool:
     return component.meta["tool"]
 
 
-def registered_tools(registry: Any) -> dict[str, Tool]:
-    """Every registered tool (kind ``tool``) by name: the ``tools`` input of an environment."""
+def registered_tools(registry: Any, names: list[str] | None = None) -> dict[str, Tool]:
+    """Name -> :class:`Tool` for the registered tools ``names`` (aliases resolved), or every
+    registered tool (kind ``tool``) when ``names`` is ``None``: the ``tools`` input of an
+    environment. An unknown name raises the registry's error listing the tools there are."""
     if registry is None:
         return {}
-    return {name: tool_from_component(registry.get("tool", name)) for name in registry.names("tool")}
+    tools = [tool_from_component(registry.get("tool", name)) for name in (registry.names("tool") if names is None
+                                                                          else names)]
+    return {tool.name: tool for tool in tools}

@@ -74,9 +74,10 @@ def add_adapters(model: torch.nn.Module, lora: LoraPlan) -> Any:
     B zero), so the adapted policy equals the base one at step 0.
 
     :raises ConfigError: a target name matches no module of the model (its linear layers
-        listed), or an adapter would sit on the input or output embedding (the log-prob
-        head reads the output embedding's weight directly, and with tied embeddings a
-        merged adapter would change both).
+        listed), a rank above the width of every adapted layer (min of its inputs and
+        outputs: the most an update ``B·A`` can use), or an adapter would sit on the input
+        or output embedding (the log-prob head reads the output embedding's weight
+        directly, and with tied embeddings a merged adapter would change both).
     """
     peft = _peft()
     available = linear_names(model)
@@ -95,6 +96,14 @@ def add_adapters(model: torch.nn.Module, lora: LoraPlan) -> Any:
     if unmatched:
         raise ConfigError(f"model.lora.target_modules names {', '.join(unmatched)}, which match(es) no layer of this "
                           f"model; its linear layers are named {', '.join(available)}")
+    widths = {name.rsplit(".", 1)[-1]: min(module.in_features, module.out_features)
+              for name, module in wrapped.named_modules() if isinstance(module, peft.tuners.lora.LoraLayer)
+              and isinstance(getattr(module, "base_layer", None), torch.nn.Linear)}
+    if widths and lora.rank > max(widths.values()):
+        shown = ", ".join(f"{name} {width}" for name, width in sorted(widths.items()))
+        raise ConfigError(f"model.lora.rank={lora.rank} exceeds the width of every adapted layer (the smaller of its "
+                          f"inputs and outputs: {shown}), which bounds the rank of its update B·A: use "
+                          f"model.lora.rank <= {max(widths.values())}")
     embeddings = {"output": wrapped.get_output_embeddings(), "input": wrapped.get_input_embeddings()}
     for which, module in embeddings.items():
         if isinstance(module, peft.tuners.lora.LoraLayer):

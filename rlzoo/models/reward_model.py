@@ -16,6 +16,8 @@ exactly as it was trained:
   decoder, or the ``value_head`` of an rlzoo critic directory), with position ids counted
   over the valid tokens, so left and right padding give the same score; an encoder
   classifier (no ``score`` head) is called as it is and its one logit taken;
+- **the length**: a text of more tokens than the model's context keeps its last ones
+  (:func:`fit_context`: the score is read at the end);
 - **the directory**: a ``save_pretrained`` directory of an
   ``AutoModelForSequenceClassification`` with ``num_labels = 1`` plus its tokenizer
   (:func:`load_reward_model` reads it, or an rlzoo critic: backbone + ``value_head.safetensors``).
@@ -49,7 +51,8 @@ def _messages(value: Text, role: str) -> list[dict[str, str]]:
     return list(value) if isinstance(value, list) else [{"role": role, "content": value}]
 
 
-def _plain(value: Text) -> str:
+def plain_text(value: Text) -> str:
+    """The text of a prompt or response: itself, or its messages' contents joined."""
     return value if isinstance(value, str) else "".join(str(m.get("content", "")) for m in value)
 
 
@@ -73,7 +76,7 @@ def reward_text(tokenizer: PreTrainedTokenizerBase, prompt: Text, response: Text
     if templated:
         conversation = _messages(prompt, "user") + _messages(response, "assistant")
         return tokenizer.apply_chat_template(conversation, tokenize=False)
-    return _plain(prompt) + _plain(response)
+    return plain_text(prompt) + plain_text(response)
 
 
 def encode(tokenizer: PreTrainedTokenizerBase, texts: list[str], templated: bool) -> list[list[int]]:
@@ -86,6 +89,34 @@ def encode(tokenizer: PreTrainedTokenizerBase, texts: list[str], templated: bool
         if not row:
             raise ValueError(f"text {i} ({texts[i]!r}) has no tokens under the reward model's tokenizer")
     return ids
+
+
+def context_length(model: torch.nn.Module) -> int | None:
+    """The most tokens ``model`` reads in one sequence (its config's
+    ``max_position_embeddings``; GPT-2's ``n_positions``), ``None`` when it records none."""
+    config = getattr(model, "config", None)
+    if config is None and isinstance(getattr(model, "backbone", None), torch.nn.Module):  # an rlzoo critic
+        config = getattr(model.backbone, "config", None)
+    length = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+    return int(length) if length else None
+
+
+def fit_context(ids: list[list[int]], max_tokens: int | None) -> tuple[list[list[int]], int]:
+    """``(ids, cut)``: each row longer than ``max_tokens`` keeps its *last* ``max_tokens``
+    ids, ``cut`` of them were longer. The left is cut because the score is read at the last
+    token, so the end of the response (what is judged) must stay; the prompt's start goes
+    first. ``rlzoo rm`` and the ``reward_model`` reward function both cut so, at
+    :func:`context_length`, so a reward model scores as it was trained."""
+    if max_tokens is None:
+        return ids, 0
+    cut = sum(len(row) > max_tokens for row in ids)
+    return ([row[-max_tokens:] for row in ids] if cut else ids), cut
+
+
+def cut_warning(who: str, cut: int, total: int, context: int) -> str:
+    """The warning, printed once, that :func:`fit_context` cut ``cut`` of ``total`` texts."""
+    return (f"{who}: {cut} of {total} texts are longer than the reward model's context ({context} tokens): each keeps "
+            f"its last {context} tokens (the score is read at the end); this is said once")
 
 
 def is_reward_model_dir(path: str | Path) -> str | None:

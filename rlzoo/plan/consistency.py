@@ -8,6 +8,7 @@ with one line naming the conflicting keys and how to resolve them.
 from __future__ import annotations
 
 import importlib.metadata
+import json
 from pathlib import Path
 from typing import Any
 
@@ -70,8 +71,23 @@ def teacher_readers(resolved: ResolvedConfig, acting: list[Any], need: str = "")
     return ", ".join(r for r in readers if r)
 
 
+def _model_width(cfg: Any) -> int | None:
+    """The policy's hidden size: ``model.hidden_size`` for the embedded model, the
+    ``hidden_size`` of ``model.path``'s ``config.json`` (read as JSON, nothing built), or
+    ``None`` where it is not known before the model is built (a GGUF file, another config)."""
+    if not cfg.model.path:
+        return int(cfg.model.hidden_size)
+    try:
+        width = json.loads((Path(str(cfg.model.path)) / "config.json").read_text()).get("hidden_size")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return width if isinstance(width, int) and not isinstance(width, bool) and width > 0 else None
+
+
 def _check_lora(cfg: Any, world: int) -> None:
-    """LoRA runs need peft and a data-parallel strategy that keeps whole modules."""
+    """LoRA runs need peft, a rank no larger than the model's width (when it is known before
+    the model is built; :func:`rlzoo.models.lora.add_adapters` checks the adapted layers) and a
+    data-parallel strategy that keeps whole modules."""
     rank = int(cfg.model.lora.rank)
     if rank == 0:
         return
@@ -79,6 +95,11 @@ def _check_lora(cfg: Any, world: int) -> None:
     if problem is not None:
         raise ConfigError(f"model.lora.rank={rank} trains LoRA adapters through peft, but {problem}: "
                           f"{LORA_INSTALL}; or set model.lora.rank=0 to train every weight")
+    width = _model_width(cfg)
+    if width is not None and rank > width:
+        raise ConfigError(f"model.lora.rank={rank} exceeds the model's width (hidden_size {width}): every layer LoRA "
+                          f"adapts has {width} inputs or outputs, so its update B·A has rank at most {width}; a larger "
+                          f"rank only adds parameters and memory: use model.lora.rank <= {width}")
     if world > 1 and cfg.distributed.strategy == "fsdp":
         raise ConfigError(f"model.lora.rank={rank} with distributed.strategy=fsdp is not supported (FSDP2 would "
                           "need each peft adapter layer sharded on its own, which rlzoo does not do): use "

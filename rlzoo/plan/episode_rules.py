@@ -13,6 +13,7 @@ from __future__ import annotations
 from rlzoo.core.errors import ConfigError
 from rlzoo.plan.records import EpisodePlan
 from rlzoo.config.resolved import ResolvedConfig
+from rlzoo.contract.tool_schema import registered_tools
 
 REFUSED_NEEDS: dict[str, str] = {
     "critic": "a critic's values and value loss would cover the environment tokens of the response "
@@ -63,5 +64,18 @@ def episode_plan(resolved: ResolvedConfig, needs: set[str], kl_on: bool, world: 
         raise ConfigError(f"rollout.max_turn_tokens={turn_tokens} exceeds rollout.max_new_tokens="
                           f"{cfg.rollout.max_new_tokens}, the budget of a whole episode: raise max_new_tokens "
                           "(it bounds policy and environment tokens together)")
+    check_builds(resolved)
     return EpisodePlan(env=env.name, max_turns=turns, max_turn_tokens=turn_tokens)
+
+
+def check_builds(resolved: ResolvedConfig) -> None:
+    """Build the run's environment once, with every registered tool and the ``plain``
+    tool-call style, and drop it: a parameter only its constructor can check (a tool name
+    that is not registered) is refused with the config, before any run directory exists.
+    An environment is built per episode anyway, so this costs what one episode's start does.
+
+    :raises ConfigError: what the constructor raised (a ``ValueError`` / ``OSError`` naming
+        ``env`` and the environment).
+    """
+    resolved.build("env", tools=registered_tools(resolved.registry), tool_style="plain")
 

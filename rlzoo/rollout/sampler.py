@@ -3,9 +3,10 @@
 :meth:`Sampler.sample` makes one step's :class:`rlzoo.core.batch.RolloutBatch`: it draws
 prompts with the task's own seeded RNG, formats and tokenises each once, has the rollout
 backend generate ``rollout.n`` completions per prompt (with their rollout log-probs),
-decodes and scores them (:mod:`rlzoo.rollout.scoring`), and adds the greedy baseline when the plan runs one. It is public
-because extensions refill batches with it (``ctx.resample``). With an environment (``env``)
-each completion is a multi-turn episode (:mod:`rlzoo.agents.episodes`), scored on its final answer.
+decodes and scores them (:mod:`rlzoo.rollout.scoring`), and adds the greedy baseline when the
+plan runs one. It is public because extensions refill batches with it (``ctx.resample``).
+With an environment (``env``) each completion is a multi-turn episode
+(:mod:`rlzoo.agents.episodes`), scored on its final answer.
 """
 
 from __future__ import annotations

@@ -25,7 +25,6 @@ and an error on rank 0 is raised on every rank, so no rank waits forever).
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import shutil
@@ -52,6 +51,7 @@ from rlzoo.run.checkpoint import (
     write_error,
 )
 from rlzoo.core.errors import ConfigError, RlzooError, TrainingError
+from rlzoo.run.run_lock import LOCK_FILE, RunLock, in_use_error, lock_holder
 from rlzoo.run.events import read_scalars
 from rlzoo.models.lora import ADAPTER_CONFIG
 from rlzoo.run.recording import ROLLOUT_DIR, record
@@ -61,7 +61,6 @@ STATUS_FILE = "status.json"
 CONFIG_FILE = "config.yaml"
 PLAN_FILE = "plan.txt"
 RESUMES_FILE = "resumes.jsonl"
-LOCK_FILE = ".lock"
 RM_MODEL_DIR = "reward_model"
 """Where ``rlzoo rm`` writes the trained reward model (what ``reward=reward_model`` loads)."""
 RUN_FILES = (CONFIG_FILE, PLAN_FILE, RESUMES_FILE, STATUS_FILE, f".{STATUS_FILE}.tmp", INIT_MODEL_DIR,
@@ -77,68 +76,6 @@ def in_sweep(run_dir: Path) -> bool:
     """Whether ``run_dir`` lies directly in a sweep directory (its parent holds
     :data:`SWEEP_FILE`): such a run leaves the hparams experiment summary to the sweep."""
     return (Path(run_dir).resolve().parent / SWEEP_FILE).is_file()
-
-
-# ----------------------------------------------------------------------------- the lock
-
-
-def _in_use(path: Path, holder: int | None) -> ConfigError:
-    who = "this process: close() its other Trainer first" if holder == os.getpid() else "wait for it to end or stop it"
-    return ConfigError(f"run directory {str(path)!r} is in use by another rlzoo run (pid "
-                       f"{holder if holder and holder > 0 else '?'}); {who}")
-
-
-class RunLock:
-    """An exclusive ``flock`` on ``<run_dir>/.lock`` holding the owner's pid."""
-
-    def __init__(self, run_dir: Path) -> None:
-        self.path = Path(run_dir) / LOCK_FILE
-        self.fd: int | None = None
-
-    def acquire(self) -> None:
-        """:raises ConfigError: another live process holds the lock (its pid named), or
-        the file cannot be created."""
-        try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as exc:
-            raise ConfigError(f"cannot write in run directory {str(self.path.parent)!r}: {exc.strerror}") from exc
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            holder = _read_pid(fd)
-            os.close(fd)
-            raise _in_use(self.path.parent, holder) from exc
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        self.fd = fd
-
-    def release(self) -> None:
-        if self.fd is not None:
-            fcntl.flock(self.fd, fcntl.LOCK_UN)
-            os.close(self.fd)
-            self.fd = None
-
-
-def _read_pid(fd: int) -> int | None:
-    try:
-        return int(os.pread(fd, 32, 0).decode().strip())
-    except (OSError, ValueError):
-        return None
-
-
-def lock_holder(run_dir: Path) -> int | None:
-    """The pid of the live process holding ``run_dir``'s lock, or ``None`` (writes nothing)."""
-    try:
-        fd = os.open(Path(run_dir) / LOCK_FILE, os.O_RDONLY)
-    except OSError:
-        return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except OSError:
-        return _read_pid(fd) or -1
-    finally:
-        os.close(fd)  # closing drops a lock this probe took
-    return None
 
 
 # ----------------------------------------------------------------------------- ownership
@@ -166,6 +103,45 @@ def describe_run(run_dir: Path) -> str:
     return f"checkpoint {newest.name}" if newest is not None else "no checkpoint"
 
 
+# ----------------------------------------------------------------------------- output directories
+
+
+def check_output_dir(path: Path, flag: str) -> None:
+    """Refuse ``path`` as a directory a command writes into (``rlzoo sweep --dir``,
+    ``rlzoo compare --out``, a ``run_dir``) when it, or the nearest of its parents that
+    exists, is a file, or that parent is not writable. Reads only.
+
+    :param flag: how the message names the path (``--dir``, ``--out``, ``run_dir``).
+    :raises ConfigError: naming the path and what is in the way.
+    """
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"{flag} {str(path)!r} is a file, not a directory; choose another {flag}")
+    existing = next((p for p in [path, *path.parents] if p.exists()), Path("."))
+    if not existing.is_dir():
+        raise ConfigError(f"{flag} {str(path)!r} cannot be created: {str(existing)!r} is a file, not a directory; "
+                          f"choose another {flag}")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"{flag} {str(path)!r} cannot be written: no permission to write in {str(existing)!r}")
+
+
+def check_new_output_dir(path: Path, flag: str) -> None:
+    """Refuse ``path`` as the new directory a command writes (``rlzoo export OUT``,
+    ``rlzoo sft --out``, ``rlzoo ab --out``) unless it is absent or an empty directory: such
+    a command never writes into, or over, what is there (another run's files least of all).
+    Reads only.
+
+    :raises ConfigError: what :func:`check_output_dir` refuses, or a non-empty directory
+        (naming the run it holds, if any).
+    """
+    check_output_dir(path, flag)
+    path = Path(path)
+    if path.is_dir() and any(path.iterdir()):
+        held = f" (it holds a run: {describe_run(path)})" if run_files(path) else ""
+        raise ConfigError(f"{flag} {str(path)!r} exists and is not an empty directory{held}; write into a new "
+                          "(or empty) one")
+
+
 def check_new_run_dir(path: Path, overwrite: bool) -> None:
     """Refuse a new run in ``path`` when it is a file, is in use by a live run, or holds
     another run (unless ``overwrite``). Reads only; :class:`RunDirectory` repeats the last
@@ -173,11 +149,10 @@ def check_new_run_dir(path: Path, overwrite: bool) -> None:
 
     :raises ConfigError: naming the running pid, or ``resume=`` and ``--overwrite``.
     """
-    if path.exists() and not path.is_dir():
-        raise ConfigError(f"run_dir {str(path)!r} is a file, not a directory; choose another run_dir")
+    check_output_dir(path, "run_dir")
     holder = lock_holder(path)
     if holder is not None:
-        raise _in_use(path, holder)
+        raise in_use_error(path, holder)
     if not overwrite:
         _refuse_another_run(path)
 
@@ -188,7 +163,7 @@ def check_run_dir(path: Path, resume: bool, overwrite: bool) -> None:
     if not resume:
         check_new_run_dir(path, overwrite)
     elif (holder := lock_holder(path)) is not None:
-        raise _in_use(path, holder)
+        raise in_use_error(path, holder)
 
 
 def _refuse_another_run(path: Path) -> None:

@@ -21,9 +21,7 @@ from typing import Any
 
 import torch
 
-from rlzoo.core import distributed
-
-from rlzoo.core import processes
+from rlzoo.core import distributed, processes
 from rlzoo.rollout.async_generator import AsyncRollout, GeneratorSpec, to_bytes
 from rlzoo.core.batch import RolloutBatch
 from rlzoo.run.checkpoint import CHECKPOINT_DIR, STATE_FILE, check_optimizer_fits, checkpoint_name, first_non_finite
@@ -39,7 +37,7 @@ from rlzoo.run.rundir import RunDirectory, in_sweep, summary_line
 from rlzoo.plan.run_input import RunInput
 from rlzoo.rollout.parts import RunParts, device_type
 from rlzoo.core.stopping import StopRequest
-from rlzoo.tasks.task import check_encodable
+from rlzoo.tasks.task import check_encodable, check_references
 from rlzoo.run.tracking import Progress, Sample, Tracker, batch_metrics, group_samples
 
 class Trainer:
@@ -78,11 +76,16 @@ class Trainer:
         if resume_state is not None and int(resume_state["world_size"]) != self.dist.world:
             raise ConfigError(f"{self.run_dir.resume_from} was written by {resume_state['world_size']} "
                               f"process(es); resume it with the same number (this job has {self.dist.world})")
-        seed = self.run_input.setup.seed
+        seed, components = self.run_input.setup.seed, self.run_input.components
         parts = RunParts(self.run_input, self.device, models=lambda task: build_run_models(
-            self.plan, task, self.run_input.components.task.name, self.device, self.dist, self.run_dir.resume_from,
+            self.plan, task, components.task.name, self.device, self.dist, self.run_dir.resume_from,
             self.run_dir.init_model))
         task = parts.task
+        readers = [repr(bound.name) for bound, _ in components.rewards if "references" in bound.component.inputs]
+        use = f"reward {' and '.join(readers)} compares completions with them (0 whatever the policy writes)"
+        for warning in check_references(task, parts.task_name, use if readers else None):
+            if self.dist.is_main:
+                print(f"rlzoo: warning: {warning}", file=sys.stderr, flush=True)
         self.models = parts.models
         if self.dist.is_main:
             for name, check in self.models.checks.items():

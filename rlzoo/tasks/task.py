@@ -9,14 +9,17 @@ training prompts through :meth:`Task.sample_train` and evaluation prompts throug
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
 from rlzoo.core.errors import ConfigError
+from rlzoo.config.yamlfile import read_utf8
 
 PROBE_DRAWS = 256
 """Examples drawn (with a throw-away RNG) to check a task that cannot list its examples."""
@@ -164,6 +167,30 @@ def _unencodable(texts: list[str], tokenizer: Any) -> list[tuple[str, str]]:
             per_char = tokenizer(chars, add_special_tokens=False).input_ids
             bad.append((text, "".join(ch for ch, char_ids in zip(chars, per_char) if unk in char_ids)))
     return bad
+
+
+def check_references(task: Task, task_name: str, use: str | None) -> list[str]:
+    """Check that the examples of a task that lists them (a file) have reference answers
+    when something reads them: a reward that compares with a null reference scores 0
+    whatever the policy writes, and an SFT target would be the text ``None``.
+
+    :param use: how the run reads the references, completing "but ..." (``reward
+        'exact_match' compares completions with them``); ``None``: nothing reads them, no check.
+    :returns: a warning to print when some references are null.
+    :raises ConfigError: every reference is null (naming the count and the use).
+    """
+    examples = task.examples()
+    if examples is None or use is None:
+        return []
+    null = sum(example.reference is None for example in examples)
+    where = f"task {task_name!r}"
+    if null and null == len(examples):
+        raise ConfigError(f"{where}: every reference answer is null (all {null} examples), but {use}: fill the "
+                          "answers, set task.answer_key to the column that holds them, or use a reward that reads "
+                          "none (reward_model)")
+    if null:
+        return [f"{where}: {null} of {len(examples)} examples have a null reference answer, but {use}"]
+    return []
 
 
 def check_encodable(task: Task, task_name: str, tokenizer: Any, holdout: Holdout) -> list[str]:
@@ -369,17 +396,23 @@ def read_rows(path: Path, what: str = "task file", split: str = "train") -> list
     """The rows of a ``.jsonl`` / ``.json`` (one object a line) or ``.parquet`` file, or of
     a ``datasets`` ``save_to_disk`` directory (``split`` of a ``DatasetDict``).
 
+    Every data file of rlzoo is read here (``task=file``, ``rlzoo rm``'s ``rm.data``), so a
+    file is refused the same way whichever command reads it.
+
     :param what: how errors name the file (``task file``, ``preference file``).
-    :raises ConfigError: missing file, a line that is not JSON, an unknown extension.
+    :raises ConfigError: missing file, bytes that are not UTF-8, a line that is not JSON, an
+        unknown extension, a Parquet or Arrow file pyarrow cannot read (a damaged footer).
     """
     if path.is_dir():
-        return _read_saved_dataset(path, split, what)
+        with _unreadable_arrow(path, what):
+            return _read_saved_dataset(path, split, what)
     if not path.is_file():
         raise ConfigError(f"{what} {str(path)!r} does not exist")
     suffix = path.suffix.lower()
     if suffix in (".jsonl", ".json"):
         rows = []
-        for lineno, line in enumerate(path.read_text().splitlines(), 1):
+        text = read_utf8(path, what, "give JSON lines (one object a line)")
+        for lineno, line in enumerate(text.splitlines(), 1):
             if not line.strip():
                 continue
             try:
@@ -388,9 +421,26 @@ def read_rows(path: Path, what: str = "task file", split: str = "train") -> list
                 raise ConfigError(f"{what} {str(path)!r} line {lineno} is not valid JSON: {exc}") from exc
         return rows
     if suffix == ".parquet":
-        return _pyarrow(path, what).parquet.read_table(path).to_pylist()
+        pyarrow = _pyarrow(path, what)
+        with _unreadable_arrow(path, what):
+            return pyarrow.parquet.read_table(path).to_pylist()
     raise ConfigError(f"{what} {str(path)!r}: unsupported extension {suffix!r}; use .jsonl, .parquet or a "
                       "directory written by datasets' save_to_disk")
+
+
+@contextlib.contextmanager
+def _unreadable_arrow(path: Path, what: str) -> Iterator[None]:
+    """Turn pyarrow's failure to read a Parquet / Arrow file (a damaged or lying footer,
+    not Parquet at all) into a :class:`ConfigError` naming the file."""
+    try:
+        yield
+    except ConfigError:
+        raise
+    except (OSError, ValueError, TypeError, KeyError, IndexError, NotImplementedError) as exc:
+        # pyarrow's errors derive from these (ArrowInvalid: ValueError, ArrowIOError: OSError, ...)
+        lines = str(exc).strip().splitlines()
+        raise ConfigError(f"{what} {str(path)!r} cannot be read ({type(exc).__name__}: "
+                          f"{lines[0] if lines else ''})") from exc
 
 
 def _pyarrow(path: Path, what: str) -> Any:

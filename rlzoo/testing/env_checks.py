@@ -96,7 +96,7 @@ def check_environment(make_env: Callable[[], Environment], name: str = "environm
         assert isinstance(env, Environment), f"{name}: the factory must build an rlzoo.agents.environment.Environment"
         for tool in env.tools:
             assert isinstance(tool, Tool) and tool.schema.get("type") == "function", (
-                f"{name}: tools must be rlzoo.contract.tool_schema.Tool objects with OpenAI function schemas, got {tool!r}")
+                f"{name}: tools must be rlzoo.api.Tool objects with OpenAI function schemas, got {tool!r}")
         _check_messages(env.reset(example), name, "reset(example)")
         for turn in turns:
             fresh = make_env()
