@@ -252,7 +252,7 @@ def test_a_run_in_use_is_refused_and_a_dead_runs_lock_is_taken_over(capsys, tmp_
 
 def test_the_lock_is_exclusive_and_names_its_holder(tmp_path: Path) -> None:
     from rlzoo.core.errors import ConfigError
-    from rlzoo.run.rundir import RunLock, lock_holder
+    from rlzoo.run.run_lock import RunLock, lock_holder
 
     first, second = RunLock(tmp_path), RunLock(tmp_path)
     first.acquire()

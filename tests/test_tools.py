@@ -18,7 +18,8 @@ from rlzoo.core.errors import PluginError, UnknownComponentError
 from rlzoo.contract.loading import build_registry, make_plugin_manager, module_plugin
 from rlzoo.testing import check_component, check_tool
 from rlzoo.contract.tool_schema import Tool, tool_from_callable
-from rlzoo.agents.tool_calls import ToolCall, call_tool, parse_tool_calls, registered_tools, tool_call_style
+from rlzoo.agents.tool_calls import ToolCall, call_tool, parse_tool_calls, tool_call_style
+from rlzoo.contract.tool_schema import registered_tools
 from rlzoo_plugins.tools import calculator
 
 ROOT = Path(__file__).parents[1]

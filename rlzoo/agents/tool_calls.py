@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlzoo.agents.sandbox import run_in_subprocess, run_in_thread
-from rlzoo.contract.tool_schema import Tool, argument_error, registered_tools  # noqa: F401 - registered_tools: its home
+from rlzoo.contract.tool_schema import Tool, argument_error
 
 STYLES = ("hermes", "plain")
 """The tool-call formats :func:`parse_tool_calls` reads."""
