@@ -12,6 +12,7 @@ and branches on nothing else; ``rlzoo config`` prints it, every run writes it to
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -56,7 +57,7 @@ def load_config(registry: Registry, overrides: list[str] | None = None, config_f
     :class:`~rlzoo.core.errors.ConfigError` on any bad input or inconsistent combination,
     before anything is built or written."""
     resolved = resolve_config(registry, overrides, config_file, base, base_label)
-    fields = {name: getattr(resolved, name) for name in resolved.__dataclass_fields__}
+    fields = {f.name: getattr(resolved, f.name) for f in dataclasses.fields(resolved)}
     return PlannedConfig(**fields, plan=build_plan(resolved))
 
 
