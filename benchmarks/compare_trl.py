@@ -176,7 +176,7 @@ def smollm2_assets(cache: Path, gguf: Path | None = None) -> tuple[Path, Path]:
     if not (data.is_file() and evals.is_file()):
         resolved = load_config(build_registry(make_plugin_manager()),
                                [f"model.path={model_dir}", SMOLLM2_TASK, "answer_format=last_number"])
-        task, prompt_format = resolved.build("task"), PromptFormat.for_run(resolved)
+        task, prompt_format = resolved.build("task"), PromptFormat.of(resolved.plan.prompt)
         tokenizer, holdout = load_tokenizer(model_dir), Holdout(float(resolved.cfg.eval.holdout))
         answer = answer_of("smollm2")
         for path, examples in ((data, task.sample_train(SMOLLM2_PROMPTS, random.Random(0), holdout)),
@@ -234,7 +234,7 @@ def worker_rlzoo(model_dir: Path, data: Path, spec: dict, kl: float, steps: int,
     (the first ``size`` of them, default all: ``eval.size``) at the default ``eval.n``."""
     from transformers.utils import logging as hf_logging
 
-    from rlzoo.plan.planner import load_config
+    from rlzoo.plan.run_input import load_run
     from rlzoo.run.evaluation import EVAL_TIME_TAG, Evaluator
     from rlzoo.contract.loading import build_registry, make_plugin_manager
     from rlzoo.tasks.task import Example
@@ -253,7 +253,7 @@ def worker_rlzoo(model_dir: Path, data: Path, spec: dict, kl: float, steps: int,
         *(["trainer.precision=bf16", "rollout.dtype=bfloat16"] if bf16 else []),
         *(["model.chat_template=false"] if spec.get("model") == "smollm2" else []),  # the prompts are rendered
     ]
-    trainer = Trainer(load_config(registry, overrides), pm)
+    trainer = Trainer(load_run(registry, overrides), pm)
     learner, models = trainer.learner, trainer.models
     phases: dict[str, float] = {}
     lengths: list[int] = []
@@ -291,7 +291,7 @@ def worker_rlzoo(model_dir: Path, data: Path, spec: dict, kl: float, steps: int,
     def evaluate(size: int | None = None) -> dict:
         rows = [json.loads(line) for line in smollm2_eval_path(data).read_text().splitlines()][:size]
         examples = [Example(prompt=row["prompt"], reference=row["answer"]) for row in rows]
-        evaluator = Evaluator(examples, trainer.sampler, trainer.cfg, trainer.dist)
+        evaluator = Evaluator(examples, trainer.sampler, trainer.plan.eval, trainer.dist)
         return {"eval_s": evaluator.run(trainer.step)[EVAL_TIME_TAG], "eval_prompts": len(examples),
                 "eval_n": evaluator.n}
 

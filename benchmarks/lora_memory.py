@@ -26,6 +26,7 @@ from pathlib import Path
 CHILD = """
 import json, resource, sys
 from rlzoo.commands.cli import main
+from rlzoo.plan.run_input import load_run
 from rlzoo.contract.loading import load_registry
 argv = json.loads(sys.argv[1])
 load_registry()
@@ -44,9 +45,10 @@ def peak(stage):
 
 pm, registry = load_registry()
 peak("imported")
-trainer = Trainer(load_config(registry, json.loads(sys.argv[1])), pm)
+trainer = Trainer(load_run(registry, json.loads(sys.argv[1])), pm)
 peak("models built")
-trainer.run_dir.start(trainer.cfg, trainer.plan.render(), trainer.models.saveable_initial(), trainer.models.tokenizer)
+trainer.run_dir.start(trainer.run_input.setup.config_yaml, trainer.plan.render(), trainer.models.saveable_initial(),
+                      trainer.models.tokenizer)
 peak("init_model/ written")
 batch = trainer.sampler.sample(trainer.ctx.prompts)
 peak("rollout")

@@ -180,6 +180,7 @@ def train_trl(model_dir: Path, seed: int, args: argparse.Namespace, out: Path) -
     from trl import GRPOConfig, GRPOTrainer
 
     from rlzoo.plan.planner import load_config
+    from rlzoo.plan.run_input import engine_input
     from rlzoo.contract.loading import build_registry, make_plugin_manager
     from rlzoo.run.trainer import Trainer
 
@@ -190,8 +191,8 @@ def train_trl(model_dir: Path, seed: int, args: argparse.Namespace, out: Path) -
     shutil.rmtree(state_dir, ignore_errors=True)
     resolved = load_config(build_registry(pm), [*rlzoo_overrides(model_dir, seed, args), f"run_dir={state_dir}",
                                                "checkpoint.every=0"])
-    ours = Trainer(resolved, pm)  # builds rlzoo's LoRA policy, task, prompt format, rewards and evaluator
-    cfg, sampler, evaluator = ours.cfg, ours.sampler, ours.evaluator
+    ours = Trainer(engine_input(resolved), pm)  # builds rlzoo's LoRA policy, task, prompt format, rewards and evaluator
+    cfg, sampler, evaluator = resolved.cfg, ours.sampler, ours.evaluator
     settings = trl_settings(cfg)
     policy = ours.models.policy
     print(f"race_trl: seed {seed}, plan of both systems:", *plan_lines(cfg, settings, policy.peft_config["default"]),

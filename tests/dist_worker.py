@@ -13,7 +13,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-from rlzoo.plan.planner import load_config
+from rlzoo.plan.run_input import load_run
 from rlzoo.core.distributed import full_state_dict, is_sharded, local_value
 from rlzoo.contract.loading import build_registry, make_plugin_manager
 from rlzoo.run.trainer import Trainer
@@ -24,7 +24,7 @@ def main(spec_path: str) -> None:
     pm = make_plugin_manager()
     registry = build_registry(pm)
     for case in cases:
-        trainer = Trainer(load_config(registry, case["overrides"]), pm)
+        trainer = Trainer(load_run(registry, case["overrides"]), pm)
         batch = torch.load(case["batch"], weights_only=False)
         rank, world = trainer.dist.rank, trainer.dist.world
         share = len(batch) // world

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from rlzoo.run.resume import with_added_keys
+from rlzoo.plan.run_input import engine_input, load_run
 from rlzoo.plan.planner import load_config
 from rlzoo.core.errors import ConfigError
 from rlzoo.tasks.prompts import PromptFormat
@@ -59,8 +60,7 @@ def test_exact_line_and_plain() -> None:
 
 
 def _rewards(*overrides: str) -> Rewards:
-    resolved = load_config(REGISTRY, ["eval.size=0", *overrides])
-    return Rewards.for_run(resolved)
+    return Rewards.of(load_run(REGISTRY, ["eval.size=0", *overrides]).components)
 
 
 def test_exact_match_compares_the_formats_answer_and_none_scores_zero() -> None:
@@ -131,7 +131,7 @@ def test_prompt_format_defaults_leave_the_prompt_unchanged() -> None:
     plain = SimpleNamespace(chat_template=None)
     assert PromptFormat().render("123=", plain) == "123="
     assert PromptFormat().render(Example("123=", "123"), plain) == "123="
-    assert PromptFormat.for_run(load_config(REGISTRY, [])).render("531=", plain) == "531="
+    assert PromptFormat.of(load_config(REGISTRY, []).plan.prompt).render("531=", plain) == "531="
 
 
 def test_instruction_system_prompt_and_chat_template() -> None:
@@ -156,7 +156,7 @@ def test_chat_messages_keep_their_turns_and_own_system_turn() -> None:
 def test_the_answer_formats_hint_reaches_the_prompt() -> None:
     resolved = load_config(REGISTRY, ["answer_format=answer_tag", 'task.instruction="Solve {question}. {format}"'])
     assert resolved.cfg.task.instruction == "Solve {question}. {format}"
-    text = PromptFormat.for_run(resolved).render("1+1", SimpleNamespace(chat_template=None))
+    text = PromptFormat.of(resolved.plan.prompt).render("1+1", SimpleNamespace(chat_template=None))
     assert text == "Solve 1+1. Give your final answer between <answer> and </answer>."
 
 
@@ -210,5 +210,5 @@ def test_a_config_saved_before_these_keys_existed_still_loads() -> None:
     del saved["task"]["instruction"]
     resolved = load_config(REGISTRY, [], base=with_added_keys(saved))     # what resume= does
     assert resolved.components["answer_format"].name == "plain" and resolved.cfg.model.system_prompt is None
-    assert Rewards.for_run(resolved).answers([" 1 "]) == [" 1 "]      # no format: the completion
-    assert PromptFormat.for_run(resolved).render("12=", SimpleNamespace(chat_template=None)) == "12="
+    assert Rewards.of(engine_input(resolved).components).answers([" 1 "]) == [" 1 "]      # no format: the completion
+    assert PromptFormat.of(resolved.plan.prompt).render("12=", SimpleNamespace(chat_template=None)) == "12="

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from rlzoo.config.params import build_params
+from rlzoo.plan.run_input import engine_input
 from rlzoo.plan.planner import load_config
 from rlzoo.core.errors import ConfigError
 from rlzoo.contract.loading import build_registry, make_plugin_manager, module_plugin
@@ -103,7 +104,7 @@ def test_a_bf16_rollout_is_a_real_gap_that_the_corrections_see(tmp_path: Path) -
 
     resolved = load_config(REGISTRY, ["rollout.dtype=bfloat16", "rollout_correction={name: tis, cap: 1.001}",
                                       f"run_dir={tmp_path}", "logging.progress=false"])
-    trainer = Trainer(resolved, REGISTRY_PM)
+    trainer = Trainer(engine_input(resolved), REGISTRY_PM)
     try:
         metrics = trainer.train_step()
     finally:
@@ -185,7 +186,7 @@ def test_the_engine_multiplies_the_weights_only_into_losses_that_do_not_take_the
         resolved = load_config(build_registry(pm), [*TINY, f"policy_loss={loss}", "rollout_correction=zero_weights",
                                                     "kl.coef=0", "eval.size=0", f"run_dir={tmp_path / loss}"])
         assert resolved.plan.correction_in_loss is moves
-        trainer = Trainer(resolved, pm)
+        trainer = Trainer(engine_input(resolved), pm)
         try:
             before = [p.detach().clone() for p in trainer.models.policy.parameters()]
             trainer.train_step()

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from rlzoo.core import distributed
+from rlzoo.plan.run_input import engine_input, load_run
 from rlzoo.plan.planner import load_config
 from rlzoo.learn.correcting import Corrections, offpolicy_metrics
 from rlzoo.core.errors import ConfigError
@@ -158,7 +159,7 @@ def _batch(x: list[list[float]], mask: list[list[float]]) -> SimpleNamespace:
 
 def _apply(corrections: str, batch: SimpleNamespace) -> dict[str, float]:
     resolved = load_config(REGISTRY, [f"rollout_correction={corrections}", "rollout.dtype=bfloat16"])
-    return Corrections(resolved, distributed.DistInfo()).apply_to_batch(batch)
+    return Corrections(resolved.plan.corrections, distributed.DistInfo()).apply_to_batch(batch)
 
 
 ROW = [[LOG(3.0), 0.2, -0.3, 0.0, 5.0]]                                       # k2: 0.603, 0.02, 0.045, 0 (+ pad)
@@ -274,7 +275,7 @@ def test_a_composed_run_logs_each_correction_and_the_offpolicy_metrics(tmp_path:
     resolved = load_config(REGISTRY, [*TINY, "rollout.dtype=bfloat16", f"run_dir={tmp_path}", "eval.size=0",
                                       "rollout_correction=[{name: icepop, low: 0.999, high: 1.001}, "
                                       "{name: rejection, level: token, threshold: 1e-7, mode: mask}, opmask]"])
-    trainer = Trainer(resolved, PM)
+    trainer = Trainer(engine_input(resolved), PM)
     try:
         metrics = trainer.train_step()
     finally:
@@ -295,7 +296,7 @@ def test_a_bypass_run_takes_the_rollout_log_probs_as_old(tmp_path: Path) -> None
 
     resolved = load_config(REGISTRY, [*TINY, "rollout.dtype=bfloat16", f"run_dir={tmp_path}", "eval.size=0",
                                       "trainer.old_logp=rollout", "trainer.num_mini_batches=2", "kl.coef=0"])
-    trainer = Trainer(resolved, PM)
+    trainer = Trainer(engine_input(resolved), PM)
     try:
         batch = trainer.sampler.sample(trainer.ctx.prompts)
         metrics = trainer.learn(batch)
@@ -336,7 +337,7 @@ def test_two_ranks_normalise_and_reject_over_the_global_batch(tmp_path: Path) ->
             "model.hidden_size=32", "model.intermediate_size=64", "loss_agg=seq-mean-token-mean", "eval.size=0",
             "rollout.dtype=bfloat16", "rollout_correction=[{name: tis, normalize: true, cap: 1.0005}, "
             "{name: rejection, level: token, threshold: 1e-7, mode: mask}]"]
-    trainer = Trainer(load_config(REGISTRY, [*args, f"run_dir={tmp_path / 'one'}"]), PM)
+    trainer = Trainer(load_run(REGISTRY, [*args, f"run_dir={tmp_path / 'one'}"]), PM)
     batch = trainer.sampler.sample(4)
     scores = torch.rand(len(batch), generator=torch.Generator().manual_seed(7))
     batch.scores, batch.rewards = scores, scores.clone()

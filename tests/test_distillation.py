@@ -12,6 +12,7 @@ from safetensors.torch import load_file
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from rlzoo.commands.cli import main
+from rlzoo.plan.run_input import load_run
 from rlzoo.plan.planner import load_config
 from rlzoo.core.errors import ConfigError
 import zoo
@@ -224,7 +225,7 @@ def test_forward_topk_to_the_teacher_hand_computed_with_padding_and_an_empty_res
     from rlzoo.learn.learner import _WeightedMeans
     from rlzoo.run.trainer import Trainer
 
-    trainer = Trainer(load_config(REGISTRY, [
+    trainer = Trainer(load_run(REGISTRY, [
         *TINY, "seed=1", f"run_dir={tmp_path / 'r'}", "kl.coef=1.0", "kl.target=teacher", "loss_agg=token-mean",
         f"kl.estimator={{name: forward_topk, topk: {10**6 if topk == 'vocab' else topk}}}",
         f"teacher.path={teacher_run / 'init_model'}"]), zoo.PM)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rlzoo.plan.planner import load_config
+from rlzoo.plan.run_input import load_run
 from rlzoo.contract.loading import build_registry, make_plugin_manager
 from rlzoo.run.trainer import Trainer
 
@@ -60,7 +60,7 @@ def test_two_ranks_equal_one_process_after_one_update(tmp_path: Path, strategy: 
     chosen = CASES if strategy == "ddp" else FSDP_CASES
     for name, overrides in chosen.items():
         args = [*COMMON, *overrides, f"distributed.strategy={strategy}"]
-        trainer = Trainer(load_config(registry, [*args, f"run_dir={tmp_path / name}"]), pm)
+        trainer = Trainer(load_run(registry, [*args, f"run_dir={tmp_path / name}"]), pm)
         batch = trainer.sampler.sample(4)
         if "env=guess" in overrides:  # the episodes hold environment tokens, out of the loss mask
             assert (batch.response_mask - batch.loss_mask).sum() > 0

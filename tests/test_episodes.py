@@ -13,6 +13,7 @@ import torch
 
 from rlzoo.commands.cli import main
 from rlzoo.plan.planner import load_config
+from rlzoo.plan.run_input import engine_input, load_run
 from rlzoo.agents.environment import Environment, StepResult
 from rlzoo.agents.episodes import EpisodeFormat, EpisodeLimits, episode_tensors, play, registered_tools
 from rlzoo.core.errors import ConfigError
@@ -196,7 +197,7 @@ def test_a_tools_env_without_usable_tools_is_refused_before_the_run_directory(ca
 def test_plan_names_the_masks_of_an_episode_run() -> None:
     plan = load_config(REGISTRY, ENV).plan
     assert plan.episodes is not None and plan.sampled_mask == "loss_mask"
-    assert set(plan.masks.values()) == {"loss_mask"}
+    assert {term.mask for term in plan.terms.values()} == {"loss_mask"}
     assert "loss_mask = the policy's sampled tokens only" in plan.render()
     assert load_config(REGISTRY, []).plan.episodes is None
 
@@ -208,7 +209,7 @@ def _learn(tmp_path: Path, name: str, perturb: str | None) -> dict[str, torch.Te
     resolved = load_config(REGISTRY, [*TINY_ENV, "env=feedback_test", f"run_dir={tmp_path / name}", "eval.size=0",
                                       "trainer.old_logp=rollout", "trainer.num_mini_batches=2", "kl.coef=0.1",
                                       "trainer.entropy_coef=0.01", "rollout_correction=opmask"])
-    trainer = Trainer(resolved, PM)
+    trainer = Trainer(engine_input(resolved), PM)
     try:
         torch.manual_seed(0)
         batch = trainer.sampler.sample(trainer.ctx.prompts)
@@ -235,7 +236,7 @@ def test_no_gradient_reaches_an_environment_token(tmp_path: Path) -> None:
 def test_a_run_trains_and_evaluates_on_episodes(tmp_path: Path) -> None:
     resolved = load_config(REGISTRY, [*TINY_ENV, "env=feedback_test", f"run_dir={tmp_path / 'run'}", "eval.size=4",
                                       "eval.n=2"])
-    trainer = Trainer(resolved, PM)
+    trainer = Trainer(engine_input(resolved), PM)
     try:
         metrics = trainer.train_step()
         assert 1 <= metrics["episode/turns"] <= 3 and metrics["episode/env_tokens"] > 0
@@ -374,7 +375,7 @@ def test_the_calculator_demonstrates_a_call_then_the_answer_and_sft_trains_on_it
     assert episode.policy == [1] * 6 + [0] * 6 + [1] * 5 and episode.logp == [0.0] * len(episode.tokens)
 
     resolved = load_config(REGISTRY, [*TINY_ENV, "task.digits=2"])
-    batch = _demonstrations(resolved, tokenizer, PromptFormat(), "answer")
+    batch = _demonstrations(engine_input(resolved), tokenizer, PromptFormat(), "answer")
     _, _, ids, response_mask, loss_mask = batch([Example("37*48=", "1776"), Example("2*3=", "6")])
     assert tokenizer.decode(ids[1][response_mask[1].bool()]) == "2*3</s>=6;6</s>"
     assert loss_mask[1].tolist() == [1] * 4 + [0] * 3 + [1] * 2 + [0] * 8  # the loss skips the observation
@@ -382,18 +383,18 @@ def test_the_calculator_demonstrates_a_call_then_the_answer_and_sft_trains_on_it
     needs = (r"needs 2 turn\(s\), 6 tokens in its longest turn \(end of turn included\) and 17 tokens after the "
              r"prompt: raise rollout.max_turns=1 to 2$")  # 37*48</s> =1776; 1776</s>
     with pytest.raises(ConfigError, match=needs):
-        _demonstrations(load_config(REGISTRY, [*TINY_ENV, "rollout.max_turns=1"]), tokenizer, PromptFormat(),
+        _demonstrations(load_run(REGISTRY, [*TINY_ENV, "rollout.max_turns=1"]), tokenizer, PromptFormat(),
                         "answer")([Example("37*48=", "1776")])
-    assert _demonstrations(load_config(REGISTRY, TINY), tokenizer, PromptFormat(), "answer") is None
+    assert _demonstrations(load_run(REGISTRY, TINY), tokenizer, PromptFormat(), "answer") is None
     chat = chat_tokenizer()  # under a chat template: a <tool_call>, its ids those of the rendered conversation
     resolved = load_config(REGISTRY, [*TINY_ENV, "rollout.max_turn_tokens=200", "rollout.max_new_tokens=1000"])
-    _, _, ids, response_mask, loss_mask = _demonstrations(resolved, chat, PromptFormat(), "answer")(
+    _, _, ids, response_mask, loss_mask = _demonstrations(engine_input(resolved), chat, PromptFormat(), "answer")(
         [Example("37*48=", "1776")])
     assert chat.decode(ids[0][loss_mask[0].bool()]) == (
         '<tool_call>{"name": "calculator", "arguments": {"expression": "37*48"}}</tool_call><|im_end|>1776<|im_end|>')
     chat.chat_template = QWEN_STYLE.replace("{{ m.content }}<|im_end|>", "{{ m.content | upper }}<|im_end|>")
     with pytest.raises(ConfigError, match="retokenisation drift"):
-        _demonstrations(resolved, chat, PromptFormat(), "answer")([Example("37*48=", "1776")])
+        _demonstrations(engine_input(resolved), chat, PromptFormat(), "answer")([Example("37*48=", "1776")])
 
     out = tmp_path / "sft"
     assert main(["sft", *TINY_ENV, "--steps", "2", "--out", str(out)]) == 0, capsys.readouterr().err

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from pathlib import Path
@@ -14,6 +15,7 @@ from safetensors.torch import load_file
 from rlzoo.commands.cli import main
 from rlzoo.core.errors import ConfigError
 from rlzoo.run import evaluation
+from rlzoo.plan.settings import EvalPlan
 from rlzoo.run.evaluation import Evaluator, pass_at_k
 from rlzoo.plan.planner import RolloutPlan
 from rlzoo.rollout.sampler import Sampler
@@ -188,9 +190,9 @@ def test_evaluator_metrics_hand_computed(monkeypatch: pytest.MonkeyPatch) -> Non
     answers = {"a": ("1.0", ["1.0", "0.0", "0.0", "1.0"]),    # greedy correct, 2 of 4 samples
                "b": ("0.5", ["0.0", "0.0", "0.0", "0.0"]),    # partial credit is not correct
                "c": ("0.0", ["1.0", "1.0", "1.0", "1.0"])}
-    cfg = SimpleNamespace(eval=SimpleNamespace(every=10, n=4, threshold=1.0))
+    plan = EvalPlan(size=3, n=4, every=10, threshold=1.0, holdout=0.1)
     examples = [Example(p, None) for p in answers]
-    evaluator = Evaluator(examples, _ScriptedSampler(answers), cfg, SimpleNamespace(world=1, rank=0, enabled=False))
+    evaluator = Evaluator(examples, _ScriptedSampler(answers), plan, SimpleNamespace(world=1, rank=0, enabled=False))
     clock = iter([100.0, 102.5])                                   # the evaluation's start and end
     monkeypatch.setattr(evaluation.time, "perf_counter", lambda: next(clock))
     metrics = evaluator.run(step=10)
@@ -202,8 +204,8 @@ def test_evaluator_metrics_hand_computed(monkeypatch: pytest.MonkeyPatch) -> Non
     assert metrics["eval/sampled_score"] == pytest.approx(6 / 12)
     assert metrics["timing/eval_s"] == pytest.approx(2.5)
     assert [s.completion for s in evaluator.samples] == ["1.0", "0.5", "0.0"]
-    cfg.eval.threshold = 0.5                                      # a threshold for partial credit
-    assert Evaluator(examples, _ScriptedSampler(answers), cfg, evaluator.dist).run(1)[
+    plan = dataclasses.replace(plan, threshold=0.5)               # a threshold for partial credit
+    assert Evaluator(examples, _ScriptedSampler(answers), plan, evaluator.dist).run(1)[
         "eval/greedy_accuracy"] == pytest.approx(2 / 3)
     assert evaluator.due(10, last=False) and not evaluator.due(11, last=False) and evaluator.due(11, last=True)
 
@@ -276,10 +278,8 @@ def test_a_task_holding_out_fewer_prompts_than_eval_size_is_evaluated_on_those_w
     holdout = Holdout(0.5)
     held = sorted({e.prompt for e in Ten().eval_set(100, holdout)})
     assert 0 < len(held) < 10
-    cfg = SimpleNamespace(eval=SimpleNamespace(size=100, holdout=0.5, every=10, n=0, threshold=1.0),
-                          rollout=SimpleNamespace(prompts_per_step=2, n=2, max_new_tokens=3, temperature=1.0,
-                                                  top_p=1.0))
+    plan = EvalPlan(size=100, n=0, every=10, threshold=1.0, holdout=0.5)
     dist = SimpleNamespace(world=1, rank=0, enabled=False, is_main=True)
-    evaluator = Evaluator.build(cfg, Ten(), "ten", _ScriptedSampler({}), dist)
+    evaluator = Evaluator.build(plan, Ten(), "ten", _ScriptedSampler({}), dist)
     assert sorted(e.prompt for e in evaluator.examples) == held
     assert f"eval.size=100 but task 'ten' holds out only {len(held)} prompts" in capsys.readouterr().err

@@ -932,7 +932,7 @@ def test_a_bad_interpolation_or_yaml_tag_is_one_line(capsys, tmp_path: Path, ove
 @SLOW
 def test_interpolations_are_stored_resolved_and_compare_never_resolves(capsys, tmp_path: Path,
                                                                        monkeypatch) -> None:
-    from rlzoo.run.tracking import flatten_config
+    from rlzoo.plan.hparams import flatten_config
 
     monkeypatch.setenv("RLZOO_TEST_NAME", "from-the-environment")
     run_dir = tmp_path / "run"

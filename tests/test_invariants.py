@@ -61,7 +61,7 @@ def test_registered_component_keeps_the_invariants(component, tmp_path) -> None:
 
 def test_every_kind_is_checked_here_or_named_with_where_it_is_tested() -> None:
     """A new kind in the contract fails this until it has invariant checks or a named test."""
-    assert set(CHECKED_KINDS) == set(testing._CHECKS)
+    assert set(CHECKED_KINDS) == set(testing.KIND_CHECKS)
     for kind in KINDS.values():
         if kind.name not in CHECKED_KINDS:
             test_file = ROOT / kind.tested_in.split(" ")[0]

@@ -17,6 +17,7 @@ import yaml
 from safetensors.torch import load_file
 
 from rlzoo.commands.cli import main
+from rlzoo.plan.run_input import engine_input, load_run
 from rlzoo.plan.planner import load_config
 from rlzoo.core.errors import ConfigError
 from rlzoo.core.events import read_scalars
@@ -41,7 +42,7 @@ def _error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:
 
 
 def _trainer(tmp_path: Path, *overrides: str, name: str = "run") -> Trainer:
-    return Trainer(load_config(REGISTRY, [*TINY, *QUIET, *LORA, *overrides, f"run_dir={tmp_path / name}"]), PM)
+    return Trainer(load_run(REGISTRY, [*TINY, *QUIET, *LORA, *overrides, f"run_dir={tmp_path / name}"]), PM)
 
 
 def _logp(model: torch.nn.Module, batch) -> torch.Tensor:
@@ -189,7 +190,7 @@ def test_the_first_step_equals_full_finetuning_at_b_zero(tmp_path: Path) -> None
     """At step 0 the adapted policy is the base one (B = 0): the same rollout, rewards and
     old log-probs as a run without adapters, from the same seed."""
     lora = _trainer(tmp_path, "trainer.num_mini_batches=2", name="lora")
-    full = Trainer(load_config(REGISTRY, [*TINY, *QUIET, "trainer.num_mini_batches=2",
+    full = Trainer(load_run(REGISTRY, [*TINY, *QUIET, "trainer.num_mini_batches=2",
                                           f"run_dir={tmp_path / 'full'}"]), PM)
     state = torch.get_rng_state()
     a = lora.sampler.sample(lora.ctx.prompts)
@@ -232,7 +233,7 @@ def test_export_merges_adapters_into_a_model_that_model_path_loads(tmp_path: Pat
     assert f"wrote {out} from {run / 'checkpoints' / 'step_000002'}" in capsys.readouterr().out
     assert not (out / "adapter_config.json").exists()
     merged, _ = load_pretrained(out)
-    trainer = Trainer(load_run_config(REGISTRY, [f"resume={run}"]), PM)  # the base + the step-2 adapters
+    trainer = Trainer(engine_input(load_run_config(REGISTRY, [f"resume={run}"])), PM)  # the base + the step-2 adapters
     batch = trainer.sampler.sample(trainer.ctx.prompts)
     trainer.models.policy.eval()
     adapted = _logp(trainer.models.policy, batch)
@@ -241,7 +242,7 @@ def test_export_merges_adapters_into_a_model_that_model_path_loads(tmp_path: Pat
     torch.testing.assert_close(_logp(merged, batch), adapted, rtol=0, atol=1e-5)
     trainer.close()
     # model.path loads it as a plain model: a new run starts from the merged weights
-    again = Trainer(load_config(REGISTRY, [*TINY, *QUIET, f"model.path={out}", f"run_dir={tmp_path / 'again'}"]), PM)
+    again = Trainer(load_run(REGISTRY, [*TINY, *QUIET, f"model.path={out}", f"run_dir={tmp_path / 'again'}"]), PM)
     torch.testing.assert_close(_logp(again.models.policy, batch), adapted, rtol=0, atol=1e-5)
     again.close()
     assert "exists and is not an empty directory" in _error(capsys, ["export", str(run), str(out)])
@@ -335,7 +336,7 @@ def test_two_ddp_ranks_equal_one_process(tmp_path: Path) -> None:
     global batch: the adapters' gradients are all-reduced, the frozen base has none."""
     args = [*TINY, *QUIET, *LORA, "algo=grpo", "loss_agg=seq-mean-token-mean", "trainer.micro_batch_size=3",
             "trainer.num_mini_batches=1"]
-    trainer = Trainer(load_config(REGISTRY, [*args, f"run_dir={tmp_path / 'one'}"]), PM)
+    trainer = Trainer(load_run(REGISTRY, [*args, f"run_dir={tmp_path / 'one'}"]), PM)
     batch = trainer.sampler.sample(4)
     scores = torch.rand(len(batch), generator=torch.Generator().manual_seed(7))
     batch.scores, batch.rewards = scores, scores.clone()

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from rlzoo.contract import hookspecs
+from rlzoo.plan.run_input import engine_input
 from rlzoo.core.errors import DuplicateComponentError, PluginError, UnknownComponentError
 from rlzoo.contract.loading import build_registry, make_plugin_manager, module_plugin
 from rlzoo.contract.registry import Registry
@@ -123,7 +124,7 @@ def test_plugins_md_snippets_run_and_its_extension_example_trains(tmp_path: Path
         resolved = load_config(registry, ["extensions=[{name: length_bonus, per_token: 0.5}]",
                                           f"run_dir={tmp_path / 'r'}", "model.hidden_size=32", "model.num_layers=1",
                                           "rollout.prompts_per_step=2", "rollout.n=2"])
-        trainer = Trainer(resolved, pm)
+        trainer = Trainer(engine_input(resolved), pm)
         metrics = trainer.train_step()
         trainer.close()
         assert metrics["length_bonus/mean"] > 0 and metrics["reward/shaped_mean"] > metrics["reward/mean"]
@@ -473,7 +474,7 @@ def test_extensions_run_in_list_order_then_modules_and_see_each_others_changes(t
         resolved = load_config(registry, [f"plugins=[{name}]", f"extensions=[{', '.join(order)}]",
                                           f"run_dir={tmp_path / '-'.join(order)}", "model.hidden_size=32",
                                           "model.num_layers=1", "rollout.prompts_per_step=2", "rollout.n=2"])
-        trainer = Trainer(resolved, pm)
+        trainer = Trainer(engine_input(resolved), pm)
         try:
             trainer.train_step()
             assert trainer.ctx.state["order"] == [*order, "module"]
@@ -509,6 +510,6 @@ def rlzoo_register_policy_losses(register):
                                       "model.hidden_size=32", "model.num_layers=1", "rollout.prompts_per_step=2",
                                       "rollout.n=2"])
     assert "reference" in resolved.plan.models and resolved.plan.runs("ref_logp")
-    trainer = Trainer(resolved, pm)
+    trainer = Trainer(engine_input(resolved), pm)
     trainer.train_step()
     assert importlib.import_module(name).SEEN == [True]

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from rlzoo.commands.cli import main
+from rlzoo.plan.run_input import load_run
 from rlzoo.plan.planner import load_config
 from rlzoo.commands.explain import presets_markdown
 from rlzoo.contract.loading import build_registry, make_plugin_manager
@@ -118,7 +119,7 @@ REG = build_registry(PM)
 
 
 def _trainer(run_dir: Path, *overrides: str) -> Trainer:
-    return Trainer(load_config(REG, ["algo=grpo", f"run_dir={run_dir}", "logging.progress=false", *overrides]), PM)
+    return Trainer(load_run(REG, ["algo=grpo", f"run_dir={run_dir}", "logging.progress=false", *overrides]), PM)
 
 
 def _scored_batch(run_dir: Path):

@@ -11,6 +11,7 @@ import pytest
 pytest.importorskip("reasoning_gym")
 
 from rlzoo.commands.cli import main  # noqa: E402
+from rlzoo.plan.run_input import engine_input
 from rlzoo.plan.planner import load_config  # noqa: E402
 from rlzoo.core.errors import ConfigError  # noqa: E402
 from rlzoo.rollout.scoring import Rewards  # noqa: E402
@@ -60,7 +61,7 @@ def test_held_out_prompts_come_from_the_eval_seed_and_are_never_trained_on() -> 
 
 def test_the_reward_is_the_datasets_score_answer_on_the_extracted_answer() -> None:
     resolved, task = _build(ARITH, "answer_format=answer_tag")
-    rewards = Rewards.for_run(resolved)
+    rewards = Rewards.of(engine_input(resolved).components)
     e = task.sample(1, random.Random(0))[0]
     completions = [f"<answer>{e.reference}</answer>", f"{e.reference}", "<answer>nonsense</answer>"]
     scores, _ = rewards.score([e.prompt] * 3, completions, [e.reference] * 3, [dict(e.row)] * 3)

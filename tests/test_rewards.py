@@ -17,7 +17,7 @@ from rlzoo.commands.cli import main
 from rlzoo.plan.planner import load_config
 from rlzoo.core.errors import ConfigError, TrainingError
 from rlzoo.rollout.scoring import Rewards
-from rlzoo.run.tracking import effective_hparams
+from rlzoo.plan.hparams import effective_hparams
 import zoo
 from zoo import REGISTRY
 

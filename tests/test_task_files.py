@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from rlzoo.plan.planner import load_config
+from rlzoo.plan.run_input import engine_input
 from rlzoo.core.errors import ConfigError
 from rlzoo.tasks.prompts import PromptFormat
 from rlzoo.rollout.scoring import Rewards
@@ -106,7 +107,7 @@ def test_a_messages_parquet_trains_end_to_end_and_scores_its_ground_truth(capsys
     resolved = load_config(REGISTRY, [f"task={{name: file, path: {data}}}", "reward=exact_match", "eval.size=0"])
     task = resolved.build("task")
     e = task.rows[0]
-    scores, _ = Rewards.for_run(resolved).score([e.prompt], ["0"], [e.reference], [dict(e.row)])
+    scores, _ = Rewards.of(engine_input(resolved).components).score([e.prompt], ["0"], [e.reference], [dict(e.row)])
     assert scores.tolist() == [1.0]
 
 

@@ -15,7 +15,8 @@ from tensorboard.plugins.hparams import metadata
 from rlzoo.commands.compare import windows
 from rlzoo.plan.planner import load_config
 from rlzoo.commands.sweep import write_sweep_experiment
-from rlzoo.run.tracking import OFF, Progress, Tracker, custom_scalars_layout, effective_hparams, group_samples
+from rlzoo.plan.hparams import OFF, effective_hparams
+from rlzoo.run.tracking import Progress, Tracker, custom_scalars_layout, group_samples
 
 
 def _resolve(registry, *overrides: str):
@@ -75,7 +76,7 @@ def _experiment_of(registry, log_dir: Path, runs, swept) -> dict[str, bool]:
 def test_a_run_writes_its_hparams_layout_and_sample_tables(registry, tmp_path: Path) -> None:
     resolved = _resolve(registry, "algo=grpo", "eval.n=4")
     tracker = Tracker(str(tmp_path))
-    tracker.log_hparams(resolved.cfg, resolved.plan)
+    tracker.log_hparams(effective_hparams(resolved.cfg, resolved.plan), resolved.plan)
     batch = type("Batch", (), {})()
     batch.group_ids = torch.arange(6).repeat_interleave(5)
     batch.prompts = [f"p{g}" for g in batch.group_ids.tolist()]
@@ -95,7 +96,7 @@ def test_a_run_writes_its_hparams_layout_and_sample_tables(registry, tmp_path: P
     text = acc.Tensors("samples/text_summary")[0].tensor_proto.string_val[0].decode()
     assert text.splitlines()[0] == "| prompt | reference | completion | score |" and "| p3 | r3 | c16 |" in text
     assert metadata.EXPERIMENT_TAG in acc.PluginTagToContent(metadata.PLUGIN_NAME)
-    layout = custom_scalars_layout(resolved.cfg, resolved.plan)
+    layout = custom_scalars_layout(resolved.plan)
     assert list(layout)[0] == "reward and evaluation"
     assert list(layout["reward and evaluation"])[:4] == ["reward/mean", "eval/greedy_accuracy", "eval/pass@1",
                                                         "eval/pass@4"]
@@ -104,8 +105,8 @@ def test_a_run_writes_its_hparams_layout_and_sample_tables(registry, tmp_path: P
 
 
 def test_progress_lines_when_there_is_no_bar(registry, capsys) -> None:
-    cfg = _resolve(registry, "logging.progress=false", "trainer.total_steps=20").cfg
-    progress = Progress(cfg, 0)
+    cadence = _resolve(registry, "logging.progress=false", "trainer.total_steps=20").plan.cadence
+    progress = Progress(cadence, 0)
     for step in range(1, 21):
         progress.update(step, {"reward/mean": 0.5, "timing/step_s": 0.1, **(
             {"eval/greedy_accuracy": 0.25} if step == 20 else {})})
@@ -118,8 +119,8 @@ def test_progress_lines_when_there_is_no_bar(registry, capsys) -> None:
 def test_progress_bar_only_on_a_terminal(registry, capsys, monkeypatch, tty: bool) -> None:
     # written to a file, a tqdm bar is one huge line of carriage returns: print plain lines instead
     monkeypatch.setattr(sys.stderr, "isatty", lambda: tty)
-    cfg = _resolve(registry, "logging.progress=true", "trainer.total_steps=20").cfg
-    progress = Progress(cfg, 0)
+    cadence = _resolve(registry, "logging.progress=true", "trainer.total_steps=20").plan.cadence
+    progress = Progress(cadence, 0)
     for step in range(1, 21):
         progress.update(step, {"reward/mean": 0.5, "timing/step_s": 0.1})
     progress.close()

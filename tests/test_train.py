@@ -15,6 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 from rlzoo.run.checkpoint import list_checkpoints
+from rlzoo.plan.run_input import engine_input
 from rlzoo.commands.cli import main
 from rlzoo.core.events import read_scalars
 import zoo
@@ -263,7 +264,7 @@ def test_chat_template_of_a_local_model_is_applied(capsys, tmp_path: Path) -> No
     registry = build_registry(pm)
     for mode, expected in (("null", "123=="), ("false", "123=")):
         resolved = load_config(registry, [*TINY, f"model.path={model_dir}", f"model.chat_template={mode}"])
-        assert Trainer(resolved, pm).sampler.format_prompt("123=") == expected
+        assert Trainer(engine_input(resolved), pm).sampler.format_prompt("123=") == expected
     code, err = train(capsys, tmp_path / "second", f"model.path={model_dir}", "trainer.total_steps=1")
     assert code == 0, err
 

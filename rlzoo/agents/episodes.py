@@ -37,11 +37,10 @@ import torch
 
 from rlzoo.agents.environment import Environment, Message, tool_schemas
 from rlzoo.tasks.prompts import PromptFormat
-from rlzoo.config.resolved import ResolvedConfig
+from rlzoo.contract.checks import BoundComponent
 from rlzoo.tasks.task import Example
-from rlzoo.contract.tool_schema import Tool
+from rlzoo.contract.tool_schema import Tool, registered_tools  # noqa: F401 - registered_tools: the env's tools
 from rlzoo.agents.tool_calls import tool_call_style
-from rlzoo.contract.tool_schema import registered_tools as registered_tools_named
 
 COUNT_COLUMNS = ("turns", "tool_calls", "tool_errors", "template_drift", "turn_reward")
 """Columns of ``RolloutBatch.episode_counts``: per-episode statistics logged as ``episode/*``."""
@@ -268,20 +267,13 @@ def transcript(fmt: EpisodeFormat, episode: Episode) -> str:
     return fmt.tokenizer.decode(episode.tokens, skip_special_tokens=False)
 
 
-def registered_tools(registry: Any) -> dict[str, Tool]:
-    """Every registered tool (kind ``tool``) by name: the ``tools`` input of an environment."""
-    if registry is None:
-        return {}
-    return registered_tools_named(registry, registry.names("tool"))
-
-
-def environment_factory(resolved: ResolvedConfig, tokenizer: Any,
+def environment_factory(env: BoundComponent | None, tools: dict[str, Tool], tokenizer: Any,
                         prompt_format: PromptFormat) -> Callable[[], Environment] | None:
-    """Builds one environment of the run's ``env`` per episode (``None`` without ``env``),
-    with the inputs it names: ``tools`` (:func:`registered_tools`) and ``tool_style`` (the
-    tool-call format of the run's rendering, :func:`rlzoo.agents.tool_calls.tool_call_style`)."""
-    if resolved.components.get("env") is None:
+    """Builds one environment of the run's ``env`` (bound) per episode (``None`` without
+    ``env``), with the inputs it names: ``tools`` (every registered tool,
+    :func:`rlzoo.contract.tool_schema.registered_tools`) and ``tool_style`` (the tool-call
+    format of the run's rendering, :func:`rlzoo.agents.tool_calls.tool_call_style`)."""
+    if env is None:
         return None
-    tools = registered_tools(resolved.registry)
     style = tool_call_style(tokenizer) if EpisodeFormat(tokenizer, prompt_format).chat else "plain"
-    return lambda: resolved.build("env", tools=tools, tool_style=style)
+    return lambda: env.construct(tools=tools, tool_style=style)

@@ -191,5 +191,3 @@ def tool_call_style(tokenizer: Any) -> str:
     if isinstance(template, str) and "tools" in template and "<tool_call>" in template:
         return "hermes"
     return "plain"
-
-

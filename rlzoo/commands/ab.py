@@ -32,6 +32,7 @@ import torch
 from rlzoo.run import recording
 from rlzoo.core.batch import RolloutBatch
 from rlzoo.plan.planner import load_config
+from rlzoo.plan.run_input import engine_input
 from rlzoo.config.layers import parse_overrides, plugin_modules
 from rlzoo.config.yamlfile import read_yaml
 from rlzoo.core.errors import ConfigError, RlzooError
@@ -78,7 +79,7 @@ def _side(run_dir: Path, base: dict[str, Any], overrides: list[str], out: Path) 
     pm = make_plugin_manager(modules=plugin_modules(items, None, base=base))
     registry = build_registry(pm)
     resolved = load_config(registry, items, base=copy.deepcopy(base))
-    return Trainer(resolved, pm)
+    return Trainer(engine_input(resolved), pm)
 
 
 @torch.no_grad()

@@ -296,6 +296,7 @@ def _quiet_transformers() -> None:
 
 def _cmd_train(args: argparse.Namespace) -> int:
     from rlzoo.core.distributed import launched_by_torchrun
+    from rlzoo.plan.run_input import engine_input
     from rlzoo.run.trainer import train
 
     pm, registry, resolved = _resolve(args)
@@ -308,7 +309,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         for warning in resolved.plan.warnings:
             print(f"rlzoo: warning: {warning}", file=sys.stderr)
     _quiet_transformers()
-    train(resolved, pm, overwrite=args.overwrite)
+    train(engine_input(resolved), pm, overwrite=args.overwrite)
     return 0
 
 
@@ -317,10 +318,11 @@ def _launch_torchrun(args: argparse.Namespace, resolved, nproc: int) -> int:
     (the plan has checked that the batch splits into whole groups per process), after
     checking its run directory as the run will (so a refusal is one line, before launching)."""
     from rlzoo.commands.launcher import launch_torchrun
-    from rlzoo.run.rundir import check_run_dir, run_path
+    from rlzoo.plan.run_input import run_path
+    from rlzoo.run.rundir import check_run_dir
 
-    check_run_dir(resolved.cfg, args.overwrite)
     run_dir = run_path(resolved.cfg)
+    check_run_dir(run_dir, bool(resolved.cfg.resume), args.overwrite)
     train_args = [*(["--overwrite"] if args.overwrite else []), *args.overrides]
     if not resolved.cfg.resume and not resolved.cfg.run_dir:
         train_args.append(f"run_dir={run_dir}")  # the directory checked here, whatever the time is there

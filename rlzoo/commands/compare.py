@@ -19,8 +19,8 @@ from rlzoo.diagnostics.detectors import diagnose
 from rlzoo.diagnostics.run_record import RunRecord
 from rlzoo.core.errors import RlzooError
 from rlzoo.core.events import read_events
+from rlzoo.plan.hparams import NOT_HPARAMS, flatten_config, matches
 from rlzoo.run.rundir import check_output_dir
-from rlzoo.run.tracking import NOT_HPARAMS, flatten_config, matches
 
 MAX_INSET_LEGEND = 8
 """More groups than this: the curve figure's legend goes below the panels, in columns."""

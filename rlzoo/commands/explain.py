@@ -239,7 +239,8 @@ def presets_markdown(registry: Registry, package: str = "rlzoo") -> str:
             lines.append(f"| `{key}` | {cells[0]} | {cells[1]} | {cells[2]} |")
         update = resolved.plan.update
         kl = resolved.plan.kl
-        kl_text = "off" if kl is None else f"{kl.estimator} in the {kl.placement}, β {kl.coef} ({kl.controller})"
+        kl_text = ("off" if kl is None
+                   else f"{kl.estimator.name} in the {kl.placement}, β {kl.coef} ({kl.controller.name})")
         lines += ["", f"Plan: {update.epochs} epoch(s) × {update.mini_batches} mini-batch(es) = "
                       f"{update.optimizer_steps} optimizer step(s) per rollout of {update.sequences} sequences; "
                       f"KL {kl_text}; models: {', '.join(resolved.plan.models)}.", ""]

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from rlzoo.plan.planner import load_config
+from rlzoo.plan.run_input import engine_input
 from rlzoo.contract.loading import PluginManager
 from rlzoo.contract.registry import Registry
 from rlzoo.run.trainer import Trainer
@@ -60,7 +61,7 @@ def run_curve(registry: Registry, pm: PluginManager, overrides: list[str], steps
     the curve. ``overrides`` select the preset (``algo=...``) and anything else."""
     resolved = load_config(registry, [*overrides, *QUIET, f"seed={seed}", f"trainer.total_steps={steps}",
                                       f"run_dir={run_dir}"])
-    trainer = Trainer(resolved, pm)
+    trainer = Trainer(engine_input(resolved), pm)
     rewards, clipfrac = [], []
     start = time.perf_counter()
     try:

@@ -39,10 +39,13 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoModelForSequenceClassification
 
-from rlzoo.config.resolved import ResolvedConfig
 from rlzoo.core import distributed
 from rlzoo.core.errors import ConfigError, TrainingError
-from rlzoo.core.rng import global_rng_state, seed_everything, set_global_rng_state
+from rlzoo.core.rng import global_rng_state, set_global_rng_state
+from rlzoo.plan.planner import PlannedConfig
+from rlzoo.plan.records import RunPlan
+from rlzoo.plan.run_input import engine_input
+from rlzoo.rollout.parts import RunParts, device_type
 from rlzoo.core.tokens import left_pad
 from rlzoo.learn.learner import adamw
 from rlzoo.core.dtypes import DTYPES
@@ -151,7 +154,7 @@ def _swap_two(text: str, rng: random.Random) -> str:
     return "".join(chars)
 
 
-def task_pairs(resolved: ResolvedConfig, count: int, seed: int) -> list[Pair]:
+def task_pairs(parts: RunParts, count: int, seed: int) -> list[Pair]:
     """``count`` preference pairs over the configured task's *training* prompts (the run's
     held-out prompts excluded): for each prompt two of {the reference answer
     (``answer_text``), a well-formed unsolved answer (``format_text``), the reference with
@@ -160,12 +163,12 @@ def task_pairs(resolved: ResolvedConfig, count: int, seed: int) -> list[Pair]:
 
     :raises ConfigError: the task and reward give too few pairs with distinct scores.
     """
-    task = resolved.build("task")
-    rewards = [fn for fn, _ in resolved.reward_functions()]
+    task = parts.task
+    rewards = [fn for fn, _ in parts.reward_functions()]
     if len(rewards) != 1:
         raise ConfigError(f"rm.data={TASK_DATA} ranks answers by one reward function; reward names {len(rewards)}")
     rng = random.Random(f"rm-task/{seed}")
-    holdout = Holdout(float(resolved.cfg.eval.holdout))
+    holdout = Holdout(parts.plan.eval.holdout)
     pairs: list[Pair] = []
     for _ in range(20):
         examples = task.sample_train(count, rng, holdout)
@@ -183,7 +186,7 @@ def task_pairs(resolved: ResolvedConfig, count: int, seed: int) -> list[Pair]:
                 pairs.append(Pair(example.prompt, a if sa > sb else b, b if sa > sb else a))
         if len(pairs) == count:
             return pairs
-    raise ConfigError(f"rm.data={TASK_DATA}: task {resolved.components['task'].name!r} gave only {len(pairs)} pairs "
+    raise ConfigError(f"rm.data={TASK_DATA}: task {parts.task_name!r} gave only {len(pairs)} pairs "
                       f"of answers its reward scores differently (of {count}); give a preference file instead")
 
 
@@ -267,37 +270,36 @@ longer texts keep their last tokens (:class:`PairScorer`), so one long row canno
 model, and its attention, grow without bound."""
 
 
-def _initial_model(resolved: ResolvedConfig, pairs: list[Pair]) -> tuple[torch.nn.Module, Any]:
+def _initial_model(parts: RunParts, pairs: list[Pair]) -> tuple[torch.nn.Module, Any]:
     """The reward model to start from: ``model.path``'s backbone, or the tiny default with a
     character tokenizer over the task's alphabet and every character of the pairs."""
-    cfg = resolved.cfg
-    if cfg.model.path:
-        policy, tokenizer = load_pretrained(cfg.model.path, cfg.model.dtype)
+    model = parts.plan.model
+    if model.path:
+        policy, tokenizer = load_pretrained(model.path, model.dtype)
     else:
-        task = resolved.build("task")
-        chars = set(task.alphabet or "")
+        chars = set(parts.task.alphabet or "")
         for pair in pairs:
             chars |= _characters(pair.prompt) | _characters(pair.chosen) | _characters(pair.rejected)
         tokenizer = build_char_tokenizer("".join(sorted(chars)))
         longest = max((len(p.prompt) + max(len(p.chosen), len(p.rejected)) for p in pairs
                        if all(isinstance(x, str) for x in (p.prompt, p.chosen, p.rejected))), default=0)
-        context = max(4 * (cfg.rollout.max_new_tokens + 64), min(longest + 8, TINY_CONTEXT))
-        policy = build_tiny_model(cfg.model, tokenizer, context)
-        policy = policy.to(DTYPES[cfg.model.dtype])
+        context = max(model.tiny.max_positions, min(longest + 8, TINY_CONTEXT))
+        policy = build_tiny_model(model.tiny, tokenizer, context)
+        policy = policy.to(DTYPES[model.dtype])
     return from_causal_lm(policy), tokenizer
 
 
-def describe(cfg: Any, train: int, held: int) -> str:
-    """The ``plan.txt`` of an ``rlzoo rm`` run."""
-    backbone = cfg.model.path or f"the embedded tiny {cfg.model.arch} model ({cfg.model.num_layers} layers, " \
-                                 f"width {cfg.model.hidden_size})"
+def describe(cfg: Any, plan: RunPlan, task_name: str, train: int, held: int) -> str:
+    """The ``plan.txt`` of an ``rlzoo rm`` run (``cfg``: its ``rm`` section's keys)."""
+    backbone = plan.model.path or plan.model.tiny.describe()
+    o = plan.optimizer
     return ("# reward-model run (rlzoo rm)\n"
-            f"data: {cfg.rm.data if cfg.rm.data != TASK_DATA else f'task {cfg.task.name} ranked by its reward'}: "
+            f"data: {cfg.rm.data if cfg.rm.data != TASK_DATA else f'task {task_name} ranked by its reward'}: "
             f"{train} training pairs, {held} held out (rm.eval_fraction {cfg.rm.eval_fraction})\n"
             f"model: {backbone} with a one-output score head on the last token's hidden state (starts at 0)\n"
             f"loss: Bradley-Terry, mean over pairs of -log sigmoid(r_chosen - r_rejected - margin)\n"
-            f"update: {cfg.rm.steps} steps of {cfg.rm.batch_size} pairs, AdamW lr {cfg.trainer.lr}, "
-            f"grad norm clipped at {cfg.trainer.max_grad_norm}\n"
+            f"update: {cfg.rm.steps} steps of {cfg.rm.batch_size} pairs, AdamW lr {o.lr:g}, "
+            f"grad norm clipped at {o.max_grad_norm}\n"
             f"output: {RM_MODEL_DIR}/ (reward={{name: reward_model, path: <run_dir>/{RM_MODEL_DIR}}})\n")
 
 
@@ -316,7 +318,7 @@ def _write_model(model: torch.nn.Module, tokenizer: Any, out: Path) -> None:
         raise TrainingError(f"cannot write the reward model to {out}: {write_error(exc, out.parent)}") from exc
 
 
-def run_rm(resolved: ResolvedConfig, overwrite: bool = False) -> Path:
+def run_rm(resolved: PlannedConfig, overwrite: bool = False) -> Path:
     """Train a reward model as ``resolved.cfg.rm`` says; returns the directory it wrote.
 
     :raises ConfigError: no ``rm.data``, a bad preference file, or a run directory that
@@ -327,54 +329,50 @@ def run_rm(resolved: ResolvedConfig, overwrite: bool = False) -> Path:
         raise ConfigError("rlzoo rm trains on preference pairs: set rm.data to a .jsonl or .parquet file with "
                           f"{', '.join(COLUMNS)} (and optionally {MARGIN}) columns, or rm.data={TASK_DATA} for "
                           "pairs ranked by the task's reward")
-    pairs = task_pairs(resolved, int(cfg.rm.task_pairs), int(cfg.seed)) if cfg.rm.data == TASK_DATA \
-        else load_pairs(cfg.rm.data)
+    run = engine_input(resolved)
+    device = torch.device(device_type(run.plan.compute))
+    parts = RunParts(run, device)  # seeded, as a run builds its parts: the task, its reward, the model's shape
+    seed = run.setup.seed
+    pairs = task_pairs(parts, int(cfg.rm.task_pairs), seed) if cfg.rm.data == TASK_DATA else load_pairs(cfg.rm.data)
     warning = tie_warning(pairs, str(cfg.rm.data))
     if warning is not None:
         print(f"rlzoo: warning: {warning}", file=sys.stderr, flush=True)
     if len(pairs) < 2 and cfg.rm.eval_fraction > 0:
         raise ConfigError(f"rm.data {cfg.rm.data!r} holds {len(pairs)} pair: hold none out with rm.eval_fraction=0")
-    train_rows, held_rows = split_pairs(len(pairs), float(cfg.rm.eval_fraction), int(cfg.seed))
-    if cfg.trainer.device == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("trainer.device=cuda but no CUDA device is available")
-    device = torch.device("cuda" if cfg.trainer.device == "cuda" or (
-        cfg.trainer.device == "auto" and torch.cuda.is_available()) else "cpu")
-    if cfg.trainer.threads:
-        torch.set_num_threads(int(cfg.trainer.threads))
-    run_dir = RunDirectory(cfg, distributed.SINGLE, overwrite, trained=RM_MODEL_DIR)
+    train_rows, held_rows = split_pairs(len(pairs), float(cfg.rm.eval_fraction), seed)
+    run_dir = RunDirectory(run.setup.run_dir, run.setup.resume, distributed.SINGLE, overwrite, trained=RM_MODEL_DIR)
     try:
-        return _train(resolved, run_dir, pairs, train_rows, held_rows, device)
+        return _train(cfg, parts, run_dir, pairs, train_rows, held_rows)
     finally:
         run_dir.close()
 
 
-def _train(resolved: ResolvedConfig, run_dir: RunDirectory, pairs: list[Pair], train_rows: list[int],
-           held_rows: list[int], device: torch.device) -> Path:
-    cfg = resolved.cfg
-    seed_everything(cfg.seed)
+def _train(cfg: Any, parts: RunParts, run_dir: RunDirectory, pairs: list[Pair], train_rows: list[int],
+           held_rows: list[int]) -> Path:
+    run, device = parts.run, parts.device
+    plan, seed, o = run.plan, run.setup.seed, run.plan.optimizer
     step, state = 0, None
     if run_dir.resume_from is not None:
         state = run_dir.load_state()
         path = run_dir.resume_from / RM_MODEL_DIR
         with unreadable_model(path):  # as rlzoo train reads a checkpoint's policy: a pickle is refused
-            model = AutoModelForSequenceClassification.from_pretrained(str(path), dtype=DTYPES[cfg.model.dtype])
+            model = AutoModelForSequenceClassification.from_pretrained(str(path), dtype=DTYPES[plan.model.dtype])
             tokenizer = load_tokenizer(path)
     else:
-        model, tokenizer = _initial_model(resolved, pairs)
+        model, tokenizer = _initial_model(parts, pairs)
     model.to(device).train()
     scorer = PairScorer(model, tokenizer, cfg.rm.chat_template, device)
-    optimizer = adamw(model.parameters(), float(cfg.trainer.lr), tuple(cfg.trainer.betas),
-                      float(cfg.trainer.weight_decay))
-    plan_text = describe(cfg, len(train_rows), len(held_rows))
+    optimizer = adamw(model.parameters(), o.lr, o.betas, o.weight_decay)
+    plan_text = describe(cfg, plan, parts.task_name, len(train_rows), len(held_rows))
     models = {RM_MODEL_DIR: model, f"{RM_MODEL_DIR}:tokenizer": tokenizer}
 
     def save() -> None:
         run_dir.save_checkpoint(step, models, {"step": step, "optimizer": optimizer.state_dict(),
-                                               "rng": global_rng_state()}, keep=int(cfg.checkpoint.keep))
+                                               "rng": global_rng_state()}, keep=plan.cadence.checkpoint_keep)
 
     if state is None:
         with run_dir.starting():
-            run_dir.start(cfg, plan_text, model, tokenizer)
+            run_dir.start(run.setup.config_yaml, plan_text, model, tokenizer)
             save()
     else:
         where = run_dir.resume_from / STATE_FILE
@@ -386,7 +384,7 @@ def _train(resolved: ResolvedConfig, run_dir: RunDirectory, pairs: list[Pair], t
         except (KeyError, TypeError, ValueError, RuntimeError) as exc:
             raise ConfigError(f"{where} does not fit this run ({type(exc).__name__}: {exc}); was it written by "
                               "another run?") from exc
-        run_dir.record_resume(step, resolved.resume_changes, plan_text)
+        run_dir.record_resume(step, run.setup.resume_changes, plan_text)
     print(plan_text, end="", flush=True)
     tracker = Tracker(str(run_dir.path), purge_step=step + 1 if state is not None else None)
     held = [pairs[i] for i in held_rows]
@@ -394,13 +392,12 @@ def _train(resolved: ResolvedConfig, run_dir: RunDirectory, pairs: list[Pair], t
     try:
         while step < total:
             step += 1
-            batch = [pairs[i] for i in batch_rows(train_rows, int(cfg.rm.batch_size), step, int(cfg.seed))]
+            batch = [pairs[i] for i in batch_rows(train_rows, int(cfg.rm.batch_size), step, seed)]
             chosen, rejected, margin = scorer(batch)
             loss = bradley_terry(chosen, rejected, margin).mean()
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
-            max_norm = cfg.trainer.max_grad_norm  # null: measure the norm, never clip
-            clip = math.inf if max_norm is None else float(max_norm)
+            clip = math.inf if o.max_grad_norm is None else o.max_grad_norm  # null: measure the norm, never clip
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
             if not torch.isfinite(loss) or not torch.isfinite(grad_norm):
                 raise TrainingError(f"non-finite loss or gradient at rm step {step}; the newest checkpoint stays "
@@ -408,19 +405,19 @@ def _train(resolved: ResolvedConfig, run_dir: RunDirectory, pairs: list[Pair], t
             optimizer.step()
             metrics = {"rm/loss": float(loss.detach()), "rm/accuracy": float((chosen > rejected).float().mean()),
                        "rm/reward_gap": float((chosen - rejected).detach().mean()), "grad_norm": float(grad_norm),
-                       "lr": float(cfg.trainer.lr)}
+                       "lr": o.lr}
             last = step == total
             every = int(cfg.rm.eval_every)
             if held and (last or (every and step % every == 0)):
                 model.eval()
                 metrics.update(evaluate(scorer, held, int(cfg.rm.batch_size)))
                 model.train()
-            if step % int(cfg.logging.log_every) == 0 or last or "eval/accuracy" in metrics:
+            if step % plan.cadence.log_every == 0 or last or "eval/accuracy" in metrics:
                 tracker.log_scalars(step, metrics)
             if step == 1 or last or step % max(1, total // 10) == 0:
                 shown = " ".join(f"{k} {v:.4f}" for k, v in metrics.items() if k in ("rm/loss", "eval/accuracy"))
                 print(f"rlzoo rm: step {step}/{total} {shown}", flush=True)
-            if last or (int(cfg.checkpoint.every) and step % int(cfg.checkpoint.every) == 0):
+            if last or (plan.cadence.checkpoint_every and step % plan.cadence.checkpoint_every == 0):
                 tracker.flush()
                 save()
         out = run_dir.path / RM_MODEL_DIR

@@ -27,7 +27,6 @@ from typing import Any, Callable
 
 import torch
 
-from rlzoo.config.resolved import ResolvedConfig
 from rlzoo.core.errors import ConfigError
 from rlzoo.models.dropout import disable_dropout
 from rlzoo.agents.episodes import EpisodeFormat, EpisodeLimits, environment_factory, episode_tensors, replay
@@ -35,7 +34,9 @@ from rlzoo.learn.learner import adamw
 from rlzoo.models.logprobs import response_forward
 from rlzoo.core.masked import masked_mean
 from rlzoo.models.model_check import check_model, report
-from rlzoo.models.build import build_policy
+from rlzoo.plan.planner import PlannedConfig
+from rlzoo.plan.run_input import RunInput, engine_input
+from rlzoo.rollout.parts import RunParts
 from rlzoo.tasks.prompts import PromptFormat
 from rlzoo.core.tokens import left_pad
 from rlzoo.run.rundir import check_new_output_dir
@@ -44,7 +45,7 @@ from rlzoo.tasks.task import Example, Holdout, check_references
 TARGETS = ("answer", "format")
 
 
-def run_sft(resolved: ResolvedConfig, steps: int = 100,
+def run_sft(resolved: PlannedConfig, steps: int = 100,
             out_dir: str | None = None, target: str = "answer", batch_size: int = 64,
             lr: float | None = None) -> Path:
     """Train the configured policy (``model.*``) on ``task`` examples; returns the model dir.
@@ -63,25 +64,25 @@ def run_sft(resolved: ResolvedConfig, steps: int = 100,
     if resolved.plan.lora is not None:
         raise ConfigError(f"rlzoo sft trains every weight of the model; model.lora.rank={resolved.plan.lora.rank} "
                           "is for rlzoo train: set model.lora.rank=0")
-    cfg = resolved.cfg
-    task_name = resolved.components["task"].name
+    cfg, run = resolved.cfg, engine_input(resolved)
+    plan, seed, task_name = run.plan, run.setup.seed, run.components.task.name
     model_dir = Path(out_dir or Path("runs") / f"{cfg.run_name or 'sft'}-{task_name}" / "model")
     check_new_output_dir(model_dir, "--out" if out_dir else "the default --out")
-    task = resolved.build("task")
-    reads = target == "answer" and resolved.components.get("env") is None  # its targets are the references
+    parts = RunParts(run, torch.device("cpu"))  # seeded, as a run builds its parts
+    task = parts.task
+    reads = target == "answer" and run.components.environment is None  # its targets are the references
     for warning in check_references(task, task_name, "rlzoo sft trains on them (the text 'None')" if reads else None):
         print(f"rlzoo: warning: {warning}", file=sys.stderr, flush=True)
-    torch.manual_seed(cfg.seed)
-    rng = random.Random(cfg.seed)
-    model, tokenizer = build_policy(cfg, task)
-    prompt_format = PromptFormat.for_run(resolved)  # the instruction, system prompt and chat template RL uses
+    rng = random.Random(seed)
+    model, tokenizer = parts.models.policy, parts.models.tokenizer
+    prompt_format = parts.prompt_format  # the instruction, system prompt and chat template RL uses
     prompt_format.check(tokenizer)
     disable_dropout(model)  # as rlzoo train: the loss is on the log-probs eval mode gives
-    report("policy", check_model(model, torch.device("cpu")), summary=bool(cfg.model.path))
-    optimizer = adamw(model.parameters(), lr or cfg.trainer.lr, tuple(cfg.trainer.betas))
+    report("policy", check_model(model, torch.device("cpu")), summary=bool(plan.model.path))
+    optimizer = adamw(model.parameters(), lr or plan.optimizer.lr, plan.optimizer.betas)
     model.train()
-    holdout = Holdout(float(cfg.eval.holdout))  # never train on the prompts RL runs evaluate on
-    demonstrations = _demonstrations(resolved, tokenizer, prompt_format, target)
+    holdout = Holdout(plan.eval.holdout)  # never train on the prompts RL runs evaluate on
+    demonstrations = _demonstrations(run, tokenizer, prompt_format, target)
     for step in range(1, steps + 1):
         examples = task.sample_train(batch_size, rng, holdout)
         if demonstrations is not None:
@@ -99,13 +100,13 @@ def run_sft(resolved: ResolvedConfig, steps: int = 100,
                 response_mask[i, :len(ids)] = 1
             loss_mask = response_mask
         out = response_forward(model, prompt_ids, prompt_mask, response_ids, response_mask,
-                               chunk_size=cfg.trainer.logprob_chunk_size,
-                               keep_max_bytes=int(cfg.trainer.logprob_keep_mb * 2**20))
+                               chunk_size=plan.compute.logprob_chunk_size,
+                               keep_max_bytes=plan.compute.logprob_keep_bytes)
         loss = -masked_mean(out.logp, loss_mask)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        if cfg.trainer.max_grad_norm is not None:  # null: no clipping
-            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.trainer.max_grad_norm)
+        if plan.optimizer.max_grad_norm is not None:  # null: no clipping
+            torch.nn.utils.clip_grad_norm_(model.parameters(), plan.optimizer.max_grad_norm)
         optimizer.step()
         if step == 1 or step % max(1, steps // 10) == 0 or step == steps:
             print(f"sft step {step}/{steps}: loss {float(loss.detach()):.4f}", flush=True)
@@ -115,7 +116,7 @@ def run_sft(resolved: ResolvedConfig, steps: int = 100,
     return model_dir
 
 
-def _demonstrations(resolved: ResolvedConfig, tokenizer: Any, prompt_format: PromptFormat,
+def _demonstrations(run: RunInput, tokenizer: Any, prompt_format: PromptFormat,
                     target: str) -> Callable[[list[Example]], tuple[torch.Tensor, ...]] | None:
     """Under ``env``: a function from examples to the batch of their demonstration episodes,
     ``(prompt_ids, prompt_mask, response_ids, response_mask, loss_mask)``; ``None`` without
@@ -124,16 +125,17 @@ def _demonstrations(resolved: ResolvedConfig, tokenizer: Any, prompt_format: Pro
     :raises ConfigError: ``target=format`` (an environment has no format-only episodes), or
         a demonstration that is missing or that the episode bounds cut short.
     """
-    make_env = environment_factory(resolved, tokenizer, prompt_format)
+    components = run.components
+    make_env = environment_factory(components.environment, components.tools, tokenizer, prompt_format)
     if make_env is None:
         return None
-    name, cfg = resolved.components["env"].name, resolved.cfg
+    name, episodes = components.environment.name, run.plan.episodes
     if target != "answer":
         raise ConfigError(f"rlzoo sft --target {target} has no form under env={name!r}: with an environment, SFT "
                           "trains on its demonstration episodes (--target answer)")
     fmt = EpisodeFormat(tokenizer, prompt_format)
-    limits = EpisodeLimits(max_turns=int(cfg.rollout.max_turns), max_turn_tokens=int(cfg.rollout.max_turn_tokens),
-                           max_tokens=int(cfg.rollout.max_new_tokens))
+    limits = EpisodeLimits(max_turns=episodes.max_turns, max_turn_tokens=episodes.max_turn_tokens,
+                           max_tokens=run.plan.rollout.max_new_tokens)
 
     def batch(examples: list[Example]) -> tuple[torch.Tensor, ...]:
         episodes = []

@@ -37,7 +37,8 @@ from rlzoo.contract.registry import Registry
 from rlzoo.config.resolved import ResolvedConfig
 from rlzoo.run.rundir import CONFIG_FILE, SWEEP_FILE, check_output_dir, read_status, run_files
 from rlzoo.core.stopping import STOP_SIGNALS, die_with_parent, send_signal, write_now
-from rlzoo.run.tracking import ALGORITHM_KEYS, effective_hparams, hparam_metrics, write_experiment
+from rlzoo.plan.hparams import effective_hparams
+from rlzoo.run.tracking import ALGORITHM_KEYS, hparam_metrics, write_experiment
 
 RELAYED = ("rlzoo: step ", "rlzoo: error", "rlzoo: evaluation")
 """Lines of a run's output the sweep repeats on its own output (prefixed with the run)."""
@@ -139,7 +140,7 @@ def write_sweep_experiment(sweep_dir: Path, resolved: list[ResolvedConfig], swep
     values differ. Keys that differ only as a consequence (a preset's settings, the
     parameters of a component that differs) are listed unmarked, so the five columns
     TensorBoard shows first are the ones that explain the runs."""
-    metrics = list(dict.fromkeys(tag for r in resolved for tag in hparam_metrics(r.cfg)))
+    metrics = list(dict.fromkeys(tag for r in resolved for tag in hparam_metrics(r.plan)))
     shown = ALGORITHM_KEYS + tuple(pattern for key in swept for pattern in (key, key + "."))
     write_experiment(sweep_dir, [effective_hparams(r.cfg, r.plan) for r in resolved], metrics, shown)
 

@@ -16,7 +16,7 @@ from typing import Any, Callable, Protocol
 
 import torch
 
-from rlzoo.core.errors import PluginError, TrainingError
+from rlzoo.core.errors import ConfigError, PluginError, TrainingError
 from rlzoo.contract.kinds import KINDS
 
 
@@ -139,6 +139,17 @@ class BoundComponent:
             self._check(self, result, available)
         return result
 
+    def construct(self, **inputs: Any) -> Any:
+        """Call a factory component (a task, a rollout backend, an environment, a KL
+        controller) with ``inputs``: a ``ValueError`` / ``OSError`` it raises is a config error
+        naming its config key and name."""
+        try:
+            return self(**inputs)
+        except ConfigError:
+            raise
+        except (ValueError, OSError) as exc:
+            raise ConfigError(f"{KINDS[self.component.kind].config_path} {self.name!r}: {exc}") from exc
+
     def build(self, **setup: Any) -> "BoundComponent | BuiltComponent":
         """For a scorer class (its kind has setup inputs and ``fn`` is a class): the instance
         built once, from the setup inputs its constructor names and ``params``; otherwise
@@ -242,3 +253,17 @@ _CHECKS: dict[str, Callable[[BoundComponent, Any, dict[str, Any]], None]] = {
     "scalar": _check_scalar,
 }
 """Output contract (:data:`rlzoo.contract.kinds.OUTPUTS`) -> its check."""
+
+
+def build_rewards(rewards: list[tuple[BoundComponent, float]],
+                  **setup: Any) -> list[tuple[BoundComponent | BuiltComponent, float]]:
+    """The reward functions of a run with their weights, each scorer class built once from
+    ``setup`` (``device``, ``tokenizer``: :attr:`rlzoo.contract.kinds.Kind.setup_inputs`); a
+    ``ValueError`` / ``OSError`` of a scorer's constructor is a config error naming it."""
+    out = []
+    for bound, weight in rewards:
+        try:
+            out.append((bound.build(**setup), weight))
+        except (ConfigError, ValueError, OSError) as exc:
+            raise ConfigError(f"reward {bound.name!r}: {exc}") from exc
+    return out

@@ -344,10 +344,15 @@ def tool_from_component(component: Any) -> Tool:
     return component.meta["tool"]
 
 
-def registered_tools(registry: Any, names: list[str]) -> dict[str, Tool]:
-    """Name -> :class:`Tool` for the registered tools ``names`` (aliases resolved); an
-    unknown name raises the registry's error listing the tools there are."""
-    tools = [tool_from_component(registry.get("tool", name)) for name in names]
+def registered_tools(registry: Any, names: list[str] | None = None) -> dict[str, Tool]:
+    """Name -> :class:`Tool` for the registered tools ``names`` (aliases resolved), or every
+    registered tool (kind ``tool``) when ``names`` is ``None``: the ``tools`` input of an
+    environment (a :class:`ToolsByName`). An unknown name raises the registry's error listing
+    the tools there are."""
+    if registry is None:
+        return ToolsByName()
+    tools = [tool_from_component(registry.get("tool", name)) for name in (registry.names("tool") if names is None
+                                                                          else names)]
     return ToolsByName({tool.name: tool for tool in tools})
 
 

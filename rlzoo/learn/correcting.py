@@ -1,6 +1,6 @@
 """Rollout corrections applied as the run plan lists them, and the off-policy diagnostics.
 
-The plan (:class:`rlzoo.plan.planner.CorrectionStep`) lists the corrections in ``rollout_correction``
+The plan (:class:`rlzoo.plan.learning.CorrectionStep`) lists the corrections in ``rollout_correction``
 order, each with a stage and a mode. :class:`Corrections` applies them: the ``batch``-stage
 ones (they read no current-policy log-prob) once per step over the whole batch, before the
 mini-batches, in order, each seeing the ``loss_mask`` the earlier ones left; their weights
@@ -24,8 +24,7 @@ from rlzoo.core.batch import RolloutBatch
 from rlzoo.core.ratios import LOG_RATIO_CLAMP
 from rlzoo.core.errors import TrainingError
 from rlzoo.core.masked import masked_mean
-from rlzoo.plan.planner import CorrectionStep
-from rlzoo.config.resolved import ResolvedConfig
+from rlzoo.plan.learning import CorrectionStep
 
 
 def metric_key(step: CorrectionStep, key: str) -> str:
@@ -34,17 +33,17 @@ def metric_key(step: CorrectionStep, key: str) -> str:
 
 
 class Corrections:
-    """The run's rollout corrections, bound as the plan lists them.
+    """The run's rollout corrections, as the plan lists them (each step carries its bound
+    correction with its parameters).
 
-    :param resolved: the resolved config (binds each correction with its parameters).
+    :param steps: the plan's correction steps, in order.
     :param dist: this process's place in the job (batch-stage reductions are global).
     """
 
-    def __init__(self, resolved: ResolvedConfig, dist: distributed.DistInfo) -> None:
+    def __init__(self, steps: tuple[CorrectionStep, ...], dist: distributed.DistInfo) -> None:
         self.dist = dist
-        steps = [(step, resolved.bind_correction(step.index, step.name)) for step in resolved.plan.corrections]
-        self.batch_steps = [(s, b) for s, b in steps if s.stage == "batch"]
-        self.update_steps = [(s, b) for s, b in steps if s.stage == "update"]
+        self.batch_steps = [step for step in steps if step.stage == "batch"]
+        self.update_steps = [step for step in steps if step.stage == "update"]
 
     def apply_to_batch(self, batch: RolloutBatch) -> dict[str, float]:
         """Apply the batch-stage corrections to the whole ``batch`` (this process's share;
@@ -56,7 +55,8 @@ class Corrections:
             return metrics
         weights = None
         with distributed.batch_statistics(self.dist.enabled):
-            for step, bound in self.batch_steps:
+            for step in self.batch_steps:
+                bound = step.correction
                 if batch.old_logp is None and "old_logp" in bound.component.inputs:
                     raise TrainingError(f"rollout_correction {step.name!r} reads old_logp, but the run plan runs no "
                                         "old-log-prob pass (a plan edited after build_plan decided it?)")
@@ -68,7 +68,7 @@ class Corrections:
                     batch.loss_mask = mask * (found != 0).to(mask.dtype)
                 weights = found if weights is None else weights * found
                 metrics.update({metric_key(step, k): float(v) for k, v in found_metrics.items()})
-            if any(step.mode == "mask" for step, _ in self.batch_steps):
+            if any(step.mode == "mask" for step in self.batch_steps):
                 kept = masked_mean(batch.loss_mask, batch.response_mask)
                 metrics["rollout_correction/loss_mask_frac"] = float(kept)
         batch.correction_weights = weights
@@ -80,9 +80,9 @@ class Corrections:
         each update-stage correction's weights (``logp`` detached), or ``None`` when the run
         has no correction. ``add(name, value)`` records each update-stage metric."""
         weights = mb.correction_weights
-        for step, bound in self.update_steps:
-            found, found_metrics = bound(old_logp=old_logp, rollout_logp=mb.rollout_logp, logp=logp.detach(),
-                                         advantages=mb.advantages, response_mask=mask)
+        for step in self.update_steps:
+            found, found_metrics = step.correction(old_logp=old_logp, rollout_logp=mb.rollout_logp,
+                                                   logp=logp.detach(), advantages=mb.advantages, response_mask=mask)
             weights = found.detach() if weights is None else weights * found.detach()
             for key, value in found_metrics.items():
                 add(metric_key(step, key), float(value))

@@ -21,7 +21,8 @@ import torch
 from rlzoo.core import distributed
 from rlzoo.core.batch import BatchCounts, RolloutBatch
 from rlzoo.learn.correcting import Corrections, offpolicy_metrics
-from rlzoo.config.resolved import ResolvedConfig
+from rlzoo.plan.records import RunPlan
+from rlzoo.plan.run_input import Components
 from rlzoo.core.errors import TrainingError
 from rlzoo.core.ratios import LOG_RATIO_CLAMP
 from rlzoo.models.logprobs import full_sequence, sum_of_squared_probs
@@ -90,6 +91,19 @@ def mismatch_metrics(old_logp: torch.Tensor, rollout_logp: torch.Tensor,
     return {"mismatch_k3": masked_mean(k3, mask), "max_abs_log_ratio": largest}
 
 
+class NoKL:
+    """The KL controller's place when the plan has no KL: β is 0, and its checkpoint entry
+    is kept (a controller's ``state_dict``) so every run's state has the same keys."""
+
+    value = 0.0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"value": 0.0}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+
 class _WeightedMeans:
     """Metrics averaged over micro-batches with weights (then summed over ranks)."""
 
@@ -118,7 +132,8 @@ def _counts(mask: torch.Tensor, max_response_length: int, dist: distributed.Dist
 class Learner:
     """Prepares a scored batch and updates the policy (and critic) on it.
 
-    :param resolved: the resolved config, its components and its plan.
+    :param plan: the run plan: passes, KL, loss terms, corrections, the update, the optimizer.
+    :param components: the advantage estimator, the policy and value losses, the reward weights.
     :param models: the run's models (policy, reference, critic and their wrappers).
     :param dist: this process's place in the job.
     :ivar failure: under torchrun, the first non-finite value this rank found in the current
@@ -129,30 +144,25 @@ class Learner:
         (:meth:`_clip_and_step`); in a single process the value raises where it is found.
     """
 
-    def __init__(self, resolved: ResolvedConfig, models: RunModels, dist: distributed.DistInfo) -> None:
-        plan = self.plan = resolved.plan
-        self.models, self.dist = models, dist
+    def __init__(self, plan: RunPlan, components: Components, models: RunModels, dist: distributed.DistInfo) -> None:
+        self.plan, self.models, self.dist = plan, models, dist
         self.failure: str | None = None
-        t = self.trainer_cfg = resolved.cfg.trainer
-        self.names = {path: component.name for path, component in resolved.components.items()}
-        self.advantage = resolved.bound("advantage")
-        self.reward_weights = torch.tensor([weight for _, _, weight in resolved.rewards], dtype=torch.float32)
-        self.policy_loss = resolved.bound("policy_loss")
-        self.aggregators = {term: resolved.bind_as("loss_agg", mode) for term, mode in plan.aggregation.items()}
-        self.corrections = Corrections(resolved, dist)
+        self.advantage, self.policy_loss = components.advantage, components.policy_loss
+        self.value_loss = components.value_loss if models.critic else None
+        self.reward_weights = torch.tensor([weight for _, weight in components.rewards], dtype=torch.float32)
+        self.corrections = Corrections(plan.corrections, dist)
         if plan.kl is not None:
-            self.kl = resolved.bind_as("kl.estimator", plan.kl.estimator)
-            self.kl_controller = resolved.build("kl.controller", name=plan.kl.controller, init_coef=plan.kl.coef)
+            self.kl = plan.kl.estimator
+            self.kl_controller = plan.kl.controller.construct(init_coef=plan.kl.coef)
         else:
-            self.kl = None
-            self.kl_controller = resolved.build("kl.controller", init_coef=0.0)  # its state is checkpointed
-        self.value_loss = resolved.bound("value_loss") if models.critic else None
-        factor = lr_factor(t.lr_schedule, t.warmup_steps, t.total_steps)
-        self.optimizer = adamw(models.trainable(), t.lr, tuple(t.betas), t.weight_decay)
+            self.kl, self.kl_controller = None, NoKL()
+        o = plan.optimizer
+        factor = lr_factor(o.schedule, o.warmup_steps, o.schedule_steps)
+        self.optimizer = adamw(models.trainable(), o.lr, o.betas, o.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, factor)
         self.critic_optimizer = self.critic_scheduler = None
         if models.critic is not None:
-            self.critic_optimizer = adamw(models.critic.parameters(), t.critic_lr, tuple(t.betas), t.weight_decay)
+            self.critic_optimizer = adamw(models.critic.parameters(), o.critic_lr, o.betas, o.weight_decay)
             self.critic_scheduler = torch.optim.lr_scheduler.LambdaLR(self.critic_optimizer, factor)
 
     def _check_finite(self, value: torch.Tensor, stage: str, component: str) -> None:
@@ -179,8 +189,8 @@ class Learner:
     def _forward(self, module: torch.nn.Module, mb: RolloutBatch, **kwargs: Any) -> tuple[Any, ...]:
         with self.compute():
             return module(mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask,
-                          chunk_size=self.trainer_cfg.logprob_chunk_size,
-                          keep_max_bytes=int(self.trainer_cfg.logprob_keep_mb * 2**20),
+                          chunk_size=self.plan.compute.logprob_chunk_size,
+                          keep_max_bytes=self.plan.compute.logprob_keep_bytes,
                           temperature=self.plan.logprob_temperature, **kwargs)
 
     @torch.no_grad()
@@ -259,7 +269,7 @@ class Learner:
         batch.token_rewards = token_rewards
         inputs = self.advantage.component.inputs
         if "reward_scores" in inputs and "token_rewards" not in inputs and not torch.equal(batch.rewards, batch.scores):
-            raise TrainingError(f"advantage {self.names['advantage']!r} reads each reward function's raw scores, but "
+            raise TrainingError(f"advantage {self.advantage.name!r} reads each reward function's raw scores, but "
                                 "an rlzoo_shape_rewards hook changed the rewards, which it would ignore: remove "
                                 "the shaping or make it a reward function in reward=[...]")
         advantages, returns = self.advantage(
@@ -267,7 +277,7 @@ class Learner:
             values=batch.old_values, baseline_scores=batch.baseline_scores, old_logp=batch.old_logp,
             ref_logp=batch.ref_logp, reward_scores=batch.reward_scores, teacher_logp=batch.teacher_logp,
             sum_pi_squared=batch.old_sum_pi_squared, reward_weights=self.reward_weights.to(mask.device))
-        self._check_finite(advantages, "advantage estimation", self.names["advantage"])
+        self._check_finite(advantages, "advantage estimation", self.advantage.name)
         batch.advantages, batch.returns = advantages, returns
         metrics["advantages/mean"] = float(masked_mean(advantages, mask))
         if batch.teacher_logp is not None and batch.old_logp is not None:  # what distillation drives to 0
@@ -285,7 +295,7 @@ class Learner:
         means = _WeightedMeans()
         grad_norms = []
         correction_metrics = self.corrections.apply_to_batch(batch)
-        policy_masks = sorted({mask for term, mask in self.plan.masks.items() if term != "value"})
+        policy_masks = sorted({term.mask for name, term in self.plan.terms.items() if name != "value"})
         for _ in range(self.plan.update.epochs):
             order = torch.randperm(len(batch))
             for rows in order.tensor_split(self.plan.update.mini_batches):
@@ -296,7 +306,7 @@ class Learner:
                 policy_loss = functools.partial(self._policy_loss, counts=counts, means=means)
                 self._accumulate(models.policy_forward, mini, policy_loss)
                 grad_norms.append(self._clip_and_step(models.policy, self.optimizer, "policy gradient",
-                                                      self.names["policy_loss"]))
+                                                      self.policy_loss.name))
                 if models.critic is not None:
                     self._critic_step(mini, means)
         metrics = means.result(self.dist)
@@ -312,12 +322,12 @@ class Learner:
         names) over all ranks: what every aggregation of a term with that mask divides by."""
         return _counts(getattr(mini, mask), self.plan.rollout.max_new_tokens, self.dist)
 
-    def _term(self, term: str, mb: RolloutBatch, loss: torch.Tensor, counts: dict[str, BatchCounts]) -> torch.Tensor:
-        """Loss term ``term`` of a micro-batch: its per-token ``loss`` aggregated with the
-        plan's mode for the term over the plan's mask for it (normalised by the mini-batch's
-        global ``counts`` of that mask)."""
-        mask = self.plan.masks[term]
-        return self.aggregators[term](loss=loss, mask=getattr(mb, mask), counts=counts[mask])
+    def _term(self, name: str, mb: RolloutBatch, loss: torch.Tensor, counts: dict[str, BatchCounts]) -> torch.Tensor:
+        """Loss term ``name`` of a micro-batch, without its coefficient: its per-token ``loss``
+        aggregated with the plan's aggregation for the term over the plan's mask for it
+        (normalised by the mini-batch's global ``counts`` of that mask)."""
+        term = self.plan.terms[name]
+        return term.aggregation(loss=loss, mask=getattr(mb, term.mask), counts=counts[term.mask])
 
     def _accumulate(self, module: torch.nn.Module, mini: RolloutBatch,
                     micro_loss: Callable[[RolloutBatch], torch.Tensor]) -> None:
@@ -333,9 +343,9 @@ class Learner:
 
     def _clip_and_step(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, stage: str,
                        component: str) -> float:
-        """Clip the gradient norm to ``trainer.max_grad_norm`` (``None``: no clipping), refuse a non-finite one, step;
-        returns the norm before clipping."""
-        max_norm = self.trainer_cfg.max_grad_norm
+        """Clip the gradient norm to the plan's ``max_grad_norm`` (``None``: no clipping), refuse a non-finite one,
+        step; returns the norm before clipping."""
+        max_norm = self.plan.optimizer.max_grad_norm
         norm = distributed.local_value(torch.nn.utils.clip_grad_norm_(
             model.parameters(), math.inf if max_norm is None else max_norm))  # null: measure, never clip
         if self.dist.enabled and not bool(torch.isfinite(norm)):
@@ -351,8 +361,8 @@ class Learner:
         with_logits = kl_plan is not None and kl_plan.placement == "loss" and kl_plan.uses_logits
         logp, entropy, logits = self._forward(self.models.policy_forward, mb, with_entropy=True,
                                               with_logits=with_logits)
-        mask = getattr(mb, plan.masks["policy"])
-        tokens = counts[plan.masks["policy"]].tokens
+        mask = getattr(mb, plan.terms["policy"].mask)
+        tokens = counts[plan.terms["policy"].mask].tokens
         old_logp = mb.old_logp if mb.old_logp is not None else logp.detach()
         weight = float(mask.sum())
         weights = self.corrections.weights(mb, old_logp, logp, mask,
@@ -362,7 +372,7 @@ class Learner:
             rollout_logp=mb.rollout_logp, ref_logp=mb.ref_logp, correction_weights=weights)
         if weights is not None and not plan.correction_in_loss:
             token_loss = token_loss * weights
-        loss = self._term("policy", mb, token_loss, counts)
+        loss = plan.terms["policy"].coef * self._term("policy", mb, token_loss, counts)
         means.add("policy/loss", float(loss.detach()) * tokens / max(weight, 1.0), weight)
         for key, value in loss_metrics.items():
             means.add(f"policy/{key}", float(value), weight)
@@ -370,11 +380,11 @@ class Learner:
             ref_logits = self._ref_logits(mb) if with_logits else None
             kl = self.kl(logp=logp, ref_logp=self._kl_target_logp(mb), logits=logits, ref_logits=ref_logits)
             loss = loss + float(self.kl_controller.value) * self._term("kl", mb, kl, counts)
-            means.add("kl/value", float(masked_mean(kl.detach(), getattr(mb, plan.masks["kl"]))), weight)
+            means.add("kl/value", float(masked_mean(kl.detach(), getattr(mb, plan.terms["kl"].mask))), weight)
         means.add("entropy", float(masked_mean(entropy.detach(), mask)), weight)
-        if "entropy" in plan.aggregation:
-            loss = loss - self.trainer_cfg.entropy_coef * self._term("entropy", mb, entropy, counts)
-        self._check_finite(loss, "policy loss", self.names["policy_loss"])
+        if "entropy" in plan.terms:
+            loss = loss + plan.terms["entropy"].coef * self._term("entropy", mb, entropy, counts)
+        self._check_finite(loss, "policy loss", self.policy_loss.name)
         return loss
 
     def _kl_target_logp(self, batch: RolloutBatch) -> torch.Tensor | None:
@@ -390,7 +400,7 @@ class Learner:
         return self._forward(target, mb, with_logits=True)[2]
 
     def _critic_step(self, mini: RolloutBatch, means: _WeightedMeans) -> None:
-        models, mask = self.models, self.plan.masks["value"]
+        models, mask = self.models, self.plan.terms["value"].mask
         counts = {mask: self._counts(mini, mask)}
         models.critic.train()
         self.critic_optimizer.zero_grad(set_to_none=True)
@@ -399,8 +409,8 @@ class Learner:
             values = self._values(mb, models.critic_forward)
             token_loss, value_metrics = self.value_loss(values=values, old_values=mb.old_values,
                                                         returns=mb.returns, response_mask=getattr(mb, mask))
-            loss = self._term("value", mb, token_loss, counts)
-            self._check_finite(loss, "value loss", self.names["value_loss"])
+            loss = self.plan.terms["value"].coef * self._term("value", mb, token_loss, counts)
+            self._check_finite(loss, "value loss", self.value_loss.name)
             weight = float(getattr(mb, mask).sum())
             means.add("value/loss", float(loss.detach()) * counts[mask].tokens / max(weight, 1.0), weight)
             for key, value in value_metrics.items():
@@ -408,7 +418,7 @@ class Learner:
             return loss
 
         self._accumulate(models.critic_forward, mini, micro_loss)
-        norm = self._clip_and_step(models.critic, self.critic_optimizer, "value gradient", self.names["value_loss"])
+        norm = self._clip_and_step(models.critic, self.critic_optimizer, "value gradient", self.value_loss.name)
         means.add("value/grad_norm", norm, 1.0)
 
     # ---------------------------------------------------------------- state

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import torch
-from omegaconf import DictConfig
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import (
     AutoConfig,
@@ -42,6 +41,8 @@ from rlzoo.core.errors import ConfigError
 from rlzoo.models.head import fast_paths, set_fast_paths
 from rlzoo.models.logprobs import ResponseForward
 from rlzoo.models.model_check import CheckResult, check_model
+from rlzoo.plan.records import RunPlan
+from rlzoo.plan.settings import ModelPlan, TinyModel
 
 PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
 GENERIC_TOKENIZER_CLASSES = ("PreTrainedTokenizerFast", "TokenizersBackend")
@@ -63,28 +64,29 @@ def build_char_tokenizer(alphabet: str) -> PreTrainedTokenizerFast:
     )
 
 
-def build_tiny_model(model_cfg: DictConfig, tokenizer: PreTrainedTokenizerBase,
+def build_tiny_model(shape: TinyModel, tokenizer: PreTrainedTokenizerBase,
                      max_positions: int = 512) -> PreTrainedModel:
-    """A randomly initialised causal LM of ``model.arch`` sized by ``model.*``."""
+    """A randomly initialised causal LM of ``shape`` (``model.arch``, ``model.*``) with a
+    table of ``max_positions`` positions."""
     common = dict(
         vocab_size=len(tokenizer),
-        hidden_size=int(model_cfg.hidden_size),
-        intermediate_size=int(model_cfg.intermediate_size),
-        num_hidden_layers=int(model_cfg.num_layers),
-        num_attention_heads=int(model_cfg.num_heads),
-        num_key_value_heads=int(model_cfg.num_kv_heads),
+        hidden_size=shape.hidden_size,
+        intermediate_size=shape.intermediate_size,
+        num_hidden_layers=shape.num_layers,
+        num_attention_heads=shape.num_heads,
+        num_key_value_heads=shape.num_kv_heads,
         max_position_embeddings=max_positions,
         pad_token_id=tokenizer.pad_token_id,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         tie_word_embeddings=True,
     )
-    if model_cfg.hidden_size % model_cfg.num_heads or model_cfg.num_heads % model_cfg.num_kv_heads:
+    if shape.hidden_size % shape.num_heads or shape.num_heads % shape.num_kv_heads:
         raise ConfigError(
-            f"model.hidden_size ({model_cfg.hidden_size}) must be divisible by model.num_heads "
-            f"({model_cfg.num_heads}), and num_heads by model.num_kv_heads ({model_cfg.num_kv_heads})"
+            f"model.hidden_size ({shape.hidden_size}) must be divisible by model.num_heads "
+            f"({shape.num_heads}), and num_heads by model.num_kv_heads ({shape.num_kv_heads})"
         )
-    if model_cfg.arch == "qwen2":
+    if shape.arch == "qwen2":
         model: PreTrainedModel = Qwen2ForCausalLM(Qwen2Config(**common))
     else:
         model = LlamaForCausalLM(LlamaConfig(**common))
@@ -371,50 +373,52 @@ def _saveable(model: Any, wrapper: torch.nn.Module, prefix: str) -> Any:
     return _WithStateDict(model, distributed.full_state_dict(wrapper, prefix))
 
 
-def build_policy(cfg: DictConfig, task: Any) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+def build_policy(model: ModelPlan, task: Any, task_name: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """The initial policy and its tokenizer: ``model.path`` loaded, or the embedded tiny
-    model (``model.*``) with a character tokenizer over the task's alphabet.
+    model (``model.*``) with a character tokenizer over the alphabet of the task ``task_name``.
 
     :raises ConfigError: an unreadable ``model.path``, or a task that needs a real tokenizer.
     """
-    if cfg.model.path:
-        return load_pretrained(cfg.model.path, cfg.model.dtype)
+    if model.path:
+        return load_pretrained(model.path, model.dtype)
     if task.alphabet is None:
-        raise ConfigError(f"task {cfg.task.name!r} needs a real tokenizer: set model.path to a local "
+        raise ConfigError(f"task {task_name!r} needs a real tokenizer: set model.path to a local "
                           "model directory")
     tokenizer = build_char_tokenizer(task.alphabet)
-    policy = build_tiny_model(cfg.model, tokenizer, 4 * (cfg.rollout.max_new_tokens + 64))
-    return policy.to(DTYPES[cfg.model.dtype]), tokenizer
+    policy = build_tiny_model(model.tiny, tokenizer, model.tiny.max_positions)
+    return policy.to(DTYPES[model.dtype]), tokenizer
 
 
-def build_run_models(cfg: DictConfig, plan: Any, task: Any, device: torch.device, dist: distributed.DistInfo,
+def build_run_models(plan: RunPlan, task: Any, task_name: str, device: torch.device, dist: distributed.DistInfo,
                      resume_from: Path | None, init_model_dir: Path) -> RunModels:
     """Build (or, resuming, load) the models ``plan.models`` names, on ``device``, wrapped
     for the data-parallel strategy under torchrun.
 
-    :param task: supplies the embedded tokenizer's alphabet when ``model.path`` is unset.
+    :param task: supplies the embedded tokenizer's alphabet when ``model.path`` is unset
+        (``task_name``: its name, for the error when it has none).
     :param resume_from: a checkpoint directory to load the policy and critic from.
     :param init_model_dir: the run's ``init_model/``: the reference when resuming (and
         under LoRA the base the checkpoint's adapters are loaded onto).
     :raises ConfigError: no usable model (e.g. a task that needs ``model.path``).
     """
+    dtype = plan.model.dtype
     if resume_from is not None and plan.lora is None:
-        policy, tokenizer = load_pretrained(resume_from / "policy", cfg.model.dtype)
+        policy, tokenizer = load_pretrained(resume_from / "policy", dtype)
     elif resume_from is not None:
-        policy, tokenizer = load_pretrained(init_model_dir, cfg.model.dtype)  # the frozen base
+        policy, tokenizer = load_pretrained(init_model_dir, dtype)  # the frozen base
     else:
-        policy, tokenizer = build_policy(cfg, task)
+        policy, tokenizer = build_policy(plan.model, task, task_name)
     disable_dropout(policy)  # the update runs in training mode: its log-probs must be eval mode's
     reference = None
     if "reference" in plan.models and plan.lora is None:
         if resume_from is not None:
-            reference = disable_dropout(load_pretrained(init_model_dir, cfg.model.dtype)[0])
+            reference = disable_dropout(load_pretrained(init_model_dir, dtype)[0])
         else:
             reference = copy.deepcopy(policy)
         reference = reference.eval().requires_grad_(False)
     teacher, checks = None, {}
     if "teacher" in plan.models:
-        teacher = load_teacher(cfg.teacher.path, cfg.model.dtype, tokenizer).to(device)
+        teacher = load_teacher(plan.model.teacher, dtype, tokenizer).to(device)
         checks["teacher"] = check_model(teacher, device, trained=False)  # frozen: eval mode only
     critic = None
     if "critic" in plan.models:
@@ -432,7 +436,7 @@ def build_run_models(cfg: DictConfig, plan: Any, task: Any, device: torch.device
     if reference is not None:
         reference.to(device)
         set_fast_paths(reference, fast_paths(policy))
-    if cfg.model.gradient_checkpointing:
+    if plan.model.gradient_checkpointing:
         policy.gradient_checkpointing_enable()
         if plan.lora is not None:  # frozen embeddings: reentrant checkpointing (transformers 4's
             policy.enable_input_require_grads()  # default) needs a block input that requires grad
@@ -447,7 +451,7 @@ def build_run_models(cfg: DictConfig, plan: Any, task: Any, device: torch.device
     if dist.enabled:
         token = torch.zeros((1, 1), dtype=torch.long, device=device)  # one token of prompt and of response
         example = (token, torch.ones_like(token), token, torch.ones_like(token))
-        models.policy_forward = distributed.wrap(models.policy_forward, cfg.distributed.strategy, device, example)
+        models.policy_forward = distributed.wrap(models.policy_forward, plan.compute.strategy, device, example)
         if critic is not None:
-            models.critic_forward = distributed.wrap(critic, cfg.distributed.strategy, device)
+            models.critic_forward = distributed.wrap(critic, plan.compute.strategy, device)
     return models

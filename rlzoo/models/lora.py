@@ -30,7 +30,8 @@ from safetensors.torch import load_file
 
 from rlzoo.core.errors import ConfigError
 from rlzoo.models.logprobs import ResponseForward
-from rlzoo.plan.planner import LORA_INSTALL, LoraPlan
+from rlzoo.plan.consistency import LORA_INSTALL
+from rlzoo.plan.records import LoraPlan
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"

@@ -77,7 +77,5 @@ def check_builds(resolved: ResolvedConfig) -> None:
     :raises ConfigError: what the constructor raised (a ``ValueError`` / ``OSError`` naming
         ``env`` and the environment).
     """
-    registry = resolved.registry
-    tools = registered_tools(registry, registry.names("tool")) if registry is not None else {}
-    resolved.build("env", tools=tools, tool_style="plain")
+    resolved.build("env", tools=registered_tools(resolved.registry), tool_style="plain")
 

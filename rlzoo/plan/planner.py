@@ -2,51 +2,46 @@
 
 Before any model is built, :func:`build_plan` turns the config and the chosen components
 into a :class:`RunPlan`: which models exist and why, which passes run each step, where KL
-goes and in what unit, which aggregation each loss term uses, the update structure, and
-warnings for choices that cannot act. Every consistency check lives here, so a bad
-combination is refused (``ConfigError``, exit 2) before a run directory exists. The engine
-reads the plan and branches on nothing else; ``rlzoo config`` prints it, every run writes
-it to ``plan.txt`` in its directory.
+goes and in what unit, each loss term's aggregation, mask and coefficient, the update
+structure, the optimizer, evaluation and cadence, and warnings for choices that cannot act.
+The consistency checks (:mod:`rlzoo.plan.consistency`) run here, so a bad combination is
+refused (``ConfigError``, exit 2) before a run directory exists. The engine reads the plan
+and branches on nothing else; ``rlzoo config`` prints it, every run writes it to
+``plan.txt`` in its directory.
 """
 
 from __future__ import annotations
 
-import importlib.metadata
-import json
+import dataclasses
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rlzoo.contract.registry import Registry
-
-from rlzoo.core import distributed
-from rlzoo.plan.episode_rules import episode_plan
-from rlzoo.core.errors import ConfigError
-from rlzoo.contract.kinds import KINDS
-from rlzoo.plan.records import CorrectionStep, KLPlan, LoraPlan, RolloutPlan, RunPlan, UpdatePlan
 from rlzoo.config.layers import resolve_config
 from rlzoo.config.resolved import ResolvedConfig
+from rlzoo.contract.registry import Registry
+from rlzoo.core import distributed
+from rlzoo.core.errors import ConfigError
+from rlzoo.plan.consistency import (LORA_INSTALL, check_async, check_consistency, peft_problem, target_needs,
+                                    teacher_readers, who_needs)
+from rlzoo.plan.episode_rules import episode_plan
+from rlzoo.plan.learning import CorrectionStep, KLPlan, LossTerm, OptimizerPlan, UpdatePlan
+from rlzoo.plan.records import LoraPlan, RolloutPlan, RunPlan
+from rlzoo.plan.settings import CadencePlan, ComputePlan, EvalPlan, ModelPlan, PromptPlan, TinyModel
 
-__all__ = ["CorrectionStep", "KLPlan", "LoraPlan", "RolloutPlan", "RunPlan", "UpdatePlan", "build_plan",
-           "peft_problem"]
+__all__ = ["LORA_INSTALL", "CorrectionStep", "KLPlan", "LoraPlan", "LossTerm", "PlannedConfig", "RolloutPlan",
+           "RunPlan", "UpdatePlan", "build_plan", "load_config", "peft_problem"]
 
 
-PEFT_MIN_VERSION = (0, 11)
-"""The oldest ``peft`` whose ``disable_adapter``, ``merge_and_unload`` and
-``set_peft_model_state_dict`` rlzoo relies on."""
-LORA_INSTALL = "pip install 'rlzoo[lora]' (or pip install 'peft>=0.11')"
+@dataclass(kw_only=True)
+class PlannedConfig(ResolvedConfig):
+    """A resolved config with its run plan: what :func:`load_config` returns.
 
+    :ivar plan: the :class:`RunPlan` decided from the rest (:func:`build_plan`). The engine
+        takes the plan and the bound components (:class:`rlzoo.plan.run_input.RunInput`), not this.
+    """
 
-def peft_problem() -> str | None:
-    """Why ``peft`` cannot serve a LoRA run (not installed, or older than
-    :data:`PEFT_MIN_VERSION`), or ``None``; checked without importing it."""
-    try:
-        version = importlib.metadata.version("peft")
-    except importlib.metadata.PackageNotFoundError:
-        return "the peft package is not installed"
-    numbers = tuple(int(part) for part in (version.split(".") + ["0", "0"])[:2] if part.isdigit())
-    if len(numbers) == 2 and numbers < PEFT_MIN_VERSION:
-        return f"peft {version} is installed, older than 0.11"
-    return None
+    plan: RunPlan
 
 
 def _world(cfg: Any) -> int:
@@ -54,27 +49,16 @@ def _world(cfg: Any) -> int:
     return env if env > 1 else int(cfg.launcher.nproc)
 
 
-def _names(components: list[Any], need: str) -> str:
-    """The components that need ``need``, each with the inputs its function names that imply it
-    (``advantage gae via its input values``): a plugin learns which argument built what."""
-    named = []
-    for c in components:
-        if need in c.needs:
-            carriers = [i for i in c.inputs if (spec := KINDS[c.kind].inputs.get(i)) is not None and spec.need == need]
-            named.append(f"{c.kind} {c.name}" + (f" via its input {', '.join(carriers)}" if carriers else ""))
-    return ", ".join(named)
-
-
 def load_config(registry: Registry, overrides: list[str] | None = None, config_file: str | Path | None = None,
-                base: dict[str, Any] | None = None, base_label: str = "base") -> ResolvedConfig:
+                base: dict[str, Any] | None = None, base_label: str = "base") -> PlannedConfig:
     """The resolved config of a run with its plan decided (``resolved.plan``): the layers
     merged and the components chosen (:func:`rlzoo.config.layers.resolve_config`, which
     documents the parameters), then :func:`build_plan`. Raises
     :class:`~rlzoo.core.errors.ConfigError` on any bad input or inconsistent combination,
     before anything is built or written."""
     resolved = resolve_config(registry, overrides, config_file, base, base_label)
-    resolved.plan = build_plan(resolved)
-    return resolved
+    fields = {f.name: getattr(resolved, f.name) for f in dataclasses.fields(resolved)}
+    return PlannedConfig(**fields, plan=build_plan(resolved))
 
 
 def build_plan(resolved: ResolvedConfig) -> RunPlan:
@@ -94,18 +78,18 @@ def build_plan(resolved: ResolvedConfig) -> RunPlan:
     needs: set[str] = set()
     for component in acting:
         is_kl_to_teacher = to_teacher and component is comps["kl.estimator"]
-        needs |= _target_needs(component.needs) if is_kl_to_teacher else component.needs
+        needs |= target_needs(component.needs) if is_kl_to_teacher else component.needs
     if "critic" in needs and "value_loss" in comps:
         needs |= comps["value_loss"].needs
-    _check_consistency(resolved, needs, kl_on, world)
-    _check_async(resolved, world)
+    check_consistency(resolved, needs, kl_on, world)
+    check_async(resolved, world)
     episodes = episode_plan(resolved, needs, kl_on, world)
 
     lora = _lora_plan(cfg)
     models = {"policy": "trained" if lora is None else f"base weights frozen, rank-{lora.rank} LoRA adapters trained"}
     passes: dict[str, str] = {}
     if "greedy" in needs:
-        passes["greedy"] = f"a greedy rollout of each prompt for the baseline ({_names(acting, 'greedy')})"
+        passes["greedy"] = f"a greedy rollout of each prompt for the baseline ({who_needs(acting, 'greedy')})"
     t = cfg.trainer
     update = UpdatePlan(
         sequences=int(cfg.rollout.prompts_per_step) * int(cfg.rollout.n),
@@ -118,46 +102,46 @@ def build_plan(resolved: ResolvedConfig) -> RunPlan:
     if kl_on and cfg.kl.apply == "reward":
         old_reasons.append("KL in the reward is taken at rollout time")
     if "old_logp" in needs:
-        old_reasons.append(f"read by {_names(acting, 'old_logp')}")
+        old_reasons.append(f"read by {who_needs(acting, 'old_logp')}")
     if "entropy" in needs:
-        old_reasons.append(f"entropies read by {_names(acting, 'entropy')}")
+        old_reasons.append(f"entropies read by {who_needs(acting, 'entropy')}")
     if "sum_pi_squared" in needs:
-        old_reasons.append(f"Σπ² read by {_names(acting, 'sum_pi_squared')}")
+        old_reasons.append(f"Σπ² read by {who_needs(acting, 'sum_pi_squared')}")
     bypass = cfg.trainer.old_logp == "rollout"
     if old_reasons and not bypass:
         passes["old_logp"] = "; ".join(old_reasons)
     if "entropy" in needs:
-        passes["old_entropy"] = f"with old_logp, for {_names(acting, 'entropy')}"
+        passes["old_entropy"] = f"with old_logp, for {who_needs(acting, 'entropy')}"
     if "sum_pi_squared" in needs:
-        passes["old_sum_pi_squared"] = f"with old_logp, from the full logits, for {_names(acting, 'sum_pi_squared')}"
+        passes["old_sum_pi_squared"] = f"with old_logp, from the full logits, for {who_needs(acting, 'sum_pi_squared')}"
 
     kl = None
     if kl_on:
         estimator = comps["kl.estimator"]
         controller = comps["kl.controller"]
-        uses_logits = "logits" in estimator.needs
-        kl = KLPlan(placement=str(cfg.kl.apply), estimator=estimator.name, controller=controller.name,
-                    coef=float(cfg.kl.coef), uses_logits=uses_logits,
-                    controller_updates=controller.name != "fixed", target=str(cfg.kl.target))
+        kl = KLPlan(placement=str(cfg.kl.apply), estimator=resolved.bound("kl.estimator"),
+                    controller=resolved.bound("kl.controller"), coef=float(cfg.kl.coef),
+                    uses_logits="logits" in estimator.needs, controller_updates=controller.name != "fixed",
+                    target=str(cfg.kl.target))
     if "reference" in needs or "logits" in needs:
-        readers = _names(acting, 'reference') or _names(acting, 'logits')
+        readers = who_needs(acting, 'reference') or who_needs(acting, 'logits')
         models["reference"] = (f"frozen initial policy, for {readers}" if lora is None else
                                f"the policy with its LoRA adapters disabled (the frozen base weights; no second "
                                f"copy), for {readers}")
         if "reference" in needs:
-            passes["ref_logp"] = f"reference log-probs of the sampled tokens ({_names(acting, 'reference')})"
+            passes["ref_logp"] = f"reference log-probs of the sampled tokens ({who_needs(acting, 'reference')})"
         if "logits" in needs:
-            passes["ref_logits"] = f"reference logits in each update micro-batch ({_names(acting, 'logits')})"
+            passes["ref_logits"] = f"reference logits in each update micro-batch ({who_needs(acting, 'logits')})"
     if "teacher" in needs or "teacher_logits" in needs:
-        models["teacher"] = f"frozen teacher {cfg.teacher.path} ({_teacher_readers(resolved, acting)})"
+        models["teacher"] = f"frozen teacher {cfg.teacher.path} ({teacher_readers(resolved, acting)})"
         if "teacher" in needs:
             passes["teacher_logp"] = (f"teacher log-probs of the sampled tokens "
-                                      f"({_teacher_readers(resolved, acting, 'teacher')})")
+                                      f"({teacher_readers(resolved, acting, 'teacher')})")
         if "teacher_logits" in needs:
             passes["teacher_logits"] = (f"teacher logits in each update micro-batch "
-                                        f"({_teacher_readers(resolved, acting, 'teacher_logits')})")
+                                        f"({teacher_readers(resolved, acting, 'teacher_logits')})")
     if "critic" in needs:
-        models["critic"] = (f"value model initialised from the policy ({_names(acting, 'critic')})"
+        models["critic"] = (f"value model initialised from the policy ({who_needs(acting, 'critic')})"
                             + ("; all its weights are trained (LoRA adapts the policy only)" if lora else ""))
         passes["values"] = "critic values of the rollout (the value loss's old values)"
     models.update(_scorer_models(resolved))
@@ -166,18 +150,20 @@ def build_plan(resolved: ResolvedConfig) -> RunPlan:
         models["rollout"] = (f"a {cfg.rollout.dtype} copy of the policy for generation, synced after each "
                              "update (rollout.dtype)")
 
-    aggregation = {"policy": comps["loss_agg"].name}
-    masks = {"policy": "loss_mask"}
+    aggregation = resolved.bound("loss_agg")
+    terms = {"policy": LossTerm(aggregation, "loss_mask")}
     if kl is not None and kl.placement == "loss":
-        aggregation["kl"], masks["kl"] = comps["loss_agg"].name, "loss_mask"
+        terms["kl"] = LossTerm(aggregation, "loss_mask", kl.coef)
     if float(t.entropy_coef) > 0:
-        aggregation["entropy"], masks["entropy"] = comps["loss_agg"].name, "loss_mask"
+        terms["entropy"] = LossTerm(aggregation, "loss_mask", -float(t.entropy_coef))
     if "critic" in needs:
-        aggregation["value"], masks["value"] = comps["loss_agg"].name, "response_mask"
+        terms["value"] = LossTerm(aggregation, "response_mask")
 
-    plan = RunPlan(world=world, needs=frozenset(needs), models=models, passes=passes, kl=kl,
-                   aggregation=aggregation, masks=masks, update=update,
-                   rollout=RolloutPlan(backend=comps["rollout.backend"].name, dtype=str(rollout_dtype),
+    plan = RunPlan(world=world, needs=frozenset(needs), models=models, passes=passes, kl=kl, terms=terms,
+                   update=update, model=_model_plan(cfg, "teacher" in models), optimizer=_optimizer_plan(cfg),
+                   eval=_eval_plan(cfg), cadence=_cadence_plan(cfg), compute=_compute_plan(cfg),
+                   prompt=_prompt_plan(resolved),
+                   rollout=RolloutPlan(backend=resolved.bound("rollout.backend"), dtype=str(rollout_dtype),
                                        prompts_per_process=int(cfg.rollout.prompts_per_step) // world,
                                        n=int(cfg.rollout.n), max_new_tokens=int(cfg.rollout.max_new_tokens),
                                        temperature=float(cfg.rollout.temperature), top_p=float(cfg.rollout.top_p),
@@ -201,31 +187,6 @@ def build_plan(resolved: ResolvedConfig) -> RunPlan:
     return plan
 
 
-TARGET_NEEDS = {"reference": "teacher", "logits": "teacher_logits"}
-"""What the KL estimator's needs become under ``kl.target=teacher``: its ``ref_logp`` input is
-the teacher's log-probs of the sampled tokens (the ``teacher_logp`` pass), its ``ref_logits``
-the teacher's logits (a teacher forward in each update micro-batch)."""
-
-
-def _target_needs(needs: frozenset[str]) -> set[str]:
-    """The KL estimator's ``needs`` with the teacher in place of the reference (:data:`TARGET_NEEDS`)."""
-    return {TARGET_NEEDS.get(need, need) for need in needs}
-
-
-def _teacher_readers(resolved: ResolvedConfig, acting: list[Any], need: str = "") -> str:
-    """Who reads the teacher (for ``need``: ``teacher`` log-probs or ``teacher_logits``; both when
-    empty): the components whose inputs name it, and the KL estimator when ``kl.target=teacher``."""
-    readers = [_names(acting, "teacher")] if need in ("", "teacher") else []
-    cfg = resolved.cfg
-    if float(cfg.kl.coef) > 0 and cfg.kl.target == "teacher":
-        estimator = resolved.components["kl.estimator"]
-        kl_needs = _target_needs(estimator.needs)
-        if (need in kl_needs) if need else bool(kl_needs & {"teacher", "teacher_logits"}):
-            inputs = "ref_logits" if "teacher_logits" in kl_needs else "ref_logp"
-            readers.append(f"kl_estimator {estimator.name} via its input {inputs} (kl.target=teacher)")
-    return ", ".join(r for r in readers if r)
-
-
 def _lora_plan(cfg: Any) -> LoraPlan | None:
     lora = cfg.model.lora
     if int(lora.rank) == 0:
@@ -234,70 +195,55 @@ def _lora_plan(cfg: Any) -> LoraPlan | None:
                     target_modules=tuple(str(name) for name in lora.target_modules))
 
 
-def _model_width(cfg: Any) -> int | None:
-    """The policy's hidden size: ``model.hidden_size`` for the embedded model, the
-    ``hidden_size`` of ``model.path``'s ``config.json`` (read as JSON, nothing built), or
-    ``None`` where it is not known before the model is built (a GGUF file, another config)."""
-    if not cfg.model.path:
-        return int(cfg.model.hidden_size)
-    try:
-        width = json.loads((Path(str(cfg.model.path)) / "config.json").read_text()).get("hidden_size")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return width if isinstance(width, int) and not isinstance(width, bool) and width > 0 else None
+def _model_plan(cfg: Any, teacher: bool) -> ModelPlan:
+    m = cfg.model
+    tiny = TinyModel(arch=str(m.arch), hidden_size=int(m.hidden_size), intermediate_size=int(m.intermediate_size),
+                     num_layers=int(m.num_layers), num_heads=int(m.num_heads), num_kv_heads=int(m.num_kv_heads),
+                     max_positions=4 * (int(cfg.rollout.max_new_tokens) + 64))
+    return ModelPlan(path=str(m.path) if m.path else None, dtype=str(m.dtype), tiny=tiny,
+                     gradient_checkpointing=bool(m.gradient_checkpointing),
+                     teacher=str(cfg.teacher.path) if teacher else None)
 
 
-def _check_lora(cfg: Any, world: int) -> None:
-    """LoRA runs need peft, a rank no larger than the model's width (when it is known before
-    the model is built; :func:`rlzoo.models.lora.add_adapters` checks the adapted layers) and a
-    data-parallel strategy that keeps whole modules."""
-    rank = int(cfg.model.lora.rank)
-    if rank == 0:
-        return
-    problem = peft_problem()
-    if problem is not None:
-        raise ConfigError(f"model.lora.rank={rank} trains LoRA adapters through peft, but {problem}: "
-                          f"{LORA_INSTALL}; or set model.lora.rank=0 to train every weight")
-    width = _model_width(cfg)
-    if width is not None and rank > width:
-        raise ConfigError(f"model.lora.rank={rank} exceeds the model's width (hidden_size {width}): every layer LoRA "
-                          f"adapts has {width} inputs or outputs, so its update B·A has rank at most {width}; a larger "
-                          f"rank only adds parameters and memory: use model.lora.rank <= {width}")
-    if world > 1 and cfg.distributed.strategy == "fsdp":
-        raise ConfigError(f"model.lora.rank={rank} with distributed.strategy=fsdp is not supported (FSDP2 would "
-                          "need each peft adapter layer sharded on its own, which rlzoo does not do): use "
-                          "distributed.strategy=ddp (the frozen base is small enough to replicate when the "
-                          "adapters are what trains), or model.lora.rank=0")
+def _optimizer_plan(cfg: Any) -> OptimizerPlan:
+    t = cfg.trainer
+    return OptimizerPlan(lr=float(t.lr), critic_lr=float(t.critic_lr), betas=(float(t.betas[0]), float(t.betas[1])),
+                         weight_decay=float(t.weight_decay),
+                         max_grad_norm=None if t.max_grad_norm is None else float(t.max_grad_norm),
+                         schedule=str(t.lr_schedule), warmup_steps=int(t.warmup_steps),
+                         schedule_steps=int(t.total_steps))
 
 
-def _check_async(resolved: ResolvedConfig, world: int) -> None:
-    """What ``rollout.mode=async`` cannot run: refused before anything is built."""
-    cfg = resolved.cfg
-    if cfg.rollout.mode != "async":
-        return
-    refillers = [c.name for c, _ in resolved.extensions if hasattr(c.fn, "rlzoo_after_rollout")]
-    if refillers:
-        raise ConfigError(f"extension {', '.join(refillers)} acts after each rollout and may refill the batch "
-                          "(ctx.resample), but with rollout.mode=async only the generator process generates: "
-                          "use rollout.mode=sync")
-    if int(cfg.rollout.staleness):
-        raise ConfigError(f"rollout.staleness={cfg.rollout.staleness} is the synchronous, reproducible queue; with "
-                          "rollout.mode=async the bound is rollout.max_staleness: set one of the two")
-    if world > 1:
-        raise ConfigError(f"rollout.mode=async runs one generator process beside one trainer; under torchrun "
-                          f"({world} processes) it is not supported: use rollout.mode=sync (or launcher.nproc=1)")
-    if cfg.get("env") is not None:
-        raise ConfigError("rollout.mode=async with env (multi-turn episodes) is not supported yet (untested: the "
-                          "generator process has not been checked to play episodes): use rollout.mode=sync")
-    if int(cfg.model.lora.rank):
-        raise ConfigError("rollout.mode=async with model.lora.rank > 0 is not supported (the generator's copy of "
-                          "the policy has no adapters): use rollout.mode=sync")
-    sync_every, bound = int(cfg.rollout.weight_sync_every), int(cfg.rollout.max_staleness)
-    if cfg.rollout.stale_batches == "drop" and bound < sync_every - 1:
-        raise ConfigError(f"rollout.max_staleness={bound} with rollout.weight_sync_every={sync_every} and "
-                          f"stale_batches=drop could drop every batch (the generator's weights may be "
-                          f"{sync_every - 1} versions old between syncs): set rollout.max_staleness >= "
-                          f"{sync_every - 1}, or rollout.stale_batches=keep")
+def _eval_plan(cfg: Any) -> EvalPlan:
+    e = cfg.eval
+    return EvalPlan(size=int(e.size), n=int(e.n), every=int(e.every), threshold=float(e.threshold),
+                    holdout=float(e.holdout), at_start=bool(e.get("at_start", False)),
+                    episodes=cfg.get("env") is not None)
+
+
+def _cadence_plan(cfg: Any) -> CadencePlan:
+    return CadencePlan(total_steps=int(cfg.trainer.total_steps), checkpoint_every=int(cfg.checkpoint.every),
+                       checkpoint_keep=int(cfg.checkpoint.keep), log_every=int(cfg.logging.log_every),
+                       sample_every=int(cfg.logging.sample_every), progress=bool(cfg.logging.progress),
+                       doctor=bool(cfg.logging.doctor))
+
+
+def _compute_plan(cfg: Any) -> ComputePlan:
+    t, d = cfg.trainer, cfg.distributed
+    return ComputePlan(device=str(t.device), threads=int(t.threads or 0), backend=str(d.backend),
+                       timeout_s=float(d.timeout_s), strategy=str(d.strategy),
+                       logprob_chunk_size=int(t.logprob_chunk_size),
+                       logprob_keep_bytes=int(t.logprob_keep_mb * 2**20))
+
+
+def _prompt_plan(resolved: ResolvedConfig) -> PromptPlan:
+    """``task.instruction``, ``model.system_prompt``, ``model.chat_template`` and the chosen
+    answer format's ``hint``."""
+    cfg, chosen = resolved.cfg, resolved.components.get("answer_format")
+    task = cfg.task
+    instruction = task.get("instruction") if hasattr(task, "get") else None
+    return PromptPlan(instruction=instruction, format_hint=(chosen.meta.get("hint", "") if chosen else "") or "",
+                      system_prompt=cfg.model.get("system_prompt"), chat_template=cfg.model.chat_template)
 
 
 def _correction_steps(resolved: ResolvedConfig) -> tuple[CorrectionStep, ...]:
@@ -310,74 +256,8 @@ def _correction_steps(resolved: ResolvedConfig) -> tuple[CorrectionStep, ...]:
             raise ConfigError(f"rollout_correction[{index}] {component.name!r} has mode=mask but reads the current "
                               "policy (logp), known only inside each micro-batch, after the aggregation's "
                               "denominators are counted: use mode=weight")
-        steps.append(CorrectionStep(name=component.name, index=index, stage=stage, mode=mode))
+        steps.append(CorrectionStep(correction=component.bind(params), stage=stage, mode=mode))
     return tuple(steps)
-
-
-def _check_bypass(resolved: ResolvedConfig, needs: set[str]) -> None:
-    """``trainer.old_logp=rollout`` takes π_old to be μ: refuse what would then read nothing."""
-    reads_old = [c.name for c, _ in resolved.corrections if "old_logp" in c.inputs]
-    if reads_old:
-        raise ConfigError(f"trainer.old_logp=rollout makes the rollout's log-probs pi_old, so rollout_correction "
-                          f"{', '.join(reads_old)} (which compares pi_old with the rollout's mu) would weight every "
-                          "token 1: remove it, or set trainer.old_logp=compute (opmask compares mu with the current "
-                          "policy and works in both)")
-    for need, what in (("entropy", "the entropies"), ("sum_pi_squared", "the Σπ²")):
-        if need in needs:
-            acting = [*resolved.components.values(), *(c for c, _ in resolved.extensions)]
-            raise ConfigError(f"trainer.old_logp=rollout skips the old-log-prob pass, which computes {what} "
-                              f"{_names(acting, need)} read(s): set trainer.old_logp=compute")
-
-
-def _check_consistency(resolved: ResolvedConfig, needs: set[str], kl_on: bool, world: int) -> None:
-    cfg = resolved.cfg
-    _check_lora(cfg, world)
-    comps = resolved.components
-    acting = [*comps.values(), *(c for c, _ in resolved.extensions)]
-    if cfg.trainer.old_logp == "rollout":
-        _check_bypass(resolved, needs)
-    if "groups" in needs and cfg.rollout.n < 2:
-        raise ConfigError(f"{_names(acting, 'groups')} need groups of completions: set rollout.n >= 2 "
-                          f"(got {cfg.rollout.n})")
-    if cfg.rollout.record and world > 1:
-        raise ConfigError("rollout.record=true records one process's batches; record a run of a single process "
-                          f"(this job has {world})")
-    if cfg.rollout.prompts_per_step % world:
-        raise ConfigError(f"rollout.prompts_per_step={cfg.rollout.prompts_per_step} must be divisible by the "
-                          f"number of processes ({world}): each process takes whole groups")
-    per_process = cfg.rollout.prompts_per_step // world * cfg.rollout.n
-    mini = int(cfg.trainer.num_mini_batches)
-    if per_process % mini:
-        raise ConfigError(f"trainer.num_mini_batches={mini} does not divide the {per_process} sequences each "
-                          f"process trains on per step (rollout.prompts_per_step={cfg.rollout.prompts_per_step}"
-                          f"{f' / {world} processes' if world > 1 else ''} x rollout.n={cfg.rollout.n}): "
-                          "choose a divisor so mini-batches are equal")
-    required = comps["policy_loss"].meta.get("loss_agg")
-    if required and required != comps["loss_agg"].name:
-        source = resolved.sources.get("loss_agg.name", "?")
-        raise ConfigError(f"policy_loss {comps['policy_loss'].name!r} is defined with loss_agg={required} "
-                          f"(it registers so); loss_agg is {comps['loss_agg'].name} (from {source}): set "
-                          f"loss_agg={required}")
-    _check_reward_inputs(resolved, kl_on)
-    if "teacher" in needs or "teacher_logits" in needs:
-        teacher = cfg.teacher.path
-        if not teacher:
-            raise ConfigError(f"{_teacher_readers(resolved, acting)} distil(s) from a teacher model: set "
-                              "teacher.path to a local model directory (written by save_pretrained; its tokenizer "
-                              "must be the policy's)")
-        if not (Path(str(teacher)) / "config.json").is_file():
-            raise ConfigError(f"teacher.path {str(teacher)!r} is not a local model directory (no config.json); "
-                              "rlzoo never downloads models")
-    if kl_on:
-        estimator, controller = comps["kl.estimator"], comps["kl.controller"]
-        if "logits" in estimator.needs and cfg.kl.apply == "reward":
-            raise ConfigError(f"kl.estimator {estimator.name!r} reads full-vocabulary logits, which exist only "
-                              "in the update: use it with kl.apply=loss (or choose a sampled-token estimator "
-                              "such as k1 for kl.apply=reward)")
-        if controller.name != "fixed" and cfg.kl.apply == "loss":
-            raise ConfigError(f"kl.controller={controller.name} adapts beta of the KL folded into the reward "
-                              "(Ziegler et al. 2019); with kl.apply=loss beta is fixed (as verl's kl_loss_coef): "
-                              "set kl.controller=fixed or kl.apply=reward")
 
 
 def _scorer_models(resolved: ResolvedConfig) -> dict[str, str]:
@@ -398,28 +278,12 @@ def _scorer_models(resolved: ResolvedConfig) -> dict[str, str]:
     return models
 
 
-def _check_reward_inputs(resolved: ResolvedConfig, kl_on: bool) -> None:
-    """An advantage estimator that reads each reward function's raw scores (``reward_scores``)
-    rather than ``token_rewards`` never sees KL in the reward or a shaped reward: refuse both."""
-    advantage = resolved.components["advantage"]
-    if "reward_scores" not in advantage.inputs or "token_rewards" in advantage.inputs:
-        return
-    if kl_on and resolved.cfg.kl.apply == "reward":
-        raise ConfigError(f"advantage {advantage.name!r} normalises each reward function's raw scores, so KL in "
-                          "the reward would be ignored: set kl.apply=loss (or kl.coef=0)")
-    shapers = [c.name for c, _ in resolved.extensions if hasattr(c.fn, "rlzoo_shape_rewards")]
-    if shapers:
-        raise ConfigError(f"advantage {advantage.name!r} normalises each reward function's raw scores, so the "
-                          f"reward shaping of extension {', '.join(shapers)} would be ignored: remove it, or make "
-                          "the shaping a reward function of its own in reward=[...]")
-
-
 def _inert_choices(resolved: ResolvedConfig, plan: RunPlan) -> list[str]:
     """Choices that cannot change anything under ``plan``, said in words."""
     cfg = resolved.cfg
     warnings = []
     loss = resolved.components["policy_loss"]
-    same_distribution = (plan.rollout.backend == "hf" and plan.rollout.dtype == cfg.model.dtype
+    same_distribution = (plan.rollout.backend.name == "hf" and plan.rollout.dtype == cfg.model.dtype
                          and float(cfg.rollout.top_p) == 1.0)
     ratio_moves = plan.bypass and (not same_distribution or plan.rollout.off_policy)  # pi/mu != 1
     if plan.update.on_policy and not loss.meta.get("ratio_free") and not ratio_moves:

@@ -1,8 +1,10 @@
 """The records of a run plan: what :func:`rlzoo.plan.planner.build_plan` decides and the engine reads.
 
-:class:`RunPlan` and its parts (KL, update structure, rollout, corrections, LoRA) with the
-text the plan renders (``plan.txt``, ``rlzoo config --plan``). Deciding them, and every
-consistency check, is :mod:`rlzoo.plan.planner`'s job; these are plain frozen records.
+:class:`RunPlan` and its parts (rollout, episodes, LoRA here; loss terms, KL, corrections,
+update and optimizer in :mod:`rlzoo.plan.learning`; models, compute, evaluation, cadence and
+prompts in :mod:`rlzoo.plan.settings`) with the text the plan renders (``plan.txt``,
+``rlzoo config --plan``). Deciding them, and every consistency check, is
+:mod:`rlzoo.plan.planner`'s job; these are plain frozen records.
 """
 
 from __future__ import annotations
@@ -11,64 +13,31 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-@dataclass(frozen=True)
-class KLPlan:
-    """Where KL to the reference (or the teacher) acts.
-
-    :ivar placement: ``"reward"`` (β·KL_t subtracted from the token rewards) or ``"loss"``
-        (β·agg(KL) added to the policy loss).
-    :ivar estimator: the ``kl_estimator`` component's name.
-    :ivar controller: the ``kl_controller`` component's name.
-    :ivar coef: the initial β.
-    :ivar uses_logits: the estimator reads full-vocabulary logits (computed in the update).
-    :ivar controller_updates: the controller is fed the batch's KL every step.
-    :ivar target: what the KL pulls towards (``kl.target``): ``"reference"``, the frozen initial
-        policy, or ``"teacher"``, the model at ``teacher.path`` (on-policy distillation: the
-        estimator's ``ref_logp`` / ``ref_logits`` are the teacher's).
-    """
-
-    placement: str
-    estimator: str
-    controller: str
-    coef: float
-    uses_logits: bool
-    controller_updates: bool
-    target: str = "reference"
+from rlzoo.contract.checks import BoundComponent
+from rlzoo.plan.learning import CorrectionStep, KLPlan, LossTerm, OptimizerPlan, UpdatePlan
+from rlzoo.plan.settings import CadencePlan, ComputePlan, EvalPlan, ModelPlan, PromptPlan
 
 
-@dataclass(frozen=True)
-class UpdatePlan:
-    """How one rollout becomes optimizer steps.
-
-    :ivar sequences: sequences per step over all processes (prompts × n).
-    :ivar sequences_per_process: this process's share.
-    :ivar epochs: passes over the rollout.
-    :ivar mini_batches: mini-batches per epoch (one optimizer step each).
-    :ivar micro_batch_size: sequences per forward/backward (gradient accumulation).
-    """
-
-    sequences: int
-    sequences_per_process: int
-    epochs: int
-    mini_batches: int
-    micro_batch_size: int
-
-    @property
-    def optimizer_steps(self) -> int:
-        """Optimizer steps per training step (epochs × mini-batches)."""
-        return self.epochs * self.mini_batches
-
-    @property
-    def on_policy(self) -> bool:
-        """One optimizer step per rollout: the policy never moves before its loss is taken."""
-        return self.optimizer_steps == 1
+def plain(value: Any) -> Any:
+    """A record as plain values: dataclasses as dicts, tuples as lists, a bound component as
+    its name (what :meth:`RunPlan.to_dict` returns)."""
+    if isinstance(value, BoundComponent):
+        return value.name
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, (list, tuple)):
+        return [plain(item) for item in value]
+    if isinstance(value, dict):
+        return {key: plain(item) for key, item in value.items()}
+    return value
 
 
 @dataclass(frozen=True)
 class RolloutPlan:
     """How each step's completions are generated.
 
-    :ivar backend: the rollout backend's name (``rollout.backend``).
+    :ivar backend: the rollout backend (``rollout.backend``) with its parameters, bound: built
+        with the run's policy, tokenizer, device and :attr:`dtype`.
     :ivar dtype: the dtype it generates in (``rollout.dtype``, else ``model.dtype``).
     :ivar prompts_per_process: prompts this process draws each step.
     :ivar n: completions per prompt (a group).
@@ -91,7 +60,7 @@ class RolloutPlan:
         (``rollout.queue_size``).
     """
 
-    backend: str
+    backend: BoundComponent
     dtype: str
     prompts_per_process: int
     n: int
@@ -137,26 +106,6 @@ class EpisodePlan:
 
 
 @dataclass(frozen=True)
-class CorrectionStep:
-    """One rollout correction of the run, in ``rollout_correction`` order.
-
-    :ivar name: the correction's name.
-    :ivar index: its position in ``rollout_correction`` (binds its parameters).
-    :ivar stage: ``batch``: computed once per step over the whole batch before the
-        mini-batches (it reads no current-policy log-prob); ``update``: in each update
-        micro-batch (it reads ``logp``, the policy being trained).
-    :ivar mode: ``weight`` (its weights multiply the per-token policy loss) or ``mask``
-        (its zero-weight tokens also leave ``loss_mask``, so every term over that mask
-        stops counting them).
-    """
-
-    name: str
-    index: int
-    stage: str
-    mode: str
-
-
-@dataclass(frozen=True)
 class LoraPlan:
     """Low-rank adapters (``model.lora``, through ``peft``): only they are trained.
 
@@ -189,11 +138,17 @@ class RunPlan:
         ``old_sum_pi_squared`` (with them),
         ``ref_logp`` (reference log-probs), ``values`` (critic values).
     :ivar kl: where KL acts, or ``None`` (``kl.coef`` is 0).
-    :ivar aggregation: loss term -> aggregation mode (``policy``, ``kl``, ``entropy``,
-        ``value``), each normalised by the counts of the mask it names in ``masks``.
-    :ivar masks: loss term -> ``loss_mask`` or ``response_mask``.
+    :ivar terms: loss term (``policy``, ``kl``, ``entropy``, ``value``) -> its aggregation,
+        mask and coefficient (:class:`rlzoo.plan.learning.LossTerm`); a term that cannot act
+        (KL off or in the reward, ``entropy_coef`` 0, no critic) is absent.
     :ivar update: the update structure.
     :ivar rollout: how completions are generated (:class:`RolloutPlan`).
+    :ivar model: where the policy's weights come from (:class:`rlzoo.plan.settings.ModelPlan`).
+    :ivar optimizer: the optimizers and the LR schedule.
+    :ivar eval: held-out evaluation and the held-out share of the prompts.
+    :ivar cadence: the run's length, logging and checkpoint cadence.
+    :ivar compute: device, threads, the process group and the log-prob head's chunking.
+    :ivar prompt: how a prompt becomes the model's text.
     :ivar corrections: the rollout corrections applied in order (weights multiplied, masks
         intersected); empty for ``none``.
     :ivar bypass: ``trainer.old_logp=rollout``: the rollout's log-probs are π_old (the
@@ -217,10 +172,15 @@ class RunPlan:
     models: dict[str, str]
     passes: dict[str, str]
     kl: KLPlan | None
-    aggregation: dict[str, str]
-    masks: dict[str, str]
+    terms: dict[str, LossTerm]
     update: UpdatePlan
     rollout: RolloutPlan
+    model: ModelPlan
+    optimizer: OptimizerPlan
+    eval: EvalPlan
+    cadence: CadencePlan
+    compute: ComputePlan = ComputePlan()
+    prompt: PromptPlan = PromptPlan()
     corrections: tuple[CorrectionStep, ...] = ()
     bypass: bool = False
     correction_in_loss: bool = False
@@ -249,7 +209,7 @@ class RunPlan:
                     else "weights the per-token policy loss (weight 0 keeps a token in the denominators)")
             lines.append(f"  {i}. {step.name}: {what}; {when}")
         if any(step.mode == "mask" for step in self.corrections):
-            terms = ", ".join(t for t, m in self.masks.items() if m == "loss_mask")
+            terms = ", ".join(name for name, term in self.terms.items() if term.mask == "loss_mask")
             lines.append(f"  mode=mask changes the aggregation denominators: {terms} count only the tokens and "
                          "non-empty sequences the corrections keep")
         if self.correction_in_loss:
@@ -262,30 +222,11 @@ class RunPlan:
         return name in self.passes
 
     def to_dict(self) -> dict[str, Any]:
-        """The plan as plain values (what ``plan.txt`` renders)."""
-        return {
-            "world": self.world,
-            "needs": sorted(self.needs),
-            "models": dict(self.models),
-            "passes": dict(self.passes),
-            "kl": None if self.kl is None else {
-                "placement": self.kl.placement, "estimator": self.kl.estimator,
-                "controller": self.kl.controller, "coef": self.kl.coef,
-                "controller_updates": self.kl.controller_updates, "target": self.kl.target},
-            "aggregation": {term: f"{mode} over {self.masks[term]}" for term, mode in self.aggregation.items()},
-            "update": {
-                "sequences_per_step": self.update.sequences, "per_process": self.update.sequences_per_process,
-                "epochs": self.update.epochs, "mini_batches_per_epoch": self.update.mini_batches,
-                "optimizer_steps_per_step": self.update.optimizer_steps,
-                "micro_batch_size": self.update.micro_batch_size},
-            "rollout": dataclasses.asdict(self.rollout),
-            "rollout_correction": [dataclasses.asdict(step) for step in self.corrections],
-            "old_logp": "rollout (bypass)" if self.bypass else ("pass" if "old_logp" in self.passes else "current"),
-            "precision": self.precision,
-            "lora": None if self.lora is None else dataclasses.asdict(self.lora),
-            **({} if self.episodes is None else {"episodes": dataclasses.asdict(self.episodes)}),
-            "warnings": list(self.warnings),
-        }
+        """The plan as plain values (components by name)."""
+        out = plain({f.name: getattr(self, f.name) for f in dataclasses.fields(self)})
+        out["needs"] = sorted(self.needs)
+        out["old_logp"] = "rollout (bypass)" if self.bypass else ("pass" if "old_logp" in self.passes else "current")
+        return out
 
     def _async_lines(self) -> list[str]:
         """What ``rollout.mode=async`` runs, its version bound and what it costs."""
@@ -306,12 +247,14 @@ class RunPlan:
     def render(self) -> str:
         """The plan as text, one fact a line (``plan.txt``, ``rlzoo config --plan``)."""
         u = self.update
-        lines = ["# run plan", f"processes: {self.world}", "models:"]
+        strategy = f" ({self.compute.strategy}: each trained model wrapped)" if self.world > 1 else ""
+        lines = ["# run plan", f"processes: {self.world}{strategy}", "models:"]
         lines += [f"  {name}: {why}" for name, why in self.models.items()]
+        lines.append(self.model.line())
         lines.append("passes each step:")
         r = self.rollout
         samples = "completions" if self.episodes is None else "episodes"
-        lines.append(f"  rollout: {r.backend} backend, {u.sequences} sequences ({r.dtype}): {r.n} {samples} of "
+        lines.append(f"  rollout: {r.backend.name} backend, {u.sequences} sequences ({r.dtype}): {r.n} {samples} of "
                      f"at most {r.max_new_tokens} tokens per prompt, temperature {r.temperature:g}"
                      f"{f', top_p {r.top_p:g}' if r.top_p < 1 else ''}")
         if r.staleness:
@@ -341,17 +284,25 @@ class RunPlan:
         else:
             k = self.kl
             where = ("in the reward: r_t -= beta * KL_t" if k.placement == "reward"
-                     else f"as a loss term: loss += beta * {self.aggregation['kl']}(KL)")
+                     else f"as a loss term: loss += beta * {self.terms['kl'].mode}(KL)")
             towards = (" towards the teacher (kl.target=teacher: its log-probs/logits replace the reference's)"
                        if k.target == "teacher" else "")
-            lines.append(f"kl: {k.estimator}{towards} {where}; beta {k.coef} ({k.controller}"
+            lines.append(f"kl: {k.estimator.name}{towards} {where}; beta {k.coef} ({k.controller.name}"
                          f"{', updated each step' if k.controller_updates else ''}); "
                          "kl/value logs nats per token")
-        lines.append("aggregation:")
-        lines += [f"  {term}: {mode} over {self.masks[term]}" for term, mode in self.aggregation.items()]
+        lines.append("loss terms (coefficient x aggregation over mask):")
+        lines += [f"  {name}: {_coef(name, term)}{term.mode} over {term.mask}" for name, term in self.terms.items()]
         lines.append(f"update: {u.epochs} epoch(s) x {u.mini_batches} mini-batch(es) of "
                      f"{u.sequences // u.mini_batches} sequences = {u.optimizer_steps} optimizer step(s) "
                      f"per step; micro-batches of {u.micro_batch_size}")
         lines.append(f"log-probs under logits / {self.logprob_temperature:g} (the sampling temperature)")
+        lines += [self.optimizer.line("critic" in self.models), self.eval.line(), self.cadence.line()]
         lines += [f"warning: {w}" for w in self.warnings]
         return "\n".join(lines) + "\n"
+
+
+def _coef(name: str, term: LossTerm) -> str:
+    """A term's coefficient as ``plan.txt`` writes it before its aggregation."""
+    if name == "kl":
+        return "beta x "
+    return "" if term.coef == 1 else f"{term.coef:g} x "

@@ -1,8 +1,10 @@
 """Asynchronous rollout: a generator process generates and scores while the trainer updates.
 
 With ``rollout.mode=async`` the trainer starts one generator process
-(``torch.multiprocessing``, spawn) that re-resolves the run's config, builds the task, the
-rewards, the rollout backend and its own copy of the policy, and then loops: take the
+(``torch.multiprocessing``, spawn) that plans the run again from its saved config
+(:func:`rlzoo.plan.run_input.replan`), builds the task, its own copy of the policy, the
+rollout backend and the rewards as every run does (:class:`rlzoo.rollout.parts.RunParts`),
+and then loops: take the
 newest published weights, generate and score one batch (:meth:`rlzoo.rollout.sampler.Sampler.sample`),
 put it, with the policy version that generated it, into a bounded queue
 (``rollout.queue_size``). The trainer takes the batches in order; a batch more than
@@ -41,21 +43,15 @@ from typing import Any, Iterable, Iterator
 
 import torch
 import torch.multiprocessing as mp
-import yaml
 
 from rlzoo.core import processes
 from rlzoo.core.batch import RolloutBatch
-from rlzoo.plan.planner import load_config
 from rlzoo.core.errors import RlzooError, TrainingError
 from rlzoo.models.head import FastPaths, set_fast_paths
-from rlzoo.models.build import build_policy
 from rlzoo.plan.records import RolloutPlan
-from rlzoo.contract.loading import build_registry, make_plugin_manager
-from rlzoo.tasks.prompts import PromptFormat
-from rlzoo.core.rng import seed_everything
+from rlzoo.plan.run_input import replan
+from rlzoo.rollout.parts import RunParts
 from rlzoo.rollout.staleness import plain_batch
-from rlzoo.rollout.sampler import Sampler
-from rlzoo.rollout.scoring import Rewards
 from rlzoo.core.stopping import STOP_SIGNALS, die_with_parent
 
 POLL_S = 0.2
@@ -66,7 +62,7 @@ POLL_S = 0.2
 class GeneratorSpec:
     """What the generator process needs to build its side of the run (picklable).
 
-    :ivar config_yaml: the run's resolved config (``config.yaml``'s text).
+    :ivar config_yaml: the run's resolved config (``config.yaml``'s text), planned again there.
     :ivar device: where the generator's policy copy lives (``cpu``, ``cuda:0``).
     :ivar threads: its torch threads.
     :ivar seed: seeds its sampling (another seed for each start, so a resume does not
@@ -236,25 +232,17 @@ class _Generator:
     def __init__(self, spec: GeneratorSpec, weights: dict[str, torch.Tensor], version: Any, lock: Any) -> None:
         self.spec, self.shared, self.version, self.lock = spec, weights, version, lock
         torch.set_num_threads(max(1, spec.threads))
-        pm = make_plugin_manager(modules=yaml.safe_load(spec.config_yaml).get("plugins") or [])
-        resolved = load_config(build_registry(pm), base=yaml.safe_load(spec.config_yaml), base_label="trainer")
-        cfg, plan = resolved.cfg, resolved.plan
+        run = replan(spec.config_yaml)
         device = torch.device(spec.device)
         if device.type == "cpu":  # other runs count this process's threads too (the record of a
             processes.register(torch.get_num_threads())  # killed generator is removed by whoever finds it)
-        seed_everything(spec.seed)
-        task = resolved.build("task")
-        self.policy, tokenizer = build_policy(cfg, task)
+        parts = RunParts(run, device, seed=spec.seed)  # its own policy copy, backend and rewards
+        self.policy = parts.models.policy
         set_fast_paths(self.policy, spec.paths)  # checked by the trainer on the same model
-        self.policy.to(device).eval()
-        backend = resolved.build("rollout.backend", name=plan.rollout.backend, policy=self.policy,
-                                 tokenizer=tokenizer, device=device, dtype=plan.rollout.dtype,
-                                 generation_context=contextlib.nullcontext)
-        rewards = Rewards.for_run(resolved, device=device, tokenizer=tokenizer)
-        self.sampler = Sampler(task, rewards, tokenizer, backend, cfg, plan, device, int(cfg.seed),
-                               PromptFormat.for_run(resolved))
+        self.policy.eval()
+        self.sampler = parts.sampler(run.setup.seed)
         self.sampler.load_state_dict(from_bytes(spec.sampler_state))
-        self.prompts = plan.rollout.prompts_per_process
+        self.prompts = run.plan.rollout.prompts_per_process
         self.loaded = -1
 
     def refresh(self) -> int:

@@ -19,7 +19,7 @@ import torch
 from rlzoo.core.batch import RolloutBatch
 from rlzoo.agents.environment import Environment
 from rlzoo.agents.episodes import EpisodeFormat, EpisodeLimits, episode_tensors, play, transcript
-from rlzoo.plan.planner import RunPlan
+from rlzoo.plan.records import RunPlan
 from rlzoo.tasks.prompts import PromptFormat
 from rlzoo.core.tokens import left_pad
 from rlzoo.rollout.scoring import Rewards
@@ -46,9 +46,8 @@ class Sampler:
     :param rewards: the run's reward functions and weights.
     :param tokenizer: the policy's tokenizer.
     :param backend: the rollout backend (``generate``, ``sync_weights``).
-    :param cfg: the run config (``eval.holdout``; the prompt settings when
-        ``prompt_format`` is not given).
-    :param plan: the run plan (how completions are generated, whether a greedy pass runs).
+    :param plan: the run plan (how completions are generated, whether a greedy pass runs,
+        the held-out share of the prompts).
     :param device: where the batch's tensors go.
     :param seed: seeds the prompt RNG (a string makes each process's stream its own).
     :param prompt_format: instruction, system prompt and chat template (:mod:`rlzoo.tasks.prompts`).
@@ -56,15 +55,14 @@ class Sampler:
         samples single completions.
     """
 
-    def __init__(self, task: Task, rewards: Rewards, tokenizer: Any, backend: Any, cfg: Any,
-                 plan: RunPlan, device: torch.device, seed: int | str,
-                 prompt_format: PromptFormat | None = None,
+    def __init__(self, task: Task, rewards: Rewards, tokenizer: Any, backend: Any, plan: RunPlan,
+                 device: torch.device, seed: int | str, prompt_format: PromptFormat,
                  environment: Callable[[], Environment] | None = None) -> None:
         self.task, self.rewards, self.tokenizer, self.backend = task, rewards, tokenizer, backend
-        self.prompt_format = prompt_format or PromptFormat.from_config(cfg)
+        self.prompt_format = prompt_format
         self.plan, self.device = plan, device
         self.rng = random.Random(seed)
-        self.holdout = Holdout(float(cfg.eval.holdout))
+        self.holdout = Holdout(plan.eval.holdout)
         self.next_group = 0
         self.prompt_format.check(tokenizer)
         self.environment = environment

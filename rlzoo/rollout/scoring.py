@@ -25,9 +25,9 @@ from typing import Any
 
 import torch
 
-from rlzoo.contract.checks import BoundComponent, BuiltComponent
+from rlzoo.contract.checks import BoundComponent, BuiltComponent, build_rewards
 from rlzoo.core.errors import TrainingError
-from rlzoo.config.resolved import ResolvedConfig
+from rlzoo.plan.run_input import Components
 
 
 class Rewards:
@@ -49,12 +49,11 @@ class Rewards:
         self.all_formats = list(all_formats or [])
 
     @classmethod
-    def for_run(cls, resolved: ResolvedConfig, **setup: Any) -> "Rewards":
+    def of(cls, components: Components, **setup: Any) -> "Rewards":
         """The run's reward functions (scorers built with the ``setup`` inputs: ``device``,
         ``tokenizer``) and answer format, with every registered format for lenient scoring."""
-        chosen = resolved.bound("answer_format") if "answer_format" in resolved.components else None
-        formats = [c.bind(None) for c in resolved.registry.components("answer_format")] if resolved.registry else []
-        return cls(resolved.reward_functions(**setup), chosen, formats)
+        return cls(build_rewards(list(components.rewards), **setup), components.answer_format,
+                   list(components.answer_formats))
 
     def __len__(self) -> int:
         return len(self.functions)

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:
     from rlzoo.core.batch import RolloutBatch
-    from rlzoo.plan.planner import RunPlan
+    from rlzoo.plan.records import RunPlan
 
 
 @dataclass
@@ -16,7 +16,7 @@ class RunContext:
     """The run as lifecycle hooks see it (``ctx`` in :mod:`rlzoo.contract.hookspecs`).
 
     :ivar cfg: the resolved config (OmegaConf).
-    :ivar plan: the run plan (:class:`rlzoo.plan.planner.RunPlan`).
+    :ivar plan: the run plan (:class:`rlzoo.plan.records.RunPlan`).
     :ivar run_dir: where logs and checkpoints go.
     :ivar step: the current step (1-based once training starts).
     :ivar resample: ``resample(n_prompts) -> RolloutBatch``: generate and score groups for

@@ -35,13 +35,14 @@ import sys
 
 import math
 import time
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 import torch
 
 from rlzoo.core import distributed
 from rlzoo.core.errors import ConfigError
+from rlzoo.plan.settings import EvalPlan
 from rlzoo.rollout.sampler import Completions, Sampler
 from rlzoo.tasks.task import Example, Holdout, Task
 from rlzoo.run.tracking import Sample
@@ -81,15 +82,17 @@ class Evaluator:
     :param examples: the held-out examples (the same on every rank).
     :param sampler: the run's sampler: its tokenizer, chat template, rollout backend and
         reward function are used; its RNG and state are not.
-    :param cfg: the run config (``eval.*``); generation follows the run plan (``sampler.plan``).
+    :param evaluation: the plan's evaluation (``plan.eval``); generation follows the run plan
+        (``sampler.plan``).
     :param dist: this process's place in the job: each rank answers a share of the prompts.
     """
 
-    def __init__(self, examples: list[Example], sampler: Sampler, cfg: Any, dist: distributed.DistInfo) -> None:
+    def __init__(self, examples: list[Example], sampler: Sampler, evaluation: EvalPlan,
+                 dist: distributed.DistInfo) -> None:
         self.examples, self.sampler, self.dist = examples, sampler, dist
-        self.every, self.n = int(cfg.eval.every), int(cfg.eval.n)
-        self.at_start = bool(getattr(cfg.eval, "at_start", False))
-        self.threshold = float(cfg.eval.threshold)
+        self.every, self.n = evaluation.every, evaluation.n
+        self.at_start = evaluation.at_start
+        self.threshold = evaluation.threshold
         self.rollout = sampler.plan.rollout
         # at most as many sequences per generate call as a training rollout (the size the
         # user made fit in memory): every prompt once greedily, or eval.n samples each
@@ -98,25 +101,25 @@ class Evaluator:
         """Greedy answers to the first held-out prompts at the last evaluation (logged as text)."""
 
     @classmethod
-    def build(cls, cfg: Any, task: Task, task_name: str, sampler: Sampler,
+    def build(cls, evaluation: EvalPlan, task: Task, task_name: str, sampler: Sampler,
               dist: distributed.DistInfo) -> "Evaluator | None":
         """The run's evaluator, or ``None`` when ``eval.size`` is 0.
 
         :raises ConfigError: the task has no held-out prompts to evaluate on.
         """
-        size = int(cfg.eval.size)
+        size = evaluation.size
         if size == 0:
             return None
-        examples = task.eval_set(size, Holdout(float(cfg.eval.holdout)))
+        examples = task.eval_set(size, Holdout(evaluation.holdout))
         if not examples:
             raise ConfigError(f"eval.size={size} but task {task_name!r} has no held-out prompts "
-                              f"(eval.holdout={cfg.eval.holdout}): raise eval.holdout, give the task an "
+                              f"(eval.holdout={evaluation.holdout}): raise eval.holdout, give the task an "
                               "eval_path, or set eval.size=0 to train without evaluation")
         if len(examples) < size and dist.is_main:
             print(f"rlzoo: warning: eval.size={size} but task {task_name!r} holds out only {len(examples)} "
-                  f"prompts (eval.holdout={cfg.eval.holdout} of its prompt space): evaluating those", file=sys.stderr,
-                  flush=True)
-        return cls(examples, sampler, cfg, dist)
+                  f"prompts (eval.holdout={evaluation.holdout} of its prompt space): evaluating those",
+                  file=sys.stderr, flush=True)
+        return cls(examples, sampler, evaluation, dist)
 
     def describe(self) -> str:
         """One line for the start of a run: what is evaluated, how often."""

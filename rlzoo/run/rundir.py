@@ -78,26 +78,6 @@ def in_sweep(run_dir: Path) -> bool:
     return (Path(run_dir).resolve().parent / SWEEP_FILE).is_file()
 
 
-def default_run_name(cfg: Any) -> str:
-    """``<algo>-<task>-s<seed>-<timestamp>`` unless ``run_name`` is set."""
-    if cfg.run_name:
-        return str(cfg.run_name)
-    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    return f"{cfg.algo or 'custom'}-{cfg.task.name}-s{cfg.seed}-{stamp}"
-
-
-def run_path(cfg: Any) -> Path:
-    """The directory ``cfg`` runs in: ``resume``, else ``run_dir``, else ``runs/<run name>``."""
-    return Path(str(cfg.resume or cfg.run_dir or Path("runs") / default_run_name(cfg)))
-
-
-
-
-
-
-
-
-
 # ----------------------------------------------------------------------------- ownership
 
 
@@ -177,11 +157,10 @@ def check_new_run_dir(path: Path, overwrite: bool) -> None:
         _refuse_another_run(path)
 
 
-def check_run_dir(cfg: Any, overwrite: bool) -> None:
-    """What :class:`RunDirectory` would refuse for ``cfg``, checked without writing anything
+def check_run_dir(path: Path, resume: bool, overwrite: bool) -> None:
+    """What :class:`RunDirectory` would refuse for ``path``, checked without writing anything
     (the launcher runs it before starting torchrun)."""
-    path = run_path(cfg)
-    if not cfg.resume:
+    if not resume:
         check_new_run_dir(path, overwrite)
     elif (holder := lock_holder(path)) is not None:
         raise in_use_error(path, holder)
@@ -254,7 +233,8 @@ def _write_text(path: Path, text: str) -> None:
 class RunDirectory:
     """The directory of one run, owned (locked) by this process for the life of the run.
 
-    :param cfg: the resolved config (``resume``, ``run_dir``, ``run_name``).
+    :param path: the run's directory (:func:`rlzoo.plan.run_input.run_path`).
+    :param resume: continue the run in ``path`` (``resume=``) rather than start one.
     :param dist: this process's place in the job (every rank gets rank 0's path).
     :param overwrite: a new run may delete another run's files in the directory first.
     :param trained: the name of the trained model in checkpoints (``policy``; ``reward_model``
@@ -263,7 +243,7 @@ class RunDirectory:
         or (resuming) has no intact checkpoint. Nothing is written then.
     """
 
-    def __init__(self, cfg: Any, dist: distributed.DistInfo, overwrite: bool = False,
+    def __init__(self, path: Path, resume: bool, dist: distributed.DistInfo, overwrite: bool = False,
                  trained: str = "policy") -> None:
         self.dist, self.trained = dist, trained
         self._lock: RunLock | None = None
@@ -271,7 +251,7 @@ class RunDirectory:
         outcome: tuple[str, str | None, str | None] | None = None
         if dist.is_main:
             try:
-                outcome = self._claim(run_path(cfg), bool(cfg.resume), overwrite)
+                outcome = self._claim(Path(path), resume, overwrite)
             except (RlzooError, OSError) as exc:
                 self.close()
                 outcome = ("", None, str(exc) if isinstance(exc, RlzooError) else f"run directory: {exc}")
@@ -363,14 +343,14 @@ class RunDirectory:
             self.close()
             raise
 
-    def start(self, cfg: Any, plan_text: str, initial_policy: Any, tokenizer: Any) -> None:
-        """Create the files of a new run: ``plan.txt``, ``config.yaml`` (``cfg`` with
-        ``resume: null``: a run redone by ``resume=`` records the config it started with),
-        ``init_model/``."""
+    def start(self, config_yaml: str, plan_text: str, initial_policy: Any, tokenizer: Any) -> None:
+        """Create the files of a new run: ``plan.txt``, ``config.yaml`` (``config_yaml``: the
+        resolved config with ``resume: null``, so a run redone by ``resume=`` records the
+        config it started with), ``init_model/``."""
         def write() -> None:
             try:
                 _write_text(self.path / PLAN_FILE, plan_text)
-                _write_text(self.path / CONFIG_FILE, OmegaConf.to_yaml(OmegaConf.merge(cfg, {"resume": None})))
+                _write_text(self.path / CONFIG_FILE, config_yaml)
                 initial_policy.save_pretrained(str(self.init_model))
                 tokenizer.save_pretrained(str(self.init_model))
             except WRITE_ERRORS as exc:

@@ -9,9 +9,10 @@ Tags every run writes (so runs and algorithms compare side by side):
 when evaluation runs (:mod:`rlzoo.run.evaluation`); plus any metric a component or extension
 adds under its own name.
 
-**HParams.** Each run records its *effective* hyperparameters (:func:`effective_hparams`:
-every config key but :data:`NOT_HPARAMS`, with the knobs that cannot act under the run plan written as ``off``,
-so KL knobs of a run without KL do not show as differing) and an experiment summary that
+**HParams.** Each run records its *effective* hyperparameters (decided with the plan:
+:func:`rlzoo.plan.hparams.effective_hparams`, every config key but the ones that place or log
+a run, with the knobs that cannot act under the run plan written as ``off``, so KL knobs of
+a run without KL do not show as differing) and an experiment summary that
 names the metrics, evaluation and reward first. TensorBoard reads one experiment summary
 per log directory; a sweep writes one for all its runs (:func:`write_experiment`, with
 ``differs`` set on the swept keys and the :data:`ALGORITHM_KEYS` whose values differ), and
@@ -32,31 +33,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig, ListConfig, OmegaConf
 from torch.utils.tensorboard import SummaryWriter
 from torch.utils.tensorboard.summary import hparams
-
-from rlzoo.contract.kinds import COMPONENT_FIELDS
 
 from rlzoo.core import distributed
 from rlzoo.core.tags import Tag
 from rlzoo.core.batch import RolloutBatch
 from rlzoo.agents.episodes import COUNT_COLUMNS
-from rlzoo.plan.planner import RunPlan
-
-NOT_HPARAMS = ("run_name", "run_dir", "resume", "logging.", "checkpoint.")
-"""Config keys (a trailing dot: every key under it) that name or place a run, or say how it
-is logged and saved, rather than what it trains: not hyperparameters."""
-
-
-
-
-def matches(key: str, patterns: tuple[str, ...]) -> bool:
-    """Whether ``key`` is one of ``patterns`` or lies under one that ends with a dot."""
-    return any(key == p or (p.endswith(".") and key.startswith(p)) for p in patterns)
-
-OFF = "off"
-"""The hparams value of a knob that cannot act under the run's plan."""
+from rlzoo.plan.hparams import matches
+from rlzoo.plan.records import RunPlan
+from rlzoo.plan.settings import CadencePlan, EvalPlan
 
 LAYOUT: list[tuple[str, list[str]]] = [
     ("reward and evaluation", ["reward/mean", "eval/greedy_accuracy", "eval/pass@1", "eval/pass@N",
@@ -83,58 +69,6 @@ class Sample:
     score: float
 
 
-def flatten_config(cfg: DictConfig | dict[str, Any]) -> dict[str, Any]:
-    """Config as ``{"a.b": scalar}``; lists and None become strings (TensorBoard hparams)."""
-    out: dict[str, Any] = {}
-
-    def walk(node: Any, prefix: str) -> None:
-        if isinstance(node, dict):
-            for key, value in node.items():
-                walk(value, f"{prefix}{key}.")
-        elif isinstance(node, (bool, int, float, str)):
-            out[prefix[:-1]] = node
-        else:
-            out[prefix[:-1]] = str(node)
-
-    walk(OmegaConf.to_container(cfg, resolve=True) if isinstance(cfg, DictConfig) else cfg, "")
-    return out
-
-
-def inert_prefixes(plan: RunPlan) -> tuple[str, ...]:
-    """Config key prefixes whose values cannot act under ``plan``: the KL knobs when KL is
-    off (``kl.coef`` itself stays), the critic's when there is no critic."""
-    prefixes: list[str] = []
-    if plan.kl is None:
-        prefixes += ["kl.estimator", "kl.apply", "kl.controller", "kl.target"]
-    if "critic" not in plan.models:
-        prefixes += ["value_loss", "trainer.critic_lr"]
-    return tuple(prefixes)
-
-
-def effective_hparams(cfg: DictConfig, plan: RunPlan) -> dict[str, Any]:
-    """The run's hyperparameters as TensorBoard and ``rlzoo compare`` see them: every config
-    key but :data:`NOT_HPARAMS`; keys under :func:`inert_prefixes` collapse into one
-    entry each, ``off``: ``<path>.name`` for a component choice (``kl.estimator.name``),
-    the key itself otherwise (``kl.apply``)."""
-    inert = inert_prefixes(plan)
-    out: dict[str, Any] = {}
-    flat = flatten_config(cfg)
-    if isinstance(cfg.reward, ListConfig):  # several reward functions: one column each, and their sum
-        del flat["reward"]
-        flat["reward.name"] = " + ".join(f"{item.weight:g}·{item.name}" for item in cfg.reward)
-        flat.update({f"reward.{item.name}.{key}": value for item in cfg.reward for key, value in
-                     flatten_config(item).items() if key != "name"})
-    for key, value in flat.items():
-        if matches(key, NOT_HPARAMS):
-            continue
-        prefix = next((p for p in inert if key == p or key.startswith(p + ".")), None)
-        if prefix is not None:  # a component choice keeps its column: <path>.name = off
-            out[f"{prefix}.name" if prefix in COMPONENT_FIELDS else prefix] = OFF
-        else:
-            out[key] = value
-    return out
-
-
 def eval_metric_tags(n: int, episodes: bool = False) -> list[str]:
     """The ``eval/...`` tags a run with ``eval.n = n`` logs, most important first
     (``episodes``: a run with an environment)."""
@@ -144,15 +78,15 @@ def eval_metric_tags(n: int, episodes: bool = False) -> list[str]:
     return tags + (["eval/greedy_turns"] if episodes else [])
 
 
-def _eval_tags(cfg: DictConfig) -> list[str]:
-    """The ``eval/...`` tags the run of ``cfg`` logs (none without evaluation)."""
-    return eval_metric_tags(int(cfg.eval.n), cfg.get("env") is not None) if int(cfg.eval.size) > 0 else []
+def _eval_tags(evaluation: EvalPlan) -> list[str]:
+    """The ``eval/...`` tags a run with this evaluation logs (none without evaluation)."""
+    return eval_metric_tags(evaluation.n, evaluation.episodes) if evaluation.size > 0 else []
 
 
-def hparam_metrics(cfg: DictConfig) -> list[str]:
+def hparam_metrics(plan: RunPlan) -> list[str]:
     """The metrics the HParams dashboard lists for a run, most important first (it shows
     the first five): evaluation and reward, then lengths and time."""
-    evals = _eval_tags(cfg)
+    evals = _eval_tags(plan.eval)
     head = [t for t in evals if t == "eval/greedy_accuracy" or t.startswith("eval/pass@")]
     return head + ["reward/mean"] + [t for t in evals if t not in head] + [
         "response_length/mean", "kl/value", "timing/step_s", "throughput/tokens_per_s"]
@@ -277,15 +211,15 @@ def group_samples(batch: RolloutBatch, groups: int = 4, per_group: int = 4) -> l
     return out
 
 
-def custom_scalars_layout(cfg: DictConfig, plan: RunPlan) -> dict[str, dict[str, list[Any]]]:
+def custom_scalars_layout(plan: RunPlan) -> dict[str, dict[str, list[Any]]]:
     """:data:`LAYOUT` as ``add_custom_scalars`` takes it, without the tags this run never
     writes (evaluation when it is off, the critic's without a critic)."""
-    evals = set(_eval_tags(cfg))
+    evals = set(_eval_tags(plan.eval))
     layout: dict[str, dict[str, list[Any]]] = {}
     for title, tags in LAYOUT:
         charts = {}
         for tag in tags:
-            tag = tag.replace("pass@N", f"pass@{int(cfg.eval.n)}")
+            tag = tag.replace("pass@N", f"pass@{plan.eval.n}")
             if (tag.startswith("eval/") and tag not in evals) or (tag == "timing/eval_s" and not evals) or \
                     (tag.startswith("value/") and "critic" not in plan.models):
                 continue
@@ -304,11 +238,11 @@ class Progress:
     relays per run, and what a log file gets: a bar redrawn with carriage returns would make
     it one huge line)."""
 
-    def __init__(self, cfg: DictConfig, start_step: int) -> None:
-        self.total = int(cfg.trainer.total_steps)
+    def __init__(self, cadence: CadencePlan, start_step: int) -> None:
+        self.total = cadence.total_steps
         self.every = max(1, self.total // 10)
         self.bar = None
-        if cfg.logging.progress and sys.stderr.isatty():
+        if cadence.progress and sys.stderr.isatty():
             from tqdm import tqdm
 
             self.bar = tqdm(total=self.total, initial=start_step, desc="rlzoo train", dynamic_ncols=True)
@@ -336,17 +270,16 @@ class Tracker:
     def __init__(self, log_dir: str, purge_step: int | None = None) -> None:
         self.writer = SummaryWriter(log_dir=log_dir, purge_step=purge_step)
 
-    def log_hparams(self, cfg: DictConfig, plan: RunPlan, experiment: bool = True) -> None:
-        """Record the run's effective hyperparameters (session start and end) and the
-        custom-scalars layout; with ``experiment``, also an experiment summary of this run
-        alone (runs in a sweep directory leave that to the sweep)."""
-        values = effective_hparams(cfg, plan)
+    def log_hparams(self, values: dict[str, Any], plan: RunPlan, experiment: bool = True) -> None:
+        """Record the run's effective hyperparameters ``values`` (session start and end) and
+        the custom-scalars layout of ``plan``; with ``experiment``, also an experiment summary
+        of this run alone (runs in a sweep directory leave that to the sweep)."""
         _, session_start, session_end = hparams(values, {})
         for summary in (session_start, session_end):
             self.writer.file_writer.add_summary(summary)
         if experiment:
-            self.writer.file_writer.add_summary(experiment_summary([values], hparam_metrics(cfg)))
-        self.writer.add_custom_scalars(custom_scalars_layout(cfg, plan))
+            self.writer.file_writer.add_summary(experiment_summary([values], hparam_metrics(plan)))
+        self.writer.add_custom_scalars(custom_scalars_layout(plan))
 
     def log_scalars(self, step: int, metrics: dict[str, float]) -> None:
         for tag, value in metrics.items():

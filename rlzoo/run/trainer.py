@@ -20,16 +20,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import OmegaConf
+import yaml
 
 from rlzoo.core import distributed, processes
 from rlzoo.rollout.async_generator import AsyncRollout, GeneratorSpec, to_bytes
 from rlzoo.core.batch import RolloutBatch
-from rlzoo.config.resolved import ResolvedConfig
 from rlzoo.run.checkpoint import CHECKPOINT_DIR, STATE_FILE, check_optimizer_fits, checkpoint_name, first_non_finite
 from rlzoo.run.context import RunContext
 from rlzoo.diagnostics.watch import Watch
-from rlzoo.agents.episodes import environment_factory
 from rlzoo.core.errors import ConfigError, TrainingError
 from rlzoo.run.evaluation import Evaluator, eval_only
 from rlzoo.core.events import read_scalars
@@ -38,18 +36,17 @@ from rlzoo.models.build import build_run_models
 from rlzoo.models.head import fast_paths
 from rlzoo.models.model_check import report
 from rlzoo.contract.loading import PluginManager
-from rlzoo.tasks.prompts import PromptFormat
 from rlzoo.rollout.staleness import RolloutQueue
-from rlzoo.core.rng import global_rng_state, seed_everything, set_global_rng_state
+from rlzoo.core.rng import global_rng_state, set_global_rng_state
 from rlzoo.run.rundir import RunDirectory, in_sweep, summary_line
-from rlzoo.rollout.sampler import Sampler
-from rlzoo.rollout.scoring import Rewards
+from rlzoo.plan.run_input import RunInput
+from rlzoo.rollout.parts import RunParts, device_type
 from rlzoo.core.stopping import StopRequest
 from rlzoo.tasks.task import check_encodable, check_references
 from rlzoo.run.tracking import Progress, Sample, Tracker, batch_metrics, group_samples
 
 class Trainer:
-    """One RL run: ``Trainer(resolved, pm).run()``; see :func:`train`.
+    """One RL run: ``Trainer(run, pm).run()`` (``run``: :class:`rlzoo.plan.run_input.RunInput`); see :func:`train`.
 
     Construction claims the run directory (:class:`rlzoo.run.rundir.RunDirectory`: creates and
     locks it, or refuses it) and builds everything the plan asks for (with ``resume=``,
@@ -57,22 +54,16 @@ class Trainer:
     ``overwrite``: a new run may delete another run's files in its directory first.
     """
 
-    def __init__(self, resolved: ResolvedConfig, pm: PluginManager, overwrite: bool = False) -> None:
-        self.resolved, self.pm, self.plan = resolved, pm, resolved.plan
-        cfg = self.cfg = resolved.cfg
-        if cfg.trainer.device == "cuda" and not torch.cuda.is_available():
-            raise ConfigError("trainer.device=cuda but no CUDA device is available")
-        device_type = cfg.trainer.device
-        if device_type == "auto":
-            device_type = "cuda" if torch.cuda.is_available() else "cpu"
-        if cfg.trainer.threads:
-            torch.set_num_threads(int(cfg.trainer.threads))
-        self.dist = distributed.init(cfg.distributed.backend, device_type, cfg.distributed.timeout_s)
-        self.device = (torch.device(device_type, self.dist.local_rank) if device_type == "cuda"
-                       and self.dist.enabled else torch.device(device_type))
-        self.run_dir = RunDirectory(cfg, self.dist, overwrite)
+    def __init__(self, run: RunInput, pm: PluginManager, overwrite: bool = False) -> None:
+        self.run_input, self.pm, self.plan = run, pm, run.plan
+        device_kind = device_type(self.plan.compute)
+        compute = self.plan.compute
+        self.dist = distributed.init(compute.backend, device_kind, compute.timeout_s)
+        self.device = (torch.device(device_kind, self.dist.local_rank) if device_kind == "cuda"
+                       and self.dist.enabled else torch.device(device_kind))
+        self.run_dir = RunDirectory(run.setup.run_dir, run.setup.resume, self.dist, overwrite)
         try:
-            self._build(resolved, pm)
+            self._build(pm)
         except BaseException:
             self.run_dir.close()
             raise
@@ -83,48 +74,41 @@ class Trainer:
             if warning and self.dist.is_main:
                 print(f"rlzoo: warning: {warning}", file=sys.stderr, flush=True)
 
-    def _build(self, resolved: ResolvedConfig, pm: PluginManager) -> None:
-        """Everything after the run directory is claimed: models, sampler, learner, state."""
-        cfg = self.cfg
+    def _build(self, pm: PluginManager) -> None:
+        """Everything after the run directory is claimed: models, sampler, learner, state
+        (the parts in :class:`rlzoo.rollout.parts.RunParts`' order)."""
         resume_state = self.run_dir.load_state() if self.run_dir.resume_from is not None else None
         if resume_state is not None and int(resume_state["world_size"]) != self.dist.world:
             raise ConfigError(f"{self.run_dir.resume_from} was written by {resume_state['world_size']} "
                               f"process(es); resume it with the same number (this job has {self.dist.world})")
-
-        seed_everything(cfg.seed)
-        task = resolved.build("task")
-        readers = [repr(c.name) for c, _, _ in resolved.rewards if "references" in c.inputs]
+        seed, components = self.run_input.setup.seed, self.run_input.components
+        parts = RunParts(self.run_input, self.device, models=lambda task: build_run_models(
+            self.plan, task, components.task.name, self.device, self.dist, self.run_dir.resume_from,
+            self.run_dir.init_model))
+        task = parts.task
+        readers = [repr(bound.name) for bound, _ in components.rewards if "references" in bound.component.inputs]
         use = f"reward {' and '.join(readers)} compares completions with them (0 whatever the policy writes)"
-        for warning in check_references(task, resolved.components["task"].name, use if readers else None):
+        for warning in check_references(task, parts.task_name, use if readers else None):
             if self.dist.is_main:
                 print(f"rlzoo: warning: {warning}", file=sys.stderr, flush=True)
-        self.models = build_run_models(cfg, self.plan, task, self.device, self.dist,
-                                       self.run_dir.resume_from, self.run_dir.init_model)
+        self.models = parts.models
         if self.dist.is_main:
             for name, check in self.models.checks.items():  # the embedded tiny model: nothing to say
-                report(name, check, summary=bool(cfg.model.path) or name != "policy")
+                report(name, check, summary=bool(self.plan.model.path) or name != "policy")
         if self.dist.rank:
-            torch.manual_seed(cfg.seed + 1_000_003 * self.dist.rank)  # distinct rollouts per rank
-        backend = resolved.build("rollout.backend", name=self.plan.rollout.backend, policy=self.models.policy,
-                                 tokenizer=self.models.tokenizer, device=self.device, dtype=self.plan.rollout.dtype,
-                                 generation_context=self.models.generation_context)
+            torch.manual_seed(seed + 1_000_003 * self.dist.rank)  # distinct rollouts per rank
         # rank 0 draws the prompts a single process draws; other ranks their own streams
-        stream = cfg.seed if self.dist.rank == 0 else f"{cfg.seed}/rank{self.dist.rank}"
-        rewards = Rewards.for_run(resolved, device=self.device, tokenizer=self.models.tokenizer)
-        prompt_format = PromptFormat.for_run(resolved)
-        self.sampler = Sampler(task, rewards, self.models.tokenizer, backend, cfg, self.plan, self.device, stream,
-                               prompt_format, environment_factory(resolved, self.models.tokenizer, prompt_format))
-        task_name = resolved.components["task"].name
-        for warning in check_encodable(task, task_name, self.models.tokenizer, self.sampler.holdout):
+        self.sampler = parts.sampler(seed if self.dist.rank == 0 else f"{seed}/rank{self.dist.rank}")
+        for warning in check_encodable(task, parts.task_name, self.models.tokenizer, self.sampler.holdout):
             if self.dist.is_main:
                 print(f"rlzoo: warning: {warning}", file=sys.stderr, flush=True)
-        self.evaluator = Evaluator.build(cfg, task, task_name, self.sampler, self.dist)
-        self.learner = Learner(resolved, self.models, self.dist)
+        self.evaluator = Evaluator.build(self.plan.eval, task, parts.task_name, self.sampler, self.dist)
+        self.learner = Learner(self.plan, self.run_input.components, self.models, self.dist)
         self.generator: AsyncRollout | None = None  # rollout.mode=async: started by run()
         resample = self.sampler.sample if self.plan.rollout.mode == "sync" else _no_resample
-        self.ctx = RunContext(cfg=cfg, plan=self.plan, run_dir=self.run_dir.path, resample=resample,
-                              prompts=self.plan.rollout.prompts_per_process)
-        self.extensions = [(component.name, component.bind(params)()) for component, params in resolved.extensions]
+        self.ctx = RunContext(cfg=self.run_input.setup.hook_config, plan=self.plan, run_dir=self.run_dir.path,
+                              resample=resample, prompts=self.plan.rollout.prompts_per_process)
+        self.extensions = [(extension.name, extension()) for extension in self.run_input.components.extensions]
         pm.register_run_extensions(self.extensions)
         self.queue = RolloutQueue(self.plan.rollout.staleness)
         self.step = 0
@@ -144,7 +128,7 @@ class Trainer:
         start = time.perf_counter()
         if self.generator is None:
             with distributed.failing_together(self.dist):  # a reward or rollout failing on one rank stops them all
-                batch, staleness = self.queue.next(self.step, int(self.cfg.trainer.total_steps), self._produce)
+                batch, staleness = self.queue.next(self.step, self.plan.cadence.total_steps, self._produce)
         else:  # rollout.mode=async: one process (refused under torchrun)
             batch, staleness = self._receive()
         batch = batch.to(self.device)
@@ -200,12 +184,12 @@ class Trainer:
         """rollout.mode=async: start the generator process from this step's weights and
         prompt position (a resume regenerates the batches that were waiting)."""
         if (self.plan.rollout.mode != "async" or self.generator is not None
-                or self.step >= int(self.cfg.trainer.total_steps)):
+                or self.step >= self.plan.cadence.total_steps):
             return
         if self.dist.enabled:
             raise ConfigError("rollout.mode=async is not supported under torchrun: use rollout.mode=sync")
-        spec = GeneratorSpec(config_yaml=self.resolved.to_yaml(), device=str(self.device),
-                             threads=torch.get_num_threads(), seed=int(self.cfg.seed) + 7919 * (self.step + 1),
+        spec = GeneratorSpec(config_yaml=self.run_input.setup.config_yaml, device=str(self.device),
+                             threads=torch.get_num_threads(), seed=self.run_input.setup.seed + 7919 * (self.step + 1),
                              sampler_state=to_bytes(self.sampler.state_dict()), parent=os.getpid(),
                              paths=fast_paths(self.models.policy))
         self.generator = AsyncRollout(self.plan.rollout, spec, self.models.policy_weights(), self.step)
@@ -265,33 +249,34 @@ class Trainer:
         except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as exc:
             raise ConfigError(f"{where} does not fit this run ({type(exc).__name__}: {exc}); was it written by "
                               "another run?") from exc
-        if self.step > self.cfg.trainer.total_steps:
-            raise ConfigError(f"trainer.total_steps={self.cfg.trainer.total_steps} is below the step of "
+        if self.step > self.plan.cadence.total_steps:
+            raise ConfigError(f"trainer.total_steps={self.plan.cadence.total_steps} is below the step of "
                               f"{self.run_dir.resume_from.name}; resume with trainer.total_steps >= {self.step}")
 
     def save(self) -> None:
         """Write a checkpoint of this step (a collective: every rank calls it; rank 0 writes)."""
         models, state = self.models.saveable(), self._state()
-        self.run_dir.save_checkpoint(self.step, models, state, keep=self.cfg.checkpoint.keep)
+        self.run_dir.save_checkpoint(self.step, models, state, keep=self.plan.cadence.checkpoint_keep)
 
     # ---------------------------------------------------------------- the loop
 
     def run(self) -> dict[str, float]:
         """Train for ``trainer.total_steps`` steps; returns the last step's metrics."""
-        cfg, main = self.cfg, self.dist.is_main
+        cadence, setup, main = self.plan.cadence, self.run_input.setup, self.dist.is_main
         if self.run_dir.resume_from is None:
             with self.run_dir.starting():  # a start that fails leaves the directory as it was
-                self.run_dir.start(cfg, self.plan.render(), self.models.saveable_initial(), self.models.tokenizer)
+                self.run_dir.start(setup.config_yaml, self.plan.render(), self.models.saveable_initial(),
+                                   self.models.tokenizer)
                 self.save()  # step 0: from here on, the run is resumable
         else:
-            self.run_dir.record_resume(self.step, self.resolved.resume_changes, self.plan.render())
+            self.run_dir.record_resume(self.step, setup.resume_changes, self.plan.render())
         tracker = None
         if main:
             verb = f"resuming from step {self.step} in" if self.run_dir.resume_from is not None else "run directory"
             print(f"rlzoo: {verb} {self.run_dir.path} (tensorboard --logdir {self.run_dir.path})", flush=True)
             tracker = Tracker(str(self.run_dir.path), purge_step=self.step + 1 if self.run_dir.resume_from else None)
             if self.run_dir.resume_from is None:
-                tracker.log_hparams(cfg, self.plan, experiment=not in_sweep(self.run_dir.path))
+                tracker.log_hparams(setup.hparams, self.plan, experiment=not in_sweep(self.run_dir.path))
             if self.evaluator is not None:
                 print(self.evaluator.describe(), flush=True)
         if self.evaluator is not None and self.evaluator.at_start and self.step == 0:
@@ -303,14 +288,14 @@ class Trainer:
                     f"{tag} {value:.3f}" for tag, value in start_metrics.items() if tag.startswith("eval/")),
                     flush=True)
         stop = StopRequest(announce=main).__enter__()
-        progress = Progress(cfg, self.step) if main else None
-        self.watch = self._watch() if main and cfg.logging.doctor else None
+        progress = Progress(cadence, self.step) if main else None
+        self.watch = self._watch() if main and cadence.doctor else None
         status, metrics, failing = "failed", {}, False
         try:
             self._start_generator()
-            while self.step < cfg.trainer.total_steps:
+            while self.step < cadence.total_steps:
                 metrics = self.train_step()
-                last = self.step == cfg.trainer.total_steps
+                last = self.step == cadence.total_steps
                 if self.evaluator is not None and self.evaluator.due(self.step, last):
                     metrics.update(self.evaluator.run(self.step))
                 failure = None
@@ -326,7 +311,7 @@ class Trainer:
                     if flag["failed"]:
                         distributed.raise_failures(failure, self.dist)
                     stop.requested = flag["stop"] > 0
-                every = cfg.checkpoint.every
+                every = cadence.checkpoint_every
                 if stop.requested or (every and self.step % every == 0) or last:
                     if tracker is not None:
                         tracker.flush()
@@ -347,7 +332,7 @@ class Trainer:
                 tracker.close()
             stop.__exit__()
             self.pm.hook.rlzoo_run_end(ctx=self.ctx, status=status)
-            self.run_dir.write_status(status, self.step, cfg.trainer.total_steps, quiet=failing)
+            self.run_dir.write_status(status, self.step, cadence.total_steps, quiet=failing)
             self.close()
         if main and status == "interrupted":
             print(f"rlzoo: checkpoint written at step {self.step}; continue with "
@@ -361,11 +346,11 @@ class Trainer:
                   last: bool) -> None:
         """After a step: ``rlzoo_step_end`` and, on rank 0, the logs, the doctor's checks and the
         progress bar."""
-        cfg = self.cfg
+        cadence = self.plan.cadence
         if tracker is not None and self.evaluator is not None and self.evaluator.due(self.step, last):
             tracker.log_samples(self.step, self.evaluator.samples, tag="eval_samples")
         self.pm.hook.rlzoo_step_end(step=self.step, metrics=metrics, ctx=self.ctx)
-        logged = metrics if self.step % cfg.logging.log_every == 0 or last else eval_only(metrics)
+        logged = metrics if self.step % cadence.log_every == 0 or last else eval_only(metrics)
         if tracker is not None:
             tracker.log_scalars(self.step, logged)
         if self.watch is not None:
@@ -375,7 +360,7 @@ class Trainer:
                     progress.bar.write(line, file=sys.stderr)  # above the bar, not through it
                 else:
                     print(line, file=sys.stderr, flush=True)
-        if tracker is not None and cfg.logging.sample_every and self.step % cfg.logging.sample_every == 0:
+        if tracker is not None and cadence.sample_every and self.step % cadence.sample_every == 0:
             tracker.log_samples(self.step, self.last_samples)
         if progress is not None:
             progress.update(self.step, metrics)
@@ -387,7 +372,8 @@ class Trainer:
         if self.run_dir.resume_from is not None:
             before = {tag: [(s, v) for s, v in points if s <= self.step]
                       for tag, points in read_scalars(self.run_dir.path).items()}
-        return Watch(OmegaConf.to_container(self.cfg, resolve=True), int(self.cfg.eval.every), before)
+        config = yaml.safe_load(self.run_input.setup.config_yaml) or {}  # what doctor reads from config.yaml
+        return Watch(config, self.plan.eval.every, before)
 
     def close(self) -> None:
         """Unregister the run's extensions and release the run directory (idempotent)."""
@@ -416,14 +402,14 @@ def next_steps(run_dir: Path, step: int) -> str:
             f"`rlzoo train resume={run_dir} trainer.total_steps={2 * step}`")
 
 
-def train(resolved: ResolvedConfig, pm: PluginManager, overwrite: bool = False) -> dict[str, float]:
-    """Build a :class:`Trainer` and run it; returns the last step's metrics.
+def train(run: RunInput, pm: PluginManager, overwrite: bool = False) -> dict[str, float]:
+    """Build a :class:`Trainer` of ``run`` and run it; returns the last step's metrics.
 
     Under ``torchrun`` every process calls this; the process group is left at the end.
     ``overwrite``: a new run may delete another run in its directory first (``--overwrite``).
     """
     try:
-        metrics = Trainer(resolved, pm, overwrite).run()
+        metrics = Trainer(run, pm, overwrite).run()
     except RuntimeError as exc:
         distributed.check_collective_failure(exc)  # a dead peer: one line, not a traceback
         raise

@@ -22,43 +22,25 @@ unset by default: the default run's prompts are the task's prompts unchanged.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 from rlzoo.core.errors import ConfigError
-from rlzoo.config.resolved import ResolvedConfig
+from rlzoo.plan.settings import PromptPlan
 from rlzoo.tasks.task import Example
 
 
 @dataclass(frozen=True)
-class PromptFormat:
-    """The prompt settings of a run (see the module docstring).
-
-    :ivar instruction: ``task.instruction`` (``None``: the question, then the hint).
-    :ivar format_hint: the answer format's hint ("" for none).
-    :ivar system_prompt: ``model.system_prompt``.
-    :ivar chat_template: ``model.chat_template`` (``None``: when the tokenizer has one).
-    """
-
-    instruction: str | None = None
-    format_hint: str = ""
-    system_prompt: str | None = None
-    chat_template: bool | None = None
+class PromptFormat(PromptPlan):
+    """The prompt settings of a run (:class:`rlzoo.plan.settings.PromptPlan`: instruction,
+    answer-format hint, system prompt, chat template) and what they do to a prompt (see the
+    module docstring)."""
 
     @classmethod
-    def from_config(cls, cfg: Any, format_hint: str = "") -> "PromptFormat":
-        """The run's settings: ``task.instruction``, ``model.system_prompt``,
-        ``model.chat_template`` and the chosen answer format's ``hint``."""
-        task = cfg.task
-        instruction = task.get("instruction") if hasattr(task, "get") else None
-        return cls(instruction=instruction, format_hint=format_hint or "",
-                   system_prompt=cfg.model.get("system_prompt"), chat_template=cfg.model.chat_template)
-
-    @classmethod
-    def for_run(cls, resolved: ResolvedConfig) -> "PromptFormat":
-        """:meth:`from_config` with the hint of the run's ``answer_format``."""
-        chosen = resolved.components.get("answer_format")
-        return cls.from_config(resolved.cfg, chosen.meta.get("hint", "") if chosen is not None else "")
+    def of(cls, settings: PromptPlan) -> "PromptFormat":
+        """The format of the run plan's prompt settings (``plan.prompt``)."""
+        return cls(**dataclasses.asdict(settings))
 
     def check(self, tokenizer: Any) -> None:
         """:raises ConfigError: ``model.chat_template=true`` and the tokenizer has none."""

@@ -43,6 +43,7 @@ import copy
 import inspect
 import random
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -59,9 +60,9 @@ from rlzoo.contract.loading import load_registry
 from rlzoo.contract.registry import Component, Registry
 from rlzoo.tasks.task import Example, Holdout
 from rlzoo.testing.env_checks import check_environment
-from rlzoo.agents.episodes import registered_tools
+
 from rlzoo.testing.tool_checks import check_tool
-from rlzoo.contract.tool_schema import tool_from_component
+from rlzoo.contract.tool_schema import registered_tools, tool_from_component
 
 B, T = 6, 5
 
@@ -418,19 +419,58 @@ def check_preset(component: Component, registry: Registry) -> None:
                              + (problems[0] if len(problems) == 1 else "\n  - " + "\n  - ".join(problems)))
 
 
-_CHECKS: dict[str, Callable[..., None]] = {
-    "policy_loss": check_policy_loss,
-    "advantage": check_advantage_estimator,
-    "kl_estimator": check_kl_estimator,
-    "loss_agg": check_loss_aggregation,
-    "value_loss": check_value_loss,
-    "rollout_correction": check_rollout_correction,
-    "task": check_task,
-    "reward": check_reward,
-    "algorithm": check_preset,
-    "tool": check_tool,
-    "environment": check_environment,
+@dataclass(frozen=True)
+class KitCall:
+    """What :func:`check_component` hands the check of a kind: the component, the
+    parameters it was given, the registry (presets, environments) and the task (rewards,
+    environments)."""
+
+    component: Component
+    params: Any = None
+    registry: Registry | None = None
+    task: Any = None
+
+    @property
+    def label(self) -> str:
+        """``<kind> '<name>'``, what an assertion message starts with."""
+        return f"{self.component.kind} {self.component.name!r}"
+
+    def bound(self) -> BoundComponent:
+        """The component bound with its parameters (a dict validated as the config would)."""
+        params = build_params(self.component, self.params) if isinstance(self.params, dict) else self.params
+        return self.component.bind(params)
+
+    def installed_registry(self) -> Registry:
+        """The registry given, or one of every installed plugin."""
+        return self.registry if self.registry is not None else load_registry()[1]
+
+
+def _environment(call: KitCall) -> None:
+    """An environment is built as a run builds it, once per episode, in the plain format."""
+    fn, tools = call.bound(), registered_tools(call.installed_registry())
+    examples = call.task.sample(3, random.Random(0)) if call.task is not None else ()
+    check_environment(lambda: fn(tools=tools, tool_style="plain"), call.label, examples)
+
+
+KIND_CHECKS: dict[str, Callable[[KitCall], None]] = {
+    "advantage": lambda call: check_advantage_estimator(call.bound(), call.label, call.component.needs),
+    "policy_loss": lambda call: check_policy_loss(call.bound(), call.label),
+    "rollout_correction": lambda call: check_rollout_correction(call.bound(), call.label),
+    "kl_estimator": lambda call: check_kl_estimator(call.bound(), call.label),
+    "loss_agg": lambda call: check_loss_aggregation(call.bound(), call.label),
+    "value_loss": lambda call: check_value_loss(call.bound(), call.label),
+    "reward": lambda call: check_reward(call.bound().build(device=torch.device("cpu"), tokenizer=None), call.label,
+                                        call.task),
+    "task": lambda call: check_task(call.bound()(), call.label),
+    "environment": _environment,
+    "tool": lambda call: check_tool(tool_from_component(call.component), call.label,  # a tool takes no params:
+                                    call.component.meta.get("examples", ())),       # its registered examples
+    "algorithm": lambda call: check_preset(call.component, call.installed_registry()),
 }
+"""Kind name -> its invariant check, called with a :class:`KitCall`: one entry for every
+kind whose :attr:`rlzoo.contract.kinds.Kind.tested_in` is ``rlzoo.testing`` (the kit is a
+higher layer than the contract, so the table is keyed by the kind's name;
+``tests/test_invariants.py`` checks it covers exactly those kinds)."""
 CHECKED_KINDS = tuple(kind.name for kind in KINDS.values() if kind.tested_in == "rlzoo.testing")
 """The component kinds :func:`check_component` has invariant checks for (the kinds whose
 :attr:`rlzoo.contract.kinds.Kind.tested_in` is ``rlzoo.testing``)."""
@@ -449,31 +489,8 @@ def check_component(component: Component, params: Any = None, *, registry: Regis
     :raises AssertionError: naming the component and the broken invariant.
     :raises ValueError: no checks exist for the component's kind.
     """
-    if component.kind not in _CHECKS:
+    check = KIND_CHECKS.get(component.kind)
+    if check is None:
         raise ValueError(f"no invariant checks for kind {component.kind!r}; "
-                         f"kinds with checks: {', '.join(_CHECKS)}")
-    label = f"{component.kind} {component.name!r}"
-    if component.kind == "algorithm":
-        if registry is None:
-            _, registry = load_registry()
-        check_preset(component, registry)
-        return
-    if component.kind == "tool":  # called with its registered examples; a tool takes no params
-        check_tool(tool_from_component(component), label, component.meta.get("examples", ()))
-        return
-    if isinstance(params, dict):
-        params = build_params(component, params)
-    fn = component.bind(params)
-    if component.kind == "environment":  # built as a run builds it, once per episode, in the plain format
-        tools = registered_tools(registry if registry is not None else load_registry()[1])
-        examples = task.sample(3, random.Random(0)) if task is not None else ()
-        check_environment(lambda: fn(tools=tools, tool_style="plain"), label, examples)
-        return
-    if component.kind == "task":
-        check_task(fn(), label)
-    elif component.kind == "reward":
-        check_reward(fn.build(device=torch.device("cpu"), tokenizer=None), label, task)
-    elif component.kind == "advantage":
-        check_advantage_estimator(fn, label, component.needs)
-    else:
-        _CHECKS[component.kind](fn, label)
+                         f"kinds with checks: {', '.join(KIND_CHECKS)}")
+    check(KitCall(component, params, registry, task))
