@@ -235,6 +235,18 @@ def merged_weights(policy: torch.nn.Module, named_weights: Callable[[], Iterable
         yield name.removeprefix(PEFT_PREFIX), tensor
 
 
+def distinct(weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+    """``weights`` without the later names of a tensor already given (tied embeddings: the
+    LM head is the input embedding, which vLLM loads once)."""
+    storages = set()
+    for name, tensor in weights:
+        key = (tensor.data_ptr(), tuple(tensor.shape), tensor.dtype)
+        if tensor.numel() and key in storages:
+            continue
+        storages.add(key)
+        yield name, tensor
+
+
 # ------------------------------------------------------------------ the backend
 
 @contextlib.contextmanager
@@ -328,7 +340,7 @@ class VLLMRollout:
             raise ValueError(f"a KV cache of {params.kv_cache_mb} MiB holds fewer than 32 tokens of this model: "
                              "raise rollout.backend.kv_cache_mb")
         self.weights = {name: tensor.detach().to("cpu", copy=True).share_memory_()
-                        for name, tensor in merged_weights(policy, lambda: policy.state_dict().items())}
+                        for name, tensor in distinct(merged_weights(policy, lambda: policy.state_dict().items()))}
         config_dir = tempfile.mkdtemp(prefix="rlzoo-vllm-")
         base.config.save_pretrained(config_dir)
         self.cores = engine_cores(usable(), params.threads) if cpu else None
@@ -400,7 +412,9 @@ class VLLMRollout:
         """Copy the policy's weights (LoRA merged) into the shared buffers and have the
         engine reload them."""
         seen = set()
-        for name, tensor in merged_weights(self.policy, named_weights):
+        for name, tensor in distinct(merged_weights(self.policy, named_weights)):
+            if name not in self.weights:
+                raise TrainingError(f"sync_weights got a weight the engine was not built with: {name}")
             self.weights[name].copy_(tensor.detach())
             seen.add(name)
         if seen != set(self.weights):

@@ -19,8 +19,8 @@ from rlzoo.models.build import build_char_tokenizer, build_tiny_model
 from rlzoo.plan.planner import load_config
 from rlzoo_plugins import vllm_engine, vllm_rollout
 from rlzoo_plugins.vllm_engine import Engine, EngineSpec, engine_kwargs
-from rlzoo_plugins.vllm_rollout import (VLLMParams, check_length, engine_cores, max_model_len, merged_weights,
-                                        to_generation)
+from rlzoo_plugins.vllm_rollout import (VLLMParams, check_length, distinct, engine_cores, max_model_len,
+                                        merged_weights, to_generation)
 
 REGISTRY = build_registry(make_plugin_manager())
 SERVABLE = ["model.hidden_size=128", "model.intermediate_size=256", "model.num_heads=2", "model.num_kv_heads=1"]
@@ -178,6 +178,17 @@ def test_merged_lora_weights_are_w_plus_alpha_over_r_times_ba() -> None:
     untouched = "model.layers.0.self_attn.q_proj.weight"           # its B is still 0
     assert torch.equal(merged[untouched], plain[untouched])
     assert torch.equal(merged["model.layers.1.mlp.up_proj.weight"], plain["model.layers.1.mlp.up_proj.weight"])
+
+
+def test_tied_embeddings_reach_the_engine_once() -> None:
+    model, _ = _tiny()                                              # tie_word_embeddings=True
+    state = model.state_dict()
+    head, embedding = state["lm_head.weight"], state["model.embed_tokens.weight"]
+    assert head.data_ptr() == embedding.data_ptr()
+    names = [name for name, _ in distinct(state.items())]
+    assert names == [name for name in state if name != "lm_head.weight"]
+    untied = {"a": torch.zeros(2), "b": torch.zeros(2), "c": torch.zeros(0), "d": torch.zeros(0)}
+    assert [name for name, _ in distinct(untied.items())] == ["a", "b", "c", "d"]
 
 
 class FakeLLM:
