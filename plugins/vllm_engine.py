@@ -66,6 +66,13 @@ class EngineSpec:
     parent: int
 
 
+CPU_BLOCK_TOKENS = 32
+"""KV-cache block size on a CPU: the smallest the CPU attention takes (its default is 128).
+The n samples of a prompt share its prefill only through whole cached blocks: with 128-token
+blocks a 50-token prompt shares none, and prefilling 4 prompts for 8 samples each took 7.8×
+the time of one sample each; with 32-token blocks 3.4× (SmolLM2, one core, alternating)."""
+
+
 def engine_kwargs(spec: EngineSpec) -> dict[str, Any]:
     """The ``vllm.LLM`` keyword arguments of ``spec``.
 
@@ -80,6 +87,7 @@ def engine_kwargs(spec: EngineSpec) -> dict[str, Any]:
         max_model_len=spec.max_model_len, enable_prefix_caching=True, seed=0)
     if spec.device == "cpu":
         kwargs["kv_cache_memory_bytes"] = spec.kv_cache_bytes
+        kwargs["block_size"] = CPU_BLOCK_TOKENS
     else:
         kwargs["gpu_memory_utilization"] = spec.gpu_memory_utilization
         kwargs["enable_sleep_mode"] = spec.sleep

@@ -235,16 +235,24 @@ def merged_weights(policy: torch.nn.Module, named_weights: Callable[[], Iterable
         yield name.removeprefix(PEFT_PREFIX), tensor
 
 
-def distinct(weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
-    """``weights`` without the later names of a tensor already given (tied embeddings: the
-    LM head is the input embedding, which vLLM loads once)."""
-    storages = set()
-    for name, tensor in weights:
+def shared_buffers(weights: Iterable[tuple[str, torch.Tensor]]) -> tuple[dict[str, torch.Tensor], set[str]]:
+    """A shared-memory copy of ``weights`` (CPU) and the names that alias an earlier one:
+    a tensor under two names (tied embeddings: the LM head is the input embedding) is
+    copied once and given under both, as vLLM's loader expects every name of the model."""
+    buffers: dict[str, torch.Tensor] = {}
+    first: dict[tuple, str] = {}
+    aliases = set()
+    held = []  # a tensor made on the fly (a merged LoRA weight) must outlive the loop: a freed one's
+    for name, tensor in weights:  # address can come back for the next, which would look like an alias
+        held.append(tensor)
         key = (tensor.data_ptr(), tuple(tensor.shape), tensor.dtype)
-        if tensor.numel() and key in storages:
+        if tensor.numel() and key in first:
+            buffers[name] = buffers[first[key]]
+            aliases.add(name)
             continue
-        storages.add(key)
-        yield name, tensor
+        first[key] = name
+        buffers[name] = tensor.detach().to("cpu", copy=True).share_memory_()
+    return buffers, aliases
 
 
 # ------------------------------------------------------------------ the backend
@@ -339,8 +347,7 @@ class VLLMRollout:
         if self.max_model_len < 32:
             raise ValueError(f"a KV cache of {params.kv_cache_mb} MiB holds fewer than 32 tokens of this model: "
                              "raise rollout.backend.kv_cache_mb")
-        self.weights = {name: tensor.detach().to("cpu", copy=True).share_memory_()
-                        for name, tensor in distinct(merged_weights(policy, lambda: policy.state_dict().items()))}
+        self.weights, self.aliases = shared_buffers(merged_weights(policy, lambda: policy.state_dict().items()))
         config_dir = tempfile.mkdtemp(prefix="rlzoo-vllm-")
         base.config.save_pretrained(config_dir)
         self.cores = engine_cores(usable(), params.threads) if cpu else None
@@ -412,10 +419,11 @@ class VLLMRollout:
         """Copy the policy's weights (LoRA merged) into the shared buffers and have the
         engine reload them."""
         seen = set()
-        for name, tensor in distinct(merged_weights(self.policy, named_weights)):
+        for name, tensor in merged_weights(self.policy, named_weights):
             if name not in self.weights:
                 raise TrainingError(f"sync_weights got a weight the engine was not built with: {name}")
-            self.weights[name].copy_(tensor.detach())
+            if name not in self.aliases:  # an alias's buffer is its original's
+                self.weights[name].copy_(tensor.detach())
             seen.add(name)
         if seen != set(self.weights):
             missing = sorted(set(self.weights) - seen)

@@ -19,8 +19,8 @@ from rlzoo.models.build import build_char_tokenizer, build_tiny_model
 from rlzoo.plan.planner import load_config
 from rlzoo_plugins import vllm_engine, vllm_rollout
 from rlzoo_plugins.vllm_engine import Engine, EngineSpec, engine_kwargs
-from rlzoo_plugins.vllm_rollout import (VLLMParams, check_length, distinct, engine_cores, max_model_len,
-                                        merged_weights, to_generation)
+from rlzoo_plugins.vllm_rollout import (VLLMParams, check_length, engine_cores, max_model_len,
+                                        merged_weights, shared_buffers, to_generation)
 
 REGISTRY = build_registry(make_plugin_manager())
 SERVABLE = ["model.hidden_size=128", "model.intermediate_size=256", "model.num_heads=2", "model.num_kv_heads=1"]
@@ -180,15 +180,23 @@ def test_merged_lora_weights_are_w_plus_alpha_over_r_times_ba() -> None:
     assert torch.equal(merged["model.layers.1.mlp.up_proj.weight"], plain["model.layers.1.mlp.up_proj.weight"])
 
 
-def test_tied_embeddings_reach_the_engine_once() -> None:
+def test_tied_embeddings_are_one_shared_buffer_under_both_names() -> None:
+    """vLLM's loader expects every name of the model (a tied LM head left out stays unloaded:
+    garbage logits), so the head is given, but its buffer is the embedding's."""
     model, _ = _tiny()                                              # tie_word_embeddings=True
     state = model.state_dict()
     head, embedding = state["lm_head.weight"], state["model.embed_tokens.weight"]
     assert head.data_ptr() == embedding.data_ptr()
-    names = [name for name, _ in distinct(state.items())]
-    assert names == [name for name in state if name != "lm_head.weight"]
+    buffers, aliases = shared_buffers(state.items())
+    assert list(buffers) == list(state) and aliases == {"lm_head.weight"}
+    assert buffers["lm_head.weight"] is buffers["model.embed_tokens.weight"]
+    assert buffers["lm_head.weight"].is_shared() and torch.equal(buffers["lm_head.weight"], head)
+    assert buffers["lm_head.weight"].data_ptr() != head.data_ptr()          # a copy, not the policy's storage
     untied = {"a": torch.zeros(2), "b": torch.zeros(2), "c": torch.zeros(0), "d": torch.zeros(0)}
-    assert [name for name, _ in distinct(untied.items())] == ["a", "b", "c", "d"]
+    assert shared_buffers(untied.items())[1] == set()
+    made = ((f"w{i}", torch.ones(4096) * i) for i in range(8))    # each freed after its turn (merged LoRA weights)
+    buffers, aliases = shared_buffers(made)
+    assert aliases == set() and [float(b[0]) for b in buffers.values()] == list(range(8))
 
 
 class FakeLLM:
@@ -246,11 +254,12 @@ def test_engine_arguments_per_device() -> None:
     cpu = engine_kwargs(spec)
     assert cpu["logprobs_mode"] == "processed_logprobs" and cpu["load_format"] == "dummy"
     assert cpu["kv_cache_memory_bytes"] == 64 << 20 and "gpu_memory_utilization" not in cpu
+    assert cpu["block_size"] == 32                                 # a group shares its prompt's whole blocks
     assert cpu["generation_config"] == "vllm" and cpu["dtype"] == "bfloat16" and cpu["max_model_len"] == 512
     spec.device = "cuda"
     cuda = engine_kwargs(spec)
     assert cuda["gpu_memory_utilization"] == 0.4 and cuda["enable_sleep_mode"] is True
-    assert "kv_cache_memory_bytes" not in cuda
+    assert "kv_cache_memory_bytes" not in cuda and "block_size" not in cuda
     spec.sleep = False
     assert engine_kwargs(spec)["enable_sleep_mode"] is False
 
@@ -381,11 +390,11 @@ def test_seeded_sampling_repeats_and_a_new_seed_does_not(engine) -> None:
 def test_greedy_outputs_follow_the_policy_through_each_sync(engine) -> None:
     """The engine samples from the updated weights: greedy completions equal the policy's
     own before an update, stay put until the sync, and then change exactly as the policy's
-    (same prompts, two of them longer than the CPU backend's 128-token cache blocks: a
-    prefix cache kept across the sync would show here)."""
+    (same prompts, two of them many cache blocks long (32 tokens each on a CPU): a prefix
+    cache kept across the sync would show here)."""
     policy, tok, backend = engine.policy, engine.tok, engine.backend
     backend.sync_weights(lambda: policy.state_dict().items())
-    long = ["".join(str((7 * i + k) % 10) for i in range(300)) + "=" for k in range(2)]  # 2+ blocks of 128
+    long = ["".join(str((7 * i + k) % 10) for i in range(300)) + "=" for k in range(2)]  # 9 whole blocks
     prompt_ids = _ids(tok, PROMPTS + long)
 
     def greedy_engine() -> list[list[int]]:
