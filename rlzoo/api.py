@@ -40,6 +40,8 @@ SURFACE: dict[str, tuple[str, ...]] = {
     "rlzoo.core.tokens": ("left_pad", "position_ids_from_mask"),
     "rlzoo.core.distributed": ("batch_sum", "batch_statistics"),
     "rlzoo.core.dtypes": ("DTYPES",),
+    # child processes a plugin spawns (the vllm rollout engine): stop signals, dying with the parent
+    "rlzoo.core.stopping": ("STOP_SIGNALS", "die_with_parent"),
     # tasks
     "rlzoo.tasks.task": ("Task", "Example", "Holdout", "FileTask"),
     # agents: environments, tools, episodes

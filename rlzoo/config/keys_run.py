@@ -138,7 +138,9 @@ ROLLOUT = Section("rollout", (
         "old, new, reference and entropy alike, as verl and TRL do", range="> 0"),
     Key("top_p", float, 1.0, "nucleus sampling: the smallest set of tokens holding this much probability",
         range="(0, 1]"),
-    Key("backend", Any, "hf", "rollout backend (rlzoo list --kind rollout)", "`hf`: transformers with a KV cache"),
+    Key("backend", Any, "hf", "rollout backend (rlzoo list --kind rollout)",
+        "`hf`: transformers with a KV cache; `vllm`: a vLLM engine in its own process "
+        "([training.md](training.md#rollout-engines))"),
     Key("dtype", Optional[str], None,
         "null: generate with the policy itself; float32 | bfloat16 | float16: a copy in that dtype",
         "the copy is synced after each update (a vLLM-style bf16 rollout beside the trainer)",

@@ -292,9 +292,15 @@ def rlzoo_register_rollout_backends(register: Register) -> None:
         - ``sync_weights(named_weights) -> None``: called after each update (the last
           optimizer step of a training step; nothing generates in between) with a callable
           returning ``(name, tensor)`` pairs of the policy's current weights (gathered
-          whole under FSDP only when called).
+          whole under FSDP only when called); the trainer logs its time as
+          ``timing/weight_sync_s``;
+        - optionally ``close() -> None``: release what the backend holds beyond the run's
+          models (an engine process); the trainer calls it when the run ends.
 
-        See docs/design.md for how a colocated vLLM backend plugs in.
+        ``register(..., plan=fn)`` lets a backend describe itself in the run plan:
+        ``fn(cfg, params, world) -> str`` is called when the config is checked, returns the
+        plan's ``models: rollout`` line and raises ``ConfigError`` for what it cannot run
+        (the ``vllm`` backend: docs/design.md, "Rollout backends").
     """
 
 

