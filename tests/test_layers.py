@@ -105,6 +105,15 @@ def test_every_folder_is_a_layer_and_the_top_level_is_small() -> None:
     assert not [p for p in ENGINE.rglob("*.py") if len(p.relative_to(ENGINE).parts) > 2], "one folder deep"
 
 
+def test_every_layer_is_installed() -> None:
+    """A layer missing from pyproject's package list works in an editable install and is
+    absent from a wheel."""
+    import tomllib
+
+    packages = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    assert sorted(p for p in packages if p.startswith("rlzoo.")) == sorted(f"rlzoo.{layer}" for layer in LAYERS)
+
+
 @pytest.mark.parametrize("module", sorted(GRAPH))
 def test_imports_go_down_the_layers(module: str) -> None:
     """Type-only imports (``if TYPE_CHECKING:``) may name a higher layer's class in an
