@@ -22,7 +22,7 @@ import zoo
 from rlzoo.rollout import async_generator as async_rollout
 from rlzoo.run import trainer as trainer_module
 from rlzoo.commands.cli import main
-from rlzoo.plan.planner import load_config
+from rlzoo.plan.run_input import load_run
 from rlzoo.models.dropout import active_rates, adapter_dropout_off, disable_dropout
 from rlzoo.core.errors import ConfigError
 from rlzoo.models.head import FastPaths, fast_paths
@@ -134,7 +134,7 @@ def test_a_run_trains_on_log_probs_equal_to_the_eval_mode_passes(arch: str, tmp_
     model_dir = tmp_path / "model"
     dropout_model(arch).save_pretrained(model_dir)
     TOKENIZER.save_pretrained(model_dir)
-    trainer = Trainer(load_config(REGISTRY, [*RUN, "algo=ppo", "kl.coef=0.05", f"model.path={model_dir}",
+    trainer = Trainer(load_run(REGISTRY, [*RUN, "algo=ppo", "kl.coef=0.05", f"model.path={model_dir}",
                                              f"run_dir={tmp_path / 'run'}"]), PM)
     models = trainer.models
     assert "in training mode" in capsys.readouterr().out
@@ -178,7 +178,7 @@ def test_the_async_generator_runs_the_paths_the_trainer_checked(tmp_path: Path, 
         return type("Started", (), {"pid": 0})()
 
     monkeypatch.setattr(trainer_module, "AsyncRollout", started)
-    trainer = Trainer(load_config(REGISTRY, [*RUN, "rollout.mode=async", f"run_dir={tmp_path / 'run'}"]), PM)
+    trainer = Trainer(load_run(REGISTRY, [*RUN, "rollout.mode=async", f"run_dir={tmp_path / 'run'}"]), PM)
     trainer._start_generator()
     trainer.generator = None                                          # none was started
     assert specs[0].paths is fast_paths(trainer.models.policy)

@@ -306,7 +306,7 @@ def test_diff_prints_each_differing_plan_line_under_its_section(capsys) -> None:
     only_ppo = out.split("# plan lines only in algo=ppo\n")[1].split("\n\n")[0].splitlines()
     assert only_ppo[0] == "models:" and only_ppo[1].startswith("  reference: frozen initial policy")
     assert only_ppo[2].startswith("  critic: value model")
-    aggregation = only_ppo.index("aggregation:")
+    aggregation = only_ppo.index("loss terms (coefficient x aggregation over mask):")
     assert only_ppo[aggregation + 1:aggregation + 3] == ["  policy: token-mean over loss_mask",
                                                           "  value: token-mean over response_mask"]
     assert only_ppo[aggregation - 1].startswith("kl: k1 in the reward")  # an unindented line: its own heading

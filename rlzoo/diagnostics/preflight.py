@@ -130,7 +130,7 @@ def model_shapes(resolved: ResolvedConfig, task: Any) -> tuple[ModelShapes, Any,
 def prompt_lengths(resolved: ResolvedConfig, task: Any, tokenizer: Any) -> tuple[float, int]:
     """``(mean, longest)`` token count of :data:`PROMPT_SAMPLE` rendered training prompts."""
     examples = task.sample_train(PROMPT_SAMPLE, random.Random(0), Holdout(float(resolved.cfg.eval.holdout)))
-    ids = PromptFormat.for_run(resolved).encode(examples, tokenizer)
+    ids = PromptFormat.of(resolved.plan.prompt).encode(examples, tokenizer)
     lengths = [len(i) for i in ids] or [1]
     return sum(lengths) / len(lengths), max(lengths)
 

@@ -6,19 +6,24 @@ from __future__ import annotations
 
 from typing import Any
 
+import yaml
+
 from rlzoo.diagnostics.detectors import RunRecord, diagnose
 
 
 class Watch:
     """Collects a run's logged scalars and reports findings not reported before.
 
-    :param config: the run's resolved config (plain dicts).
+    :param config: the run's resolved config: ``config.yaml``'s text, as ``rlzoo doctor`` reads
+        it after the run, or its data (plain dicts).
     :param every: check every this many steps (``eval.every``; 0: only after the last).
     :param scalars: what the run logged before (a resumed run's curves), ``tag -> [(step, value)]``.
     """
 
-    def __init__(self, config: dict[str, Any], every: int,
+    def __init__(self, config: dict[str, Any] | str, every: int,
                  scalars: dict[str, list[tuple[int, float]]] | None = None) -> None:
+        if isinstance(config, str):
+            config = yaml.safe_load(config) or {}
         self.record = RunRecord({tag: list(points) for tag, points in (scalars or {}).items()}, config)
         self.every = every
         self.reported: set[str] = set()

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 
 from rlzoo.core import distributed, processes
 from rlzoo.rollout.async_generator import AsyncRollout, GeneratorSpec, to_bytes
@@ -375,8 +374,7 @@ class Trainer:
         if self.run_dir.resume_from is not None:
             before = {tag: [(s, v) for s, v in points if s <= self.step]
                       for tag, points in read_scalars(self.run_dir.path).items()}
-        config = yaml.safe_load(self.run_input.setup.config_yaml) or {}  # what doctor reads from config.yaml
-        return Watch(config, self.plan.eval.every, before)
+        return Watch(self.run_input.setup.config_yaml, self.plan.eval.every, before)
 
     def close(self) -> None:
         """Unregister the run's extensions and release the run directory (idempotent)."""
