@@ -217,7 +217,9 @@ def test_rlzoo_plugins_env_var_restricts_loading(monkeypatch: pytest.MonkeyPatch
     monkeypatch.delenv("RLZOO_PLUGINS")
     monkeypatch.setenv("RLZOO_DISABLE_PLUGINS", "rlzoo:tasks,rlzoo:reasoning_gym")
     registry = build_registry(make_plugin_manager())
-    assert registry.names("task") == [] and registry.names("loss_agg")
+    # rlzoo's own tasks are gone; an installed third-party package may still register one
+    assert [n for n in registry.names("task") if registry.get("task", n).plugin.startswith("rlzoo:")] == []
+    assert registry.names("loss_agg")
 
 
 def test_component_call_builds_params_from_keywords(registry) -> None:
