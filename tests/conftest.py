@@ -10,12 +10,14 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
+from rlzoo.core.processes import share_cores_politely
+
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-# Before torch loads (the OpenMP runtime reads these once): waiting threads sleep, as under the
-# CLI (rlzoo.core.processes.share_cores_politely), and under pytest-xdist each worker, and each
-# run it starts, takes its share of the cores rather than all of them (two workers with torch's
-# default of every core each ran the golden replays up to 10x slower than alone).
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# Before torch loads (the OpenMP runtime reads these once): waiting threads spin briefly, then
+# sleep, as under the CLI; under pytest-xdist each worker, and each run it starts, takes its
+# share of the cores rather than all of them (two workers with torch's default of every core
+# each ran the golden replays up to 10x slower than alone).
+share_cores_politely()
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 if _WORKERS > 1:
     _cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

@@ -16,23 +16,27 @@ import os
 import tempfile
 from pathlib import Path
 
-WAIT_POLICY = ("OMP_WAIT_POLICY", "PASSIVE")
-"""The OpenMP wait policy rlzoo's commands run torch with, unless the environment sets one."""
+WAIT_POLICY = {"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "3000"}
+"""How rlzoo's commands make torch's OpenMP threads wait, unless the environment says:
+passive (sleep, not spin), after a short spin of 3000 iterations (libgomp, the OpenMP
+runtime of torch's Linux wheels, reads ``GOMP_SPINCOUNT``; other runtimes ignore it)."""
 
 
 def share_cores_politely() -> None:
-    """Make torch's OpenMP threads sleep, not spin, while they wait: set ``OMP_WAIT_POLICY``
-    to ``PASSIVE`` unless the environment already sets it. Call before torch is imported
-    (the OpenMP runtime reads it once, when torch loads it); child processes (torchrun ranks,
-    the async generator, a sweep's runs) inherit it.
+    """Set :data:`WAIT_POLICY` unless the environment sets ``OMP_WAIT_POLICY`` or
+    ``GOMP_SPINCOUNT`` itself. Call before torch is imported (the OpenMP runtime reads them
+    once, when torch loads it); child processes (torchrun ranks, the async generator, a
+    sweep's runs) inherit them.
 
-    With the default (active) policy a waiting thread spins for a while before it sleeps,
-    so a run whose threads outnumber the cores it actually gets (another process on the
-    machine) burns its share spinning: the default run measured 6-7x slower than with
-    ``trainer.threads=1`` beside other work on 2 cores, and 0.9x with this policy
-    (docs/training.md, "A shared machine").
+    A waiting thread that spins long (libgomp's default: 300,000 iterations, ~3 ms) burns the
+    share of the cores a run gets beside other work; one that never spins (passive alone)
+    sleeps and wakes between every small operation. Measured on 2 cores with
+    ``benchmarks/busy_machine.py`` (docs/training.md, "A shared machine"), the default run
+    against ``trainer.threads=1``: idle 0.86x (libgomp's default 0.97x, passive alone 1.34x),
+    beside 2 busy processes 1.52x (libgomp's default 2.94x), beside 4 1.43x.
     """
-    os.environ.setdefault(*WAIT_POLICY)
+    if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
+        os.environ.update(WAIT_POLICY)
 
 
 REGISTRY = Path(tempfile.gettempdir()) / f"rlzoo-{os.getuid() if hasattr(os, 'getuid') else 'user'}" / "threads"
