@@ -685,7 +685,7 @@ def test_torchrun_group_kill_and_rank_death_resume_to_the_uninterrupted_result(t
 
 
 ASYNC_PLUGIN = """
-import os, signal
+import os, signal, time
 from rlzoo import hookimpl
 from rlzoo_plugins.rewards import sorted_digits
 
@@ -696,6 +696,8 @@ def flaky_sorted(prompts, completions, references):
     if str(CALLS[0]) == os.environ.get("RLZOO_TEST_FAIL_AT"):
         if os.environ.get("RLZOO_TEST_FAIL") == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
+        if os.environ.get("RLZOO_TEST_FAIL") == "hang":
+            time.sleep(3600)
         raise ValueError("injected generator failure")
     return sorted_digits(prompts, completions, references)
 
@@ -810,15 +812,18 @@ def test_a_killed_trainer_takes_its_generator_with_it(tmp_path: Path) -> None:
     ("raise", "failed before step 3's batch: reward function 'flaky_sorted' raised ValueError: injected generator "
               "failure"),
     ("kill", "was killed by SIGKILL before step 3's batch"),
+    ("hang", "is alive but sent no batch for step 3 in 3"),  # 30 s and a little
 ])
 def test_a_generator_crash_is_one_error_naming_it_and_a_nonzero_exit(tmp_path: Path, how: str,
                                                                      fragment: str) -> None:
-    """The reward's third call (the generator's third batch) fails: the trainer, waiting for
-    step 3's batch, stops with one error line naming the generator, exit 2, no hang."""
+    """The reward's third call (the generator's third batch) fails, or never returns: the
+    trainer, waiting for step 3's batch, stops with one error line naming the generator, exit
+    2, no hang (a hung generator after rollout.generator_timeout_s)."""
     env = {**_async_env(tmp_path), "RLZOO_TEST_FAIL_AT": "3", "RLZOO_TEST_FAIL": how}
     run_dir = tmp_path / "run"
     failed = rlzoo(tmp_path, "train", *ASYNC_RUN, f"run_dir={run_dir}", "trainer.total_steps=6",
-                   "rollout.max_staleness=6", env=env, timeout=180)
+                   "rollout.max_staleness=6", *["rollout.generator_timeout_s=30"] * (how == "hang"), env=env,
+                   timeout=180)
     assert failed.returncode == 2, failed.stderr[-3000:]
     line = error_line(failed.stderr)
     assert "the rollout generator process (pid" in line and fragment in line, line

@@ -161,6 +161,11 @@ ROLLOUT = Section("rollout", (
         "async: a batch beyond max_staleness is dropped, or kept (keep) for rollout_correction to weight",
         choices=("drop", "keep"), old="drop"),
     Key("queue_size", int, 1, "async: scored batches that may wait for the trainer", range="> 0", old=1),
+    Key("generator_timeout_s", float, 1800.0,
+        "async: the run fails when the generator, alive, sends no batch for this many seconds",
+        "a hung generator (a deadlocked reward function, a stuck tool) would otherwise hold the "
+        "trainer forever; the newest checkpoint stays resumable. Raise it for rollouts slower than that",
+        range="> 0", old=1800.0),
     Key("max_turns", int, 4, "with env: policy turns per episode at most (max_new_tokens bounds the whole episode)",
         range="> 0", old=4),
     Key("max_turn_tokens", int, 16, "with env: tokens per policy turn at most", range="> 0", old=16),

@@ -58,6 +58,8 @@ class RolloutPlan:
         (``rollout.stale_batches``).
     :ivar queue_size: async: scored batches that may wait for the trainer
         (``rollout.queue_size``).
+    :ivar generator_timeout_s: async: seconds without a batch from a live generator after
+        which the run fails (``rollout.generator_timeout_s``).
     """
 
     backend: BoundComponent
@@ -73,6 +75,7 @@ class RolloutPlan:
     max_staleness: int = 2
     stale_batches: str = "drop"
     queue_size: int = 1
+    generator_timeout_s: float = 1800.0
 
     @property
     def off_policy(self) -> bool:
@@ -238,7 +241,8 @@ class RunPlan:
             beyond = f"kept and trained on, weighted like every batch by rollout_correction ({names})"
         return [f"  rollout generator: a separate process generates and scores with its own copy of the policy, "
                 f"receiving the newest weights after every {r.weight_sync_every} step(s); up to {r.queue_size} "
-                "scored batch(es) wait for the trainer (rollout.mode=async)",
+                f"scored batch(es) wait for the trainer; the run fails if a live generator sends no batch for "
+                f"{r.generator_timeout_s:g} s (rollout.mode=async, rollout.generator_timeout_s)",
                 f"  version bound: a batch more than {r.max_staleness} policy version(s) older than the trained "
                 f"policy is {beyond} (rollout.max_staleness, rollout.stale_batches)",
                 "  reproducibility: none bit for bit (which policy version generates each batch depends on timing); "

@@ -37,6 +37,7 @@ import io
 import os
 import queue
 import signal
+import time
 import traceback
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator
@@ -167,11 +168,19 @@ class AsyncRollout:
             return batch, staleness, dropped, sampler_state
 
     def _receive(self, step: int) -> tuple[int, RolloutBatch, dict[str, Any]]:
+        waiting_since = time.monotonic()
         while True:
             try:
                 payload = self.batches.get(timeout=POLL_S)
             except queue.Empty:
                 self._check(step)
+                waited = time.monotonic() - waiting_since
+                if waited > self.plan.generator_timeout_s:
+                    raise TrainingError(
+                        f"the rollout generator process (pid {self.process.pid}, rollout.mode=async) is alive but sent "
+                        f"no batch for step {step} in {waited:.0f} s (rollout.generator_timeout_s="
+                        f"{self.plan.generator_timeout_s:g}): it hangs (a reward function, tool or environment that "
+                        "never returns?); the newest checkpoint stays resumable") from None
                 continue
             item = from_bytes(payload)
             return int(item["version"]), RolloutBatch(**item["batch"]), item["sampler"]
