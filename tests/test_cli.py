@@ -408,3 +408,31 @@ def test_commands_make_openmp_threads_wait_briefly_unless_told_otherwise(monkeyp
             monkeypatch.setenv(key, value)
         assert main(["list", "--kind", "loss_agg"]) == 0
         assert {k: os.environ.get(k) for k in WAIT_POLICY} == {**dict.fromkeys(WAIT_POLICY), **chosen}
+
+
+def test_a_line_on_stderr_is_one_write_so_ranks_lines_never_interleave(monkeypatch) -> None:
+    """stderr is unbuffered (a FileIO under a write-through text layer): print() writes the
+    text and its newline in two system calls, and two torchrun ranks failing together printed
+    'rlzoo: error: Arlzoo: error: B' on one line (CI, test_distributed). say() writes once."""
+    import io
+
+    from rlzoo.core.errors import say
+
+    class Recorder(io.RawIOBase):
+        def __init__(self) -> None:
+            self.writes: list[bytes] = []
+
+        def writable(self) -> bool:
+            return True
+
+        def write(self, data) -> int:
+            self.writes.append(bytes(data))
+            return len(data)
+
+    raw = Recorder()
+    monkeypatch.setattr(sys, "stderr", io.TextIOWrapper(raw, write_through=True))
+    print("rlzoo: error: by print", file=sys.stderr)
+    assert raw.writes == [b"rlzoo: error: by print", b"\n"]  # what the ranks did
+    raw.writes.clear()
+    say("rlzoo: error: " + "x" * 3000)
+    assert raw.writes == [b"rlzoo: error: " + b"x" * 3000 + b"\n"]

@@ -29,12 +29,12 @@ episode stopped by a bound is truncated.
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import torch
 
+from rlzoo.core.errors import say
 from rlzoo.agents.environment import Environment, Message, tool_schemas
 from rlzoo.tasks.prompts import PromptFormat
 from rlzoo.contract.checks import BoundComponent
@@ -142,9 +142,9 @@ class EpisodeFormat:
         full = self._encode(self.render(episode.messages, episode.env.tools, True))
         if full[:len(so_far)] != so_far:
             if not self.warned:
-                print("rlzoo: warning: the chat template's rendering of an episode does not start with the ids "
-                      "sampled so far (retokenisation drift); such episodes end there and are counted in "
-                      "episode/template_drift", file=sys.stderr, flush=True)
+                say("rlzoo: warning: the chat template's rendering of an episode does not start with the ids "
+                    "sampled so far (retokenisation drift); such episodes end there and are counted in "
+                    "episode/template_drift")
                 self.warned = True
             return None
         return full[len(so_far):]
@@ -156,10 +156,10 @@ class EpisodeFormat:
         if self.warned_unknown or unknown is None or unknown not in ids:
             return
         chars = sorted(c for c in set(text) if self._encode(c) == [unknown])
-        print(f"rlzoo: warning: the environment's observation {text[:60]!r} holds characters the tokenizer encodes "
-              f"as {self.tokenizer.unk_token} ({''.join(chars)!r}): the policy cannot read them. The embedded "
-              "model's tokenizer knows only the task's alphabet: keep observations inside it (as the guess and "
-              "calculator environments do) or train a pretrained model.path", file=sys.stderr, flush=True)
+        say(f"rlzoo: warning: the environment's observation {text[:60]!r} holds characters the tokenizer encodes "
+            f"as {self.tokenizer.unk_token} ({''.join(chars)!r}): the policy cannot read them. The embedded "
+            "model's tokenizer knows only the task's alphabet: keep observations inside it (as the guess and "
+            "calculator environments do) or train a pretrained model.path")
         self.warned_unknown = True
 
 

@@ -14,7 +14,7 @@ import textwrap
 from collections.abc import Sequence
 
 from rlzoo.contract.hookspecs import KIND_TITLES, REGISTRATION_HOOKS
-from rlzoo.core.errors import ConfigError, DuplicateComponentError, RlzooError
+from rlzoo.core.errors import ConfigError, DuplicateComponentError, RlzooError, say
 from rlzoo.core.processes import share_cores_politely
 
 EXIT_USAGE = 2
@@ -171,11 +171,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return _COMMANDS[args.command](args)
     except RlzooError as exc:
-        print(f"rlzoo: error: {exc}", file=sys.stderr)
+        say(f"rlzoo: error: {exc}")
         return EXIT_USAGE
     except KeyboardInterrupt:
-        print("rlzoo: error: interrupted (Ctrl-C); a run's newest complete checkpoint stays resumable",
-              file=sys.stderr)
+        say("rlzoo: error: interrupted (Ctrl-C); a run's newest complete checkpoint stays resumable")
         return EXIT_INTERRUPTED
 
 
@@ -186,7 +185,7 @@ def _resolve_registry(args: argparse.Namespace):
     pm = make_plugin_manager(modules=plugin_modules(args.overrides, args.config))
     registry = build_registry(pm)
     for error in registry.load_errors:
-        print(f"rlzoo: warning: {error}", file=sys.stderr)
+        say(f"rlzoo: warning: {error}")
     return pm, registry, None
 
 
@@ -307,7 +306,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         return _launch_torchrun(args, resolved, nproc)
     if int(os.environ.get("RANK", "0")) == 0:
         for warning in resolved.plan.warnings:
-            print(f"rlzoo: warning: {warning}", file=sys.stderr)
+            say(f"rlzoo: warning: {warning}")
     _quiet_transformers()
     train(engine_input(resolved), pm, overwrite=args.overwrite)
     return 0
@@ -369,13 +368,13 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     print(f"sweep {sweep_dir}: {done} of {len(results)} runs done; compare "
           f"with `rlzoo compare {sweep_dir}` or `tensorboard --logdir {sweep_dir}`")
     if any(outcome == "aborted" for _, outcome in results):
-        print("rlzoo: error: sweep aborted by a second Ctrl-C; each run's newest complete checkpoint stays "
-              "resumable: run the same sweep command again", file=sys.stderr)
+        say("rlzoo: error: sweep aborted by a second Ctrl-C; each run's newest complete checkpoint stays "
+            "resumable: run the same sweep command again")
         return EXIT_INTERRUPTED
     if done < len(results) and not failed:
         print("sweep: stopped by a signal; run the same sweep command again to resume it", flush=True)
     if failed:
-        print(f"rlzoo: error: failed runs: {', '.join(failed)}", file=sys.stderr)
+        say(f"rlzoo: error: failed runs: {', '.join(failed)}")
         return 1
     return 0
 
@@ -453,9 +452,9 @@ def _cmd_list(args: argparse.Namespace) -> int:
             print()
     for error in registry.load_errors:
         if error in fatal:
-            print(f"rlzoo: error: {error}", file=sys.stderr)
+            say(f"rlzoo: error: {error}")
         else:
-            print(f"rlzoo: warning: {error} (any {args.kind} it holds is missing above)", file=sys.stderr)
+            say(f"rlzoo: warning: {error} (any {args.kind} it holds is missing above)")
     return EXIT_USAGE if fatal else 0
 
 

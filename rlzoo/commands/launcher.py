@@ -18,6 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from rlzoo.core.errors import say
 from rlzoo.core.stopping import die_with_parent, send_signal
 
 EXIT_ABORTED = 130
@@ -40,7 +41,7 @@ def launch_torchrun(train_args: list[str], nproc: int, run_dir: Path) -> int:
     the run's directory, named in the last line when the job fails."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
                "-m", "rlzoo", "train", *train_args]
-    print("rlzoo: launching " + " ".join(command[1:]), file=sys.stderr, flush=True)
+    say("rlzoo: launching " + " ".join(command[1:]))
     torchrun = subprocess.Popen(command, start_new_session=True, preexec_fn=die_with_parent)
     received: list[int] = []
 
@@ -62,9 +63,9 @@ def launch_torchrun(train_args: list[str], nproc: int, run_dir: Path) -> int:
             signal.signal(sig, handler)
     resume = f"the newest checkpoint stays resumable: `rlzoo train resume={run_dir}`"
     if -1 in received:
-        print(f"rlzoo: error: aborted by a second Ctrl-C; {resume}", file=sys.stderr, flush=True)
+        say(f"rlzoo: error: aborted by a second Ctrl-C; {resume}")
         return EXIT_ABORTED
     if code != 0:
-        print(f"rlzoo: error: the torchrun job failed (exit {code}; the messages above name the rank and the "
-              f"reason); {resume}", file=sys.stderr, flush=True)
+        say(f"rlzoo: error: the torchrun job failed (exit {code}; the messages above name the rank and the "
+            f"reason); {resume}")
     return code

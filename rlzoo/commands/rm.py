@@ -30,7 +30,6 @@ import math
 import os
 import random
 import shutil
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,7 +39,7 @@ import torch.nn.functional as F
 from transformers import AutoModelForSequenceClassification
 
 from rlzoo.core import distributed
-from rlzoo.core.errors import ConfigError, TrainingError
+from rlzoo.core.errors import ConfigError, TrainingError, say
 from rlzoo.core.rng import global_rng_state, set_global_rng_state
 from rlzoo.plan.planner import PlannedConfig
 from rlzoo.plan.records import RunPlan
@@ -238,8 +237,7 @@ class PairScorer:
         ids, cut = fit_context(encode(self.tokenizer, texts, self.templated), self.context)
         if cut and not self.warned:
             self.warned = True
-            print(f"rlzoo: warning: {cut_warning('rlzoo rm', cut, len(texts), self.context)}", file=sys.stderr,
-                  flush=True)
+            say(f"rlzoo: warning: {cut_warning('rlzoo rm', cut, len(texts), self.context)}")
         ids, mask = left_pad(ids, self.tokenizer.pad_token_id)
         scores = sequence_scores(self.model, ids.to(self.device), mask.to(self.device))
         margin = torch.tensor([p.margin for p in pairs], dtype=torch.float32, device=self.device)
@@ -336,7 +334,7 @@ def run_rm(resolved: PlannedConfig, overwrite: bool = False) -> Path:
     pairs = task_pairs(parts, int(cfg.rm.task_pairs), seed) if cfg.rm.data == TASK_DATA else load_pairs(cfg.rm.data)
     warning = tie_warning(pairs, str(cfg.rm.data))
     if warning is not None:
-        print(f"rlzoo: warning: {warning}", file=sys.stderr, flush=True)
+        say(f"rlzoo: warning: {warning}")
     if len(pairs) < 2 and cfg.rm.eval_fraction > 0:
         raise ConfigError(f"rm.data {cfg.rm.data!r} holds {len(pairs)} pair: hold none out with rm.eval_fraction=0")
     train_rows, held_rows = split_pairs(len(pairs), float(cfg.rm.eval_fraction), seed)

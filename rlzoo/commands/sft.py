@@ -21,13 +21,12 @@ environment's tokens are read, never trained on.
 from __future__ import annotations
 
 import random
-import sys
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
-from rlzoo.core.errors import ConfigError
+from rlzoo.core.errors import ConfigError, say
 from rlzoo.models.dropout import disable_dropout
 from rlzoo.agents.episodes import EpisodeFormat, EpisodeLimits, environment_factory, episode_tensors, replay
 from rlzoo.learn.learner import adamw
@@ -72,7 +71,7 @@ def run_sft(resolved: PlannedConfig, steps: int = 100,
     task = parts.task
     reads = target == "answer" and run.components.environment is None  # its targets are the references
     for warning in check_references(task, task_name, "rlzoo sft trains on them (the text 'None')" if reads else None):
-        print(f"rlzoo: warning: {warning}", file=sys.stderr, flush=True)
+        say(f"rlzoo: warning: {warning}")
     rng = random.Random(seed)
     model, tokenizer = parts.models.policy, parts.models.tokenizer
     prompt_format = parts.prompt_format  # the instruction, system prompt and chat template RL uses

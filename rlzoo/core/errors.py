@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import sys
 from collections.abc import Iterable
 
 
@@ -46,3 +47,15 @@ def did_you_mean(word: str, choices: Iterable[str]) -> str:
         if key in lowered:
             close = [lowered[key]]
     return f" Did you mean '{close[0]}'?" if close else ""
+
+
+def say(line: str) -> None:
+    """Print ``line`` on stderr in one write and flush it.
+
+    ``print(line, file=sys.stderr)`` writes the text and its newline in two system calls
+    (stderr is unbuffered), so the lines of processes sharing one stderr (torchrun's ranks,
+    a sweep's runs) can interleave as ``error Aerror B`` followed by two empty lines; one
+    write of a line shorter than the pipe's atomic size (4096 bytes on Linux) never does.
+    """
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()

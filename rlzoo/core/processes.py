@@ -32,8 +32,8 @@ def share_cores_politely() -> None:
     share of the cores a run gets beside other work; one that never spins (passive alone)
     sleeps and wakes between every small operation. Measured on 2 cores with
     ``benchmarks/busy_machine.py`` (docs/training.md, "A shared machine"), the default run
-    against ``trainer.threads=1``: idle 0.86x (libgomp's default 0.97x, passive alone 1.34x),
-    beside 2 busy processes 1.52x (libgomp's default 2.94x), beside 4 1.43x.
+    against ``trainer.threads=1``: idle 0.98x (libgomp's default 0.95x, passive alone 1.34x),
+    beside 2 busy processes 1.29x (libgomp's default 2.37x), beside 4 1.43x (2.89x).
     """
     if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
         os.environ.update(WAIT_POLICY)

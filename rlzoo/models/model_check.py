@@ -23,14 +23,13 @@ from __future__ import annotations
 
 import copy
 import math
-import sys
 from dataclasses import dataclass
 
 import torch
 from transformers import PreTrainedModel
 
 from rlzoo.models.dropout import active_rates, adapter_dropout_off, is_random_rate
-from rlzoo.core.errors import ConfigError
+from rlzoo.core.errors import ConfigError, say
 from rlzoo.models.head import CACHE_MODES, FastPaths, default_paths, set_fast_paths
 from rlzoo.models.logprobs import response_forward
 from rlzoo.models.decode import generate
@@ -87,7 +86,7 @@ def report(name: str, check: CheckResult, summary: bool = True) -> None:
     """Print ``check`` as a command does: its warning, if any, on stderr (``rlzoo: warning:
     NAME: ...``) and, when ``summary``, its :meth:`CheckResult.summary` on stdout."""
     if check.warning:
-        print(f"rlzoo: warning: {name}: {check.warning}", file=sys.stderr, flush=True)
+        say(f"rlzoo: warning: {name}: {check.warning}")
     if summary:
         print(f"rlzoo: {name} {check.summary()}", flush=True)
 

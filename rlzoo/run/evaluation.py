@@ -31,7 +31,6 @@ exactly as one without (tested).
 
 from __future__ import annotations
 
-import sys
 
 import math
 import time
@@ -41,7 +40,7 @@ import numpy as np
 import torch
 
 from rlzoo.core import distributed
-from rlzoo.core.errors import ConfigError
+from rlzoo.core.errors import ConfigError, say
 from rlzoo.plan.settings import EvalPlan
 from rlzoo.rollout.sampler import Completions, Sampler
 from rlzoo.tasks.task import Example, Holdout, Task
@@ -116,9 +115,8 @@ class Evaluator:
                               f"(eval.holdout={evaluation.holdout}): raise eval.holdout, give the task an "
                               "eval_path, or set eval.size=0 to train without evaluation")
         if len(examples) < size and dist.is_main:
-            print(f"rlzoo: warning: eval.size={size} but task {task_name!r} holds out only {len(examples)} "
-                  f"prompts (eval.holdout={evaluation.holdout} of its prompt space): evaluating those",
-                  file=sys.stderr, flush=True)
+            say(f"rlzoo: warning: eval.size={size} but task {task_name!r} holds out only {len(examples)} "
+                f"prompts (eval.holdout={evaluation.holdout} of its prompt space): evaluating those")
         return cls(examples, sampler, evaluation, dist)
 
     def describe(self) -> str:

@@ -28,7 +28,6 @@ import contextlib
 import json
 import os
 import shutil
-import sys
 import time
 from collections.abc import Iterator
 from datetime import datetime
@@ -50,7 +49,7 @@ from rlzoo.run.checkpoint import (
     set_aside,
     write_error,
 )
-from rlzoo.core.errors import ConfigError, RlzooError, TrainingError
+from rlzoo.core.errors import ConfigError, RlzooError, TrainingError, say
 from rlzoo.run.run_lock import LOCK_FILE, RunLock, in_use_error, lock_holder
 from rlzoo.core.events import read_scalars
 from rlzoo.models.lora import ADAPTER_CONFIG
@@ -426,7 +425,7 @@ class RunDirectory:
 
 
 def _note(message: str) -> None:
-    print(f"rlzoo: {message}", file=sys.stderr, flush=True)
+    say(f"rlzoo: {message}")
 
 
 def write_status(run_dir: Path, status: str, step: int, total_steps: int) -> None:

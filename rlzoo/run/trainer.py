@@ -27,7 +27,7 @@ from rlzoo.core.batch import RolloutBatch
 from rlzoo.run.checkpoint import CHECKPOINT_DIR, STATE_FILE, check_optimizer_fits, checkpoint_name, first_non_finite
 from rlzoo.run.context import RunContext
 from rlzoo.diagnostics.watch import Watch
-from rlzoo.core.errors import ConfigError, TrainingError
+from rlzoo.core.errors import ConfigError, TrainingError, say
 from rlzoo.run.evaluation import Evaluator, eval_only
 from rlzoo.core.events import read_scalars
 from rlzoo.learn.learner import Learner
@@ -71,7 +71,7 @@ class Trainer:
             self.thread_record = processes.register(torch.get_num_threads())
             warning = processes.oversubscription(torch.get_num_threads())
             if warning and self.dist.is_main:
-                print(f"rlzoo: warning: {warning}", file=sys.stderr, flush=True)
+                say(f"rlzoo: warning: {warning}")
 
     def _build(self, pm: PluginManager) -> None:
         """Everything after the run directory is claimed: models, sampler, learner, state
@@ -89,7 +89,7 @@ class Trainer:
         use = f"reward {' and '.join(readers)} compares completions with them (0 whatever the policy writes)"
         for warning in check_references(task, parts.task_name, use if readers else None):
             if self.dist.is_main:
-                print(f"rlzoo: warning: {warning}", file=sys.stderr, flush=True)
+                say(f"rlzoo: warning: {warning}")
         self.models = parts.models
         if self.dist.is_main:
             for name, check in self.models.checks.items():  # the embedded tiny model: nothing to say
@@ -100,7 +100,7 @@ class Trainer:
         self.sampler = parts.sampler(seed if self.dist.rank == 0 else f"{seed}/rank{self.dist.rank}")
         for warning in check_encodable(task, parts.task_name, self.models.tokenizer, self.sampler.holdout):
             if self.dist.is_main:
-                print(f"rlzoo: warning: {warning}", file=sys.stderr, flush=True)
+                say(f"rlzoo: warning: {warning}")
         self.evaluator = Evaluator.build(self.plan.eval, task, parts.task_name, self.sampler, self.dist)
         self.learner = Learner(self.plan, self.run_input.components, self.models, self.dist)
         self.generator: AsyncRollout | None = None  # rollout.mode=async: started by run()
@@ -361,7 +361,7 @@ class Trainer:
                 if progress is not None and progress.bar is not None:
                     progress.bar.write(line, file=sys.stderr)  # above the bar, not through it
                 else:
-                    print(line, file=sys.stderr, flush=True)
+                    say(line)
         if tracker is not None and cadence.sample_every and self.step % cadence.sample_every == 0:
             tracker.log_samples(self.step, self.last_samples)
         if progress is not None:
