@@ -12,6 +12,12 @@ the valid tokens. Padding gets weight 0 and never influences a valid weight. Cor
 that read no current-policy ``logp`` are called once per step over the whole batch
 (:mod:`rlzoo.learn.correcting`), so their full reductions (a batch normalisation) are over the
 whole batch, every process's included; ``rollout_correction=[a, b]`` composes them.
+
+Under ``trainer.old_logp=rollout`` (verl's bypass mode) π_old is μ, and the engine passes the
+current policy's log-probs (detached) as ``old_logp`` in each update micro-batch instead, so
+the same formulas compare π with μ (verl ``compute_policy_loss_bypass_mode``). The
+corrections whose weights are importance ratios (not only 0/1) register with
+``importance_weights=True``: the plan warns when they multiply a loss whose ratio already is π/μ.
 """
 
 from __future__ import annotations
@@ -381,14 +387,15 @@ def opmask(logp: torch.Tensor, rollout_logp: torch.Tensor, advantages: torch.Ten
 @hookimpl
 def rlzoo_register_rollout_corrections(register) -> None:
     register("none", none, description="no correction (weight 1)")
-    register("tis", tis, params=TISParams, paper="Yao et al. 2025 (TIS)",
+    register("tis", tis, params=TISParams, importance_weights=True, paper="Yao et al. 2025 (TIS)",
              description="token-level truncated IS: w = min(π_old/μ, C)")
-    register("seq_tis", seq_tis, params=SeqTISParams, paper="verl rollout_is=sequence; TRL sequence_truncate",
+    register("seq_tis", seq_tis, params=SeqTISParams, importance_weights=True,
+             paper="verl rollout_is=sequence; TRL sequence_truncate",
              description="sequence-level truncated IS: w = min(Π_t π_old/μ, C) on every token of the sequence")
     register("rejection", rejection, params=RejectionParams,
              paper="verl rollout_rs (token/seq_sum/seq_mean/seq_max k2, k3)",
              description="drop tokens / sequences whose k2 or k3 divergence between μ and π_old exceeds a threshold")
-    register("icepop", icepop, params=IcePopParams,
+    register("icepop", icepop, params=IcePopParams, importance_weights=True,
              description="token-level masked IS: w = π_old/μ inside [α, β], else 0 (IcePop, Ring-1T)")
     register("seq_is_mask", seq_is_mask, params=SeqISMaskParams,
              description="drop sequences whose (geometric or product) ratio π_old/μ is outside [low, high]")

@@ -63,7 +63,7 @@ def test_explain_prints_every_preset_knob_with_its_source_and_the_plan(capsys, n
     preset = load_preset(REGISTRY.get("algorithm", name))
     for key in preset.set_keys():
         lines = [line for line in out.splitlines() if line.split(" ")[0] in (key, f"{key}.name")
-                 or line.startswith(key + ".")]
+                 or line.startswith((key + ".", key + "["))]
         assert lines and all(f"[preset {name}]" in line for line in lines if "[default of" not in line), key
         assert preset.entry_for(key).source[:40] in out, key
     assert "# run plan" in out and "optimizer step(s) per step" in out

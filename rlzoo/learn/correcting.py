@@ -7,8 +7,10 @@ mini-batches, in order, each seeing the ``loss_mask`` the earlier ones left; the
 are multiplied into ``batch.correction_weights`` and a ``mask``-mode correction's zero-weight
 tokens are removed from ``batch.loss_mask`` (so the aggregation's denominators, counted per
 mini-batch afterwards, no longer count them). The ``update``-stage ones (they read ``logp``)
-run in each micro-batch and multiply in there. Metrics are logged per correction as
-``rollout_correction/<name>/<key>``.
+run in each micro-batch and multiply in there; under ``trainer.old_logp=rollout`` (bypass)
+so do the ones that read ``old_logp``, given the current policy's log-probs (detached) in its
+place, so they compare π with μ as verl's bypass mode does. Metrics are logged per
+correction as ``rollout_correction/<name>/<key>``.
 
 :func:`offpolicy_metrics` are verl's off-policy diagnostics of μ against π_old.
 """
@@ -78,11 +80,15 @@ class Corrections:
                 add: Any) -> torch.Tensor | None:
         """The micro-batch's correction weights ``(B, T)``: the batch-stage product times
         each update-stage correction's weights (``logp`` detached), or ``None`` when the run
-        has no correction. ``add(name, value)`` records each update-stage metric."""
+        has no correction. A ``current_as_old`` step (bypass) gets the detached ``logp`` as
+        its ``old_logp``: it compares π with μ. ``add(name, value)`` records each
+        update-stage metric."""
         weights = mb.correction_weights
+        current = logp.detach()
         for step in self.update_steps:
-            found, found_metrics = step.correction(old_logp=old_logp, rollout_logp=mb.rollout_logp,
-                                                   logp=logp.detach(), advantages=mb.advantages, response_mask=mask)
+            found, found_metrics = step.correction(old_logp=current if step.current_as_old else old_logp,
+                                                   rollout_logp=mb.rollout_logp, logp=current,
+                                                   advantages=mb.advantages, response_mask=mask)
             weights = found.detach() if weights is None else weights * found.detach()
             for key, value in found_metrics.items():
                 add(metric_key(step, key), float(value))

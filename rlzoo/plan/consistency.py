@@ -138,13 +138,9 @@ def check_async(resolved: ResolvedConfig, world: int) -> None:
 
 
 def _check_bypass(resolved: ResolvedConfig, needs: set[str]) -> None:
-    """``trainer.old_logp=rollout`` takes π_old to be μ: refuse what would then read nothing."""
-    reads_old = [c.name for c, _ in resolved.corrections if "old_logp" in c.inputs]
-    if reads_old:
-        raise ConfigError(f"trainer.old_logp=rollout makes the rollout's log-probs pi_old, so rollout_correction "
-                          f"{', '.join(reads_old)} (which compares pi_old with the rollout's mu) would weight every "
-                          "token 1: remove it, or set trainer.old_logp=compute (opmask compares mu with the current "
-                          "policy and works in both)")
+    """``trainer.old_logp=rollout`` takes π_old to be μ and skips the old-log-prob pass: refuse
+    what only that pass computes. (A correction that reads ``old_logp`` compares the current
+    policy with μ instead: :func:`rlzoo.plan.planner._correction_steps`.)"""
     for need, what in (("entropy", "the entropies"), ("sum_pi_squared", "the Σπ²")):
         if need in needs:
             acting = [*resolved.components.values(), *(c for c, _ in resolved.extensions)]

@@ -96,15 +96,20 @@ class CorrectionStep:
     :ivar correction: the ``rollout_correction`` component with its parameters, bound.
     :ivar stage: ``batch``: computed once per step over the whole batch before the
         mini-batches (it reads no current-policy log-prob); ``update``: in each update
-        micro-batch (it reads ``logp``, the policy being trained).
+        micro-batch (it reads ``logp``, the policy being trained, or ``current_as_old``).
     :ivar mode: ``weight`` (its weights multiply the per-token policy loss) or ``mask``
         (its zero-weight tokens also leave ``loss_mask``, so every term over that mask
         stops counting them).
+    :ivar current_as_old: ``trainer.old_logp=rollout`` (bypass) and the correction reads
+        ``old_logp``: π_old is μ there, so its ``old_logp`` input is the current policy's
+        log-probs (detached) instead, in each update micro-batch (stage ``update``), and it
+        compares π with μ (verl's ``compute_policy_loss_bypass_mode``).
     """
 
     correction: BoundComponent
     stage: str
     mode: str
+    current_as_old: bool = False
 
     @property
     def name(self) -> str:

@@ -176,7 +176,7 @@ def build_plan(resolved: ResolvedConfig) -> RunPlan:
                                        stale_batches=str(cfg.rollout.stale_batches),
                                        queue_size=int(cfg.rollout.queue_size),
                                        generator_timeout_s=float(cfg.rollout.generator_timeout_s)),
-                   corrections=_correction_steps(resolved), bypass=bypass, record=bool(cfg.rollout.record),
+                   corrections=_correction_steps(resolved, bypass), bypass=bypass, record=bool(cfg.rollout.record),
                    correction_in_loss="correction_weights" in comps["policy_loss"].inputs,
                    precision=str(cfg.trainer.precision), lora=lora, episodes=episodes,
                    sampled_mask="response_mask" if episodes is None else "loss_mask")
@@ -250,17 +250,26 @@ def _prompt_plan(resolved: ResolvedConfig) -> PromptPlan:
                       system_prompt=cfg.model.get("system_prompt"), chat_template=cfg.model.chat_template)
 
 
-def _correction_steps(resolved: ResolvedConfig) -> tuple[CorrectionStep, ...]:
-    """The corrections in order, each with its stage and mode (see :class:`CorrectionStep`)."""
+def _correction_steps(resolved: ResolvedConfig, bypass: bool) -> tuple[CorrectionStep, ...]:
+    """The corrections in order, each with its stage and mode (see :class:`CorrectionStep`).
+    Under ``bypass`` (π_old is μ) a correction that reads ``old_logp`` is given the current
+    policy's log-probs in its place, in each micro-batch, as verl's bypass mode computes its
+    IS weights and rejection masks inside the policy loss."""
     steps = []
     for index, (component, params) in enumerate(resolved.corrections):
-        stage = "update" if "logp" in component.inputs else "batch"
+        current_as_old = bypass and "old_logp" in component.inputs
+        stage = "update" if "logp" in component.inputs or current_as_old else "batch"
         mode = str(getattr(params, "mode", "weight"))
         if mode == "mask" and stage == "update":
-            raise ConfigError(f"rollout_correction[{index}] {component.name!r} has mode=mask but reads the current "
-                              "policy (logp), known only inside each micro-batch, after the aggregation's "
-                              "denominators are counted: use mode=weight")
-        steps.append(CorrectionStep(correction=component.bind(params), stage=stage, mode=mode))
+            reads = ("with trainer.old_logp=rollout compares the current policy with the rollout's mu"
+                     if current_as_old else "reads the current policy (logp)")
+            raise ConfigError(f"rollout_correction[{index}] {component.name!r} has mode=mask but {reads}, known "
+                              "only inside each micro-batch, after the aggregation's denominators are counted: use "
+                              "mode=weight" + (" (as verl's bypass mode, whose rejection leaves the rejected tokens "
+                                               "in the mini-batch's token and sequence counts)" if current_as_old
+                                               else ""))
+        steps.append(CorrectionStep(correction=component.bind(params), stage=stage, mode=mode,
+                                    current_as_old=current_as_old))
     return tuple(steps)
 
 
@@ -301,12 +310,21 @@ def _inert_choices(resolved: ResolvedConfig, plan: RunPlan) -> list[str]:
         if set_by_user:
             warnings.append(f"kl.coef=0: KL is off, so {', '.join(k.removesuffix('.name') for k in set_by_user)} "
                             "has no effect")
-    inert = [c.name for c, _ in resolved.corrections if "logp" not in c.inputs]
+    inert = [step.name for step in plan.corrections
+             if step.stage == "batch" or (step.current_as_old and plan.update.on_policy)]
     if inert and same_distribution and not plan.rollout.off_policy:
-        warnings.append(f"rollout_correction {', '.join(inert)} corrects for μ ≠ π_old, but the hf backend "
+        against = "π" if plan.bypass else "π_old"
+        warnings.append(f"rollout_correction {', '.join(inert)} corrects for μ ≠ {against}, but the hf backend "
                         "samples from the trained policy itself in its own dtype (rollout/mismatch_k3 ≈ 0): its "
                         "weights are 1 to float rounding; set rollout.dtype=bfloat16 (or rollout.top_p < 1) for a gap "
                         "to correct")
+    reweighting = [step.name for step in plan.corrections
+                   if step.current_as_old and step.correction.component.meta.get("importance_weights")]
+    if reweighting and not loss.meta.get("ratio_free"):
+        warnings.append(f"trainer.old_logp=rollout makes {loss.name}'s ratio pi/mu already, and rollout_correction "
+                        f"{', '.join(reweighting)} multiplies its loss by a second pi/mu weight (verl's bypass "
+                        "ppo_clip applies no IS weight, only rejection masks; its bypass_pg_* presets pair the "
+                        "weights with REINFORCE): policy_loss=vanilla_pg for verl's recipe (algo=bypass_pg_is, ...)")
     if plan.rollout.staleness >= int(cfg.trainer.total_steps):
         warnings.append(f"rollout.staleness={plan.rollout.staleness} >= trainer.total_steps="
                         f"{cfg.trainer.total_steps}: every step trains on the initial policy's rollouts")

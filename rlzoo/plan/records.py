@@ -207,6 +207,8 @@ class RunPlan:
                  "the earlier ones left):"]
         for i, step in enumerate(self.corrections, 1):
             when = ("once per step over the whole batch, before the mini-batches" if step.stage == "batch"
+                    else "in each update micro-batch, comparing the current policy pi (detached) with the "
+                    "rollout's mu where pi_old would be (bypass)" if step.current_as_old
                     else "in each update micro-batch (it reads the current policy)")
             what = ("its rejected tokens leave loss_mask and the rest are weighted" if step.mode == "mask"
                     else "weights the per-token policy loss (weight 0 keeps a token in the denominators)")
@@ -271,7 +273,8 @@ class RunPlan:
             lines += self.episodes.lines(r.max_new_tokens)
         if self.bypass:
             lines.append("old log-probs: the rollout's (trainer.old_logp=rollout, bypass): the importance ratio is "
-                         "pi/mu and no old-log-prob pass runs")
+                         "pi/mu and the old-log-prob pass (a forward of the policy over the batch before the update) "
+                         "is skipped")
         lines += self._correction_lines()
         if self.record:
             lines.append("each step's batch is recorded in rollouts/ (rlzoo ab replays it)")
