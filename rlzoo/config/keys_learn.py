@@ -106,7 +106,8 @@ TRAINER = Section("trainer", (
         "compute | rollout: the rollout's log-probs are pi_old (bypass: no old-log-prob pass)",
         "`compute`: π_old, the ratio's denominator, is the trained policy's log-probs before the update (the "
         "old-log-prob pass runs when the plan needs it); `rollout`: the rollout's own log-probs μ are π_old, so "
-        "the ratio is π/μ (verl's bypass mode). Corrections that compare π_old with μ are refused with it "
-        "([corrections](algorithms/corrections.md#bypass-trainerold_logprollout))",
+        "the ratio is π/μ (verl's bypass mode), and a correction that compares π_old with μ compares the current "
+        "policy π with μ instead, in each micro-batch (`algo=bypass_pg_is` and the other verl presets: "
+        "[corrections](algorithms/corrections.md#bypass-trainerold_logprollout))",
         choices=("compute", "rollout"), old="compute"),
 ), explain=True, rules=(Rule(("trainer.precision", "model.dtype"), _precision_needs_float32_weights),))

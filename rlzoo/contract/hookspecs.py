@@ -146,7 +146,9 @@ def rlzoo_register_rollout_corrections(register: Register) -> None:
     ``weights`` ``(B, T)`` multiply the per-token policy loss (detached; 0 drops a token,
     and it stays in the aggregation's denominator), and ``metrics`` is a dict of detached
     scalars logged as ``rollout_correction/<name>/<key>``. A correction that names ``logp``
-    is called in every update micro-batch; any other once per step over the whole batch
+    is called in every update micro-batch, and so is one that names ``old_logp`` under
+    ``trainer.old_logp=rollout`` (verl's bypass: it gets the current policy's log-probs,
+    detached, as ``old_logp``); any other once per step over the whole batch
     before the mini-batches (its full reductions, e.g. ``rlzoo.core.masked.masked_mean``, are
     over every process's batch). ``response_mask`` is the loss mask the earlier corrections
     of ``rollout_correction=[...]`` left. A parameter dataclass with a field ``mode`` set to

@@ -165,7 +165,9 @@ KINDS: dict[str, Kind] = {kind.name: kind for kind in (
         docs='docs/algorithms/corrections.md', tested_in='rlzoo.testing',
         inputs={
             "old_logp": Input("old_logp", "(B, T) float: log-probs under π_old, the trained policy before this "
-                                          "step's update (the plan runs the old-log-prob pass)"),
+                                          "step's update (the plan runs the old-log-prob pass); with "
+                                          "trainer.old_logp=rollout (bypass) the current policy's, detached, in "
+                                          "each update micro-batch"),
             "rollout_logp": Input(None, "(B, T) float: log-probs under μ, the distribution the rollout backend "
                                         "sampled from"),
             "logp": Input(None, "(B, T) float: log-probs under the policy being trained, detached"),
