@@ -278,7 +278,7 @@ def rlzoo_register_rollout_backends(register: Register) -> None:
     :param register: call ``register(name, factory, ...)``. The engine builds
         ``factory(**inputs, params=...)`` with the inputs it names from
         ``INPUTS["rollout"]`` (``policy``, ``tokenizer``, ``device``, ``dtype``,
-        ``generation_context``) and gets a backend with
+        ``generation_context``, ``role``) and gets a backend with
 
         - ``generate(prompt_ids, *, num_samples, max_new_tokens, temperature, top_p,
           greedy=False) -> rlzoo.core.batch.Generation``: ``prompt_ids`` is a list of token-id
