@@ -78,8 +78,8 @@ READY_TIMEOUT_S = 1800.0
 @dataclass
 class VLLMParams:
     threads: int = 0
-    """CPU: the engine's OpenMP threads, bound to the last this-many cores the trainer may use; 0: all of them
-    (rollout and update alternate, so the engine and the trainer share the cores in time)."""
+    """CPU: the engine's OpenMP threads, bound to the last this-many of its cores (:func:`core_split`: the
+    process's usable cores, the rank's slice of them, or under rollout.mode=async those the trainer leaves); 0: all."""
     kv_cache_mb: int = 1024
     """CPU: the engine's KV cache in MiB; it also bounds one sequence (prompt + completion)."""
     gpu_memory_utilization: float = 0.3
@@ -205,6 +205,13 @@ def pin(cores: list[int]) -> list[int] | None:
         with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
             os.sched_setaffinity(tid, cores)
     return before
+
+
+def _give_back(cores: list[int] | None) -> None:
+    """Undo an async trainer's :func:`pin` (``cores``: its mask before)."""
+    if cores is not None:
+        pin(cores)
+    os.environ.pop(CORES_ENV, None)
 
 
 def local_rank() -> tuple[int, int]:
@@ -476,7 +483,7 @@ class VLLMRollout:
                              "raise rollout.backend.kv_cache_mb")
         self.rank, world = local_rank()
         self.cores: list[int] | None = None
-        self._unpin: list[int] | None = None
+        self._unpin: Any = None
         if cpu:
             mode = "sync" if role == "trainer" else "async"
             # the trainer's torch threads: trainer.threads there, and the generator's spec copies them
@@ -484,7 +491,7 @@ class VLLMRollout:
             self.cores = split.engine
             if role == "evaluator":  # the trainer keeps to its cores; its engine, if it evaluates, too
                 os.environ[CORES_ENV] = ",".join(map(str, usable()))  # what the generator it spawns splits
-                self._unpin = pin(split.trainer)
+                self._unpin = weakref.finalize(self, _give_back, pin(split.trainer))  # also if never closed
                 self.cores = split.trainer
             elif role == "generator":  # the generator waits on its engine: its own work on the engine's cores
                 pin(split.engine)
@@ -595,9 +602,7 @@ class VLLMRollout:
         if self._finalizer is not None:
             self._finalizer()
         if self._unpin is not None:
-            pin(self._unpin)
-            self._unpin = None
-            os.environ.pop(CORES_ENV, None)
+            self._unpin()
 
 
 @hookimpl

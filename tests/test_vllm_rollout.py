@@ -117,6 +117,30 @@ def test_core_splits_by_hand() -> None:
     assert core_split([0, 1], 5, 1, "async") == CoreSplit([1], [0])       # more threads than cores left: all of them
 
 
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="pins threads to cores: needs Linux and 2 usable cores")
+def test_an_async_trainer_keeps_to_its_cores_until_closed_and_starts_no_engine_unless_it_evaluates(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    before, threads = sorted(os.sched_getaffinity(0)), torch.get_num_threads()
+    model, tok = _tiny()
+    torch.set_num_threads(1)                                        # trainer.threads=1
+    try:
+        backend = vllm_rollout.VLLMRollout(model, tok, torch.device("cpu"), "float32", VLLMParams(threads=1),
+                                           role="evaluator")
+        tasks = [int(tid) for tid in os.listdir("/proc/self/task")]
+        assert all(sorted(os.sched_getaffinity(tid)) == before[:1] for tid in tasks)    # every thread of it
+        assert os.environ[vllm_rollout.CORES_ENV] == ",".join(map(str, before))         # what its generator splits
+        assert vllm_rollout.usable() == before and backend.cores == before[:1]
+        backend.sync_weights(lambda: model.state_dict().items())                         # no engine: nothing to do
+        assert backend._finalizer is None
+        backend.close()
+        assert sorted(os.sched_getaffinity(0)) == before and vllm_rollout.CORES_ENV not in os.environ
+    finally:
+        torch.set_num_threads(threads)
+        os.sched_setaffinity(0, before)
+        monkeypatch.delenv(vllm_rollout.CORES_ENV, raising=False)
+
+
 def test_the_backend_is_told_its_role() -> None:
     """A sync run's trainer generates its batches; under rollout.mode=async the generator
     process does, and the trainer's backend only evaluates."""
@@ -338,9 +362,10 @@ needs_vllm = [pytest.mark.vllm, pytest.mark.skipif(importlib.util.find_spec("vll
 @pytest.fixture(scope="module")
 def engine():
     """A head-size-64 tiny policy and a one-thread engine built from it (one for the module:
-    building takes seconds)."""
+    building takes seconds), with a 64 MiB KV cache (65,536 of its tokens)."""
     policy, tok = _tiny(hidden=128, heads=2, seed=0)
-    backend = vllm_rollout.VLLMRollout(policy, tok, torch.device("cpu"), "float32", VLLMParams(threads=1))
+    backend = vllm_rollout.VLLMRollout(policy, tok, torch.device("cpu"), "float32",
+                                       VLLMParams(threads=1, kv_cache_mb=64))
     yield SimpleNamespace(policy=policy, tok=tok, backend=backend)
     backend.close()
 
@@ -507,7 +532,7 @@ def test_a_lora_policy_is_served_with_its_adapters_merged(engine) -> None:
 def _train(tmp_path, name: str, *overrides: str) -> dict:
     from rlzoo.core.events import read_scalars
 
-    code = main(["train", "rollout.backend={name: vllm, threads: 1}", *SERVABLE, "model.num_layers=1",
+    code = main(["train", "rollout.backend={name: vllm, threads: 1, kv_cache_mb: 64}", *SERVABLE, "model.num_layers=1",
                  "task.num_digits=3", "rollout.prompts_per_step=4", "rollout.n=4", "rollout.max_new_tokens=5",
                  "logging.progress=false", "trainer.threads=1", "eval.size=0", "checkpoint.every=1",
                  f"run_dir={tmp_path / name}", *overrides])
@@ -666,8 +691,8 @@ def test_two_ranks_each_generate_on_an_engine_of_their_own_and_resume(tmp_path) 
 
     env = {key: value for key, value in os.environ.items() if key != "WORLD_SIZE"}
     run_dir = tmp_path / "dp"
-    args = [sys.executable, "-m", "rlzoo", "train", "rollout.backend={name: vllm, threads: 1}", *SERVABLE,
-            "model.num_layers=1", "task.num_digits=3", "rollout.prompts_per_step=4", "rollout.n=4",
+    args = [sys.executable, "-m", "rlzoo", "train", "rollout.backend={name: vllm, threads: 1, kv_cache_mb: 64}",
+            *SERVABLE, "model.num_layers=1", "task.num_digits=3", "rollout.prompts_per_step=4", "rollout.n=4",
             "rollout.max_new_tokens=5", "logging.progress=false", "trainer.threads=1", "eval.size=0",
             "launcher.nproc=2", f"run_dir={run_dir}"]
     cores = vllm_rollout.usable()

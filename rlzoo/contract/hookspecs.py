@@ -297,6 +297,10 @@ def rlzoo_register_rollout_backends(register: Register) -> None:
         - optionally ``close() -> None``: release what the backend holds beyond the run's
           models (an engine process); the trainer calls it when the run ends.
 
+        ``role`` says what the backend generates in its process: ``trainer`` (rollout.mode=sync),
+        ``generator`` (rollout.mode=async's generator process, while the trainer updates) or
+        ``evaluator`` (the trainer under rollout.mode=async: evaluation only).
+
         ``register(..., plan=fn)`` lets a backend describe itself in the run plan:
         ``fn(cfg, params, world) -> str`` is called when the config is checked, returns the
         plan's ``models: rollout`` line and raises ``ConfigError`` for what it cannot run
