@@ -188,8 +188,7 @@ def core_split(cores: list[int], threads: int, trainer_threads: int, mode: str, 
                           f"apart, and trainer.threads={trainer_threads} leaves none of the {len(mine)} usable "
                           f"core(s) ({_ranges(mine)}) to the engine: "
                           + (f"use trainer.threads<={len(mine) - 1}" if len(mine) > 1 else
-                             "this machine has too few cores: use rollout.mode=sync (rollout.staleness=k "
-                             "overlaps nothing but keeps k steps of staleness)"))
+                             "this machine has too few cores: use rollout.mode=sync"))
     return CoreSplit(engine_cores(mine[trainer_threads:], threads), mine[:trainer_threads])
 
 
