@@ -23,12 +23,18 @@ instead of rlzoo's own KV-cache loop. The engine runs in a process of its own
   what ``rollout/mismatch_k3`` measures and ``rollout_correction`` corrects.
 - **Seeds**: each call draws one seed from torch's global RNG (which checkpoints hold);
   sample j of prompt i is drawn with seed + i·n + j, so a run and its resume repeat.
-- **Cores** (CPU): the engine's OpenMP threads are restricted to ``threads`` cores
-  (:func:`engine_cores`); the plan prints the split. On CUDA, ``gpu_memory_utilization``
-  and ``sleep`` (vLLM's sleep mode between rollouts) apply.
-
-Not yet: ``rollout.mode=async``, ``env`` episodes and several processes
-(``launcher.nproc > 1``) are refused when the config is checked.
+- **Cores** (CPU, :func:`core_split`; the plan prints the split): in ``rollout.mode=sync``
+  the engine's OpenMP threads run on the last ``threads`` cores and share them in time with
+  the trainer; under ``rollout.mode=async`` the generator process's engine generates while
+  the trainer updates, so the trainer is pinned to its first ``trainer.threads`` cores and
+  the engine runs on the others; under ``launcher.nproc=N`` each rank's engine takes that
+  rank's slice of the cores. On CUDA, ``gpu_memory_utilization`` and ``sleep`` (vLLM's
+  sleep mode between rollouts) apply, and each rank's engine its rank's device.
+- **Episodes** (``env``): each turn is ``generate(prompt ids + the episode's ids so far)``,
+  token ids in and out, so nothing is re-tokenised.
+- **Roles** (the ``role`` input): ``trainer`` and ``generator`` start the engine when the
+  backend is built; ``evaluator`` (the trainer of an async run, which generates only to
+  evaluate) on its first ``generate``, on the trainer's cores.
 """
 
 from __future__ import annotations
@@ -72,8 +78,8 @@ READY_TIMEOUT_S = 1800.0
 @dataclass
 class VLLMParams:
     threads: int = 0
-    """CPU: the engine's OpenMP threads, bound to the last this-many cores the trainer may use; 0: all of them
-    (rollout and update alternate, so the engine and the trainer share the cores in time)."""
+    """CPU: the engine's OpenMP threads, bound to the last this-many of its cores (:func:`core_split`: the
+    process's usable cores, the rank's slice of them, or under rollout.mode=async those the trainer leaves); 0: all."""
     kv_cache_mb: int = 1024
     """CPU: the engine's KV cache in MiB; it also bounds one sequence (prompt + completion)."""
     gpu_memory_utilization: float = 0.3
@@ -120,9 +126,96 @@ def engine_cores(usable: Iterable[int], threads: int) -> list[int]:
     return cores if threads <= 0 or threads >= len(cores) else cores[-threads:]
 
 
+CORES_ENV = "RLZOO_VLLM_USABLE_CORES"
+"""Set by an async run's trainer when it pins itself to its own cores: the cores it could use
+before, which the generator process it spawns (inheriting the narrower mask) splits."""
+
+
 def usable() -> list[int]:
-    """The cores this process may run on."""
+    """The cores this process may run on (before an async trainer pinned itself: :data:`CORES_ENV`)."""
+    if os.environ.get(CORES_ENV):
+        return sorted(int(core) for core in os.environ[CORES_ENV].split(","))
     return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+
+
+def rank_cores(cores: list[int], world: int, rank: int) -> list[int]:
+    """Rank ``rank``'s contiguous slice of ``cores`` (sorted) among ``world`` ranks of a node;
+    the first ``len(cores) % world`` ranks get one core more."""
+    size, extra = divmod(len(cores), world)
+    start = rank * size + min(rank, extra)
+    return sorted(cores)[start:start + size + (rank < extra)]
+
+
+@dataclass(frozen=True)
+class CoreSplit:
+    """Where one process's engine and trainer compute (CPU).
+
+    :ivar engine: the engine's cores (its OpenMP threads: one per core).
+    :ivar trainer: the cores the trainer is pinned to (``rollout.mode=async``); ``None``:
+        not pinned, it shares the engine's cores in time.
+    """
+
+    engine: list[int]
+    trainer: list[int] | None = None
+
+
+def core_split(cores: list[int], threads: int, trainer_threads: int, mode: str, world: int = 1,
+               rank: int = 0) -> CoreSplit:
+    """The cores of rank ``rank``'s engine (and, under ``rollout.mode=async``, its trainer).
+
+    ``sync``: the engine takes the last ``threads`` cores of the rank's slice
+    (:func:`rank_cores`; 0: all of it), the trainer shares them in time. ``async`` (one
+    process): both compute at once, so the trainer gets the first ``trainer_threads`` cores
+    and the engine the last ``threads`` of the rest (0: all of the rest).
+
+    :raises ConfigError: fewer cores than ranks; async without ``trainer.threads``, or with
+        no core left for the engine.
+    """
+    if len(cores) < world:
+        raise ConfigError(f"rollout.backend=vllm on {world} processes (launcher.nproc) gives each rank's engine "
+                          f"cores of its own, and this process may use {len(cores)} ({_ranges(sorted(cores))}): "
+                          f"use launcher.nproc<={len(cores)}")
+    mine = rank_cores(cores, world, rank)
+    if mode != "async":
+        return CoreSplit(engine_cores(mine, threads))
+    if trainer_threads <= 0:
+        raise ConfigError(f"rollout.backend=vllm with rollout.mode=async runs the engine while the trainer updates, "
+                          f"on cores of their own: set trainer.threads=N (the trainer's first N of the "
+                          f"{len(mine)} usable cores; the engine takes the rest), e.g. trainer.threads="
+                          f"{max(1, len(mine) // 2)}")
+    if trainer_threads >= len(mine):
+        raise ConfigError(f"rollout.backend=vllm with rollout.mode=async needs cores for the trainer and the engine "
+                          f"apart, and trainer.threads={trainer_threads} leaves none of the {len(mine)} usable "
+                          f"core(s) ({_ranges(mine)}) to the engine: "
+                          + (f"use trainer.threads<={len(mine) - 1}" if len(mine) > 1 else
+                             "this machine has too few cores: use rollout.mode=sync"))
+    return CoreSplit(engine_cores(mine[trainer_threads:], threads), mine[:trainer_threads])
+
+
+def pin(cores: list[int]) -> list[int] | None:
+    """Restrict every thread of this process to ``cores`` (OpenMP's already-started
+    threads keep their own mask, so each is set); returns the previous mask of the process,
+    ``None`` where the OS has no affinity."""
+    if not hasattr(os, "sched_setaffinity"):
+        return None
+    before = sorted(os.sched_getaffinity(0))
+    tasks = [int(tid) for tid in os.listdir("/proc/self/task")] if os.path.isdir("/proc/self/task") else [0]
+    for tid in tasks:
+        with contextlib.suppress(ProcessLookupError):  # a thread that ended meanwhile
+            os.sched_setaffinity(tid, cores)
+    return before
+
+
+def _give_back(cores: list[int] | None) -> None:
+    """Undo an async trainer's :func:`pin` (``cores``: its mask before)."""
+    if cores is not None:
+        pin(cores)
+    os.environ.pop(CORES_ENV, None)
+
+
+def local_rank() -> tuple[int, int]:
+    """This process's rank among the node's (torchrun's ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``)."""
+    return int(os.environ.get("LOCAL_RANK", "0")), int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
 
 
 def _ranges(cores: list[int]) -> str:
@@ -156,21 +249,15 @@ def _device(cfg: Any) -> str:
 
 def check(cfg: Any, params: VLLMParams, world: int) -> str:
     """What the engine will be, for the plan's ``models`` (one line), after refusing what
-    it cannot run: vLLM missing or broken (the install command named), several processes,
-    ``rollout.mode=async``, ``env``, a device the installed vLLM is not built for, and on a
-    CPU a head size its attention kernels lack.
+    it cannot run: vLLM missing or broken (the install command named), FSDP, a device the
+    installed vLLM is not built for, on a CPU a head size its attention kernels lack, and a
+    core split that does not fit (:func:`core_split`).
 
     :raises ConfigError: one line naming the key to change or the command to run.
     """
-    if world > 1:
-        raise ConfigError(f"rollout.backend=vllm runs one engine beside one trainer; {world} processes "
-                          "(launcher.nproc / torchrun) are not supported yet: use rollout.backend=hf, or one process")
-    if cfg.rollout.mode == "async":
-        raise ConfigError("rollout.backend=vllm with rollout.mode=async is not supported yet (the generator process "
-                          "would need an engine of its own): use rollout.mode=sync (rollout.staleness=k works)")
-    if cfg.get("env") is not None:
-        raise ConfigError("rollout.backend=vllm with env (multi-turn episodes) is not supported yet (untested: the "
-                          "chat-template equality of episodes has not been checked on vLLM): use rollout.backend=hf")
+    if world > 1 and cfg.distributed.strategy == "fsdp":
+        raise ConfigError(f"rollout.backend=vllm builds each rank's engine from the policy's whole weights, which "
+                          f"distributed.strategy=fsdp shards over the {world} processes: use distributed.strategy=ddp")
     if not installed():
         raise ConfigError(f"rollout.backend=vllm needs vLLM, which is not installed for {sys.executable}: {INSTALL}")
     found = probe(sys.executable, os.environ.get("PYTHONPATH"))
@@ -189,19 +276,44 @@ def check(cfg: Any, params: VLLMParams, world: int) -> str:
         raise ConfigError(f"rollout.backend=vllm: vLLM's CPU attention supports head sizes "
                           f"{', '.join(map(str, sizes))}, and {head[1]} is {head[0]}: choose another model (the "
                           "embedded one: e.g. model.hidden_size=128 model.num_heads=2), or rollout.backend=hf")
-    what = (f"a vLLM {found['version']} engine ({device}, {dtype}) in its own process, built from the policy's weights "
-            "and synced in memory after each update" + (" (LoRA adapters merged into the weights)"
-                                                          if int(cfg.model.lora.rank) else ""))
+    async_ = cfg.rollout.mode == "async"
+    where = ("in a process of its own that the generator process starts (rollout.mode=async)" if async_ else
+             f"in a process of its own beside each of the {world} ranks" if world > 1 else "in its own process")
+    what = (f"a vLLM {found['version']} engine ({device}, {dtype}) {where}, built from the policy's weights and "
+            + ("synced in memory when the trainer publishes them (rollout.weight_sync_every)" if async_ else
+               "synced in memory after each update")
+            + (" (LoRA adapters merged into the weights)" if int(cfg.model.lora.rank) else "")
+            + ("; episodes generated turn by turn from token ids" if cfg.get("env") is not None else ""))
     if device != "cpu":
         sleep = "sleeping between rollouts (sleep mode)" if params.sleep else "awake throughout"
-        return f"{what}; up to {params.gpu_memory_utilization:g} of the GPU's memory, {sleep}"
-    cores = usable()
-    mine = engine_cores(cores, params.threads)
-    trainer = int(cfg.trainer.threads) or torch.get_num_threads()
-    return (f"{what}; cores: the engine's {len(mine)} OpenMP thread(s) on core(s) {_ranges(mine)} of "
-            f"{_ranges(cores)}, the trainer's {trainer} torch thread(s) (trainer.threads) while the engine waits: "
-            "rollout and update alternate, so they share the cores in time; KV cache "
-            f"{params.kv_cache_mb} MiB (rollout.backend.kv_cache_mb)")
+        devices = "; each rank's engine on its rank's GPU" if world > 1 else ""
+        return f"{what}; up to {params.gpu_memory_utilization:g} of the GPU's memory, {sleep}{devices}"
+    return (f"{what}; {describe_cores(cfg, params, world)}; KV cache {params.kv_cache_mb} MiB "
+            "(rollout.backend.kv_cache_mb)")
+
+
+def describe_cores(cfg: Any, params: VLLMParams, world: int) -> str:
+    """The plan's words for :func:`core_split` on this machine's usable cores.
+
+    :raises ConfigError: the split does not fit (see :func:`core_split`).
+    """
+    cores, mode = usable(), str(cfg.rollout.mode)
+    trainer = int(cfg.trainer.threads)
+    splits = [core_split(cores, params.threads, trainer, mode, world, rank) for rank in range(world)]
+    of = f"of {_ranges(cores)}"
+    if mode == "async":
+        split = splits[0]
+        return (f"cores apart, since both compute at once (rollout.mode=async): the trainer's {trainer} torch "
+                f"thread(s) pinned to core(s) {_ranges(split.trainer)} {of} (trainer.threads), the engine's "
+                f"{len(split.engine)} OpenMP thread(s) on core(s) {_ranges(split.engine)}")
+    alternate = "rollout and update alternate, so they share the cores in time"
+    threads = trainer or torch.get_num_threads()
+    if world == 1:
+        return (f"cores: the engine's {len(splits[0].engine)} OpenMP thread(s) on core(s) {_ranges(splits[0].engine)} "
+                f"{of}, the trainer's {threads} torch thread(s) (trainer.threads) while the engine waits: {alternate}")
+    ranks = ", ".join(f"rank {rank}: core(s) {_ranges(split.engine)}" for rank, split in enumerate(splits))
+    return (f"cores: each rank's engine on its share {of} ({ranks}), one OpenMP thread per core, the rank's {threads} "
+            f"torch thread(s) (trainer.threads) while its engine waits: {alternate}")
 
 
 # ------------------------------------------------------------------ weights
@@ -272,6 +384,23 @@ def _environment(values: dict[str, str]) -> Iterator[None]:
                 os.environ[key] = value
 
 
+@contextlib.contextmanager
+def _children_allowed() -> Iterator[None]:
+    """Let this process start a child even if it is a daemonic one (``rollout.mode=async``'s
+    generator process is): multiprocessing refuses that so no child outlives a terminated
+    daemon, and the engine cannot: it dies with its parent (``PR_SET_PDEATHSIG``)."""
+    config = mp.current_process()._config
+    daemon = config.get("daemon")
+    config["daemon"] = False
+    try:
+        yield
+    finally:
+        if daemon is None:
+            config.pop("daemon", None)
+        else:
+            config["daemon"] = daemon
+
+
 def _shutdown(process: Any, conn: Any, config_dir: str) -> None:
     """Stop the engine process and remove its config directory (idempotent)."""
     with contextlib.suppress(OSError, ValueError, BrokenPipeError):
@@ -333,31 +462,55 @@ class VLLMRollout:
     :param device: where the policy lives (the engine uses that device's kind).
     :param dtype: ``rollout.dtype``: the engine computes in it.
     :param params: :class:`VLLMParams`.
+    :param role: ``trainer``, ``generator`` or ``evaluator`` (the ``role`` input): the first
+        two start the engine now, ``evaluator`` on the first :meth:`generate`; under
+        ``rollout.mode=async`` (the last two) the cores are split apart (:func:`core_split`)
+        and the evaluator pins the trainer to its share until :meth:`close`.
     :raises ValueError: the engine failed to build (its error, one line).
     """
 
     def __init__(self, policy: torch.nn.Module, tokenizer: Any, device: torch.device, dtype: str,
-                 params: VLLMParams | None = None) -> None:
+                 params: VLLMParams | None = None, role: str = "trainer") -> None:
         params = params or VLLMParams()
-        self.policy, self.tokenizer = policy, tokenizer
-        base = policy.get_base_model() if hasattr(policy, "get_base_model") else policy
+        self.policy, self.tokenizer, self.device, self.dtype, self.params = policy, tokenizer, device, dtype, params
+        self.base = policy.get_base_model() if hasattr(policy, "get_base_model") else policy
         cpu = device.type == "cpu"
-        kv_bytes = params.kv_cache_mb << 20 if cpu else None
-        self.max_model_len = max_model_len(base.config, kv_bytes, getattr(torch, dtype))
+        self.kv_bytes = params.kv_cache_mb << 20 if cpu else None
+        self.max_model_len = max_model_len(self.base.config, self.kv_bytes, getattr(torch, dtype))
         if self.max_model_len < 32:
             raise ValueError(f"a KV cache of {params.kv_cache_mb} MiB holds fewer than 32 tokens of this model: "
                              "raise rollout.backend.kv_cache_mb")
+        self.rank, world = local_rank()
+        self.cores: list[int] | None = None
+        self._unpin: Any = None
+        if cpu:
+            mode = "sync" if role == "trainer" else "async"
+            # the trainer's torch threads: trainer.threads there, and the generator's spec copies them
+            split = core_split(usable(), params.threads, torch.get_num_threads(), mode, world, self.rank)
+            self.cores = split.engine
+            if role == "evaluator":  # the trainer keeps to its cores; its engine, if it evaluates, too
+                os.environ[CORES_ENV] = ",".join(map(str, usable()))  # what the generator it spawns splits
+                self._unpin = weakref.finalize(self, _give_back, pin(split.trainer))  # also if never closed
+                self.cores = split.trainer
+            elif role == "generator":  # the generator waits on its engine: its own work on the engine's cores
+                pin(split.engine)
+        self._finalizer: Any = None
+        if role != "evaluator":
+            self._start()
+
+    def _start(self) -> None:
+        """Copy the policy's weights into shared memory and spawn the engine process on them."""
+        policy, device, params = self.policy, self.device, self.params
         self.weights, self.aliases = shared_buffers(merged_weights(policy, lambda: policy.state_dict().items()))
         config_dir = tempfile.mkdtemp(prefix="rlzoo-vllm-")
-        base.config.save_pretrained(config_dir)
-        self.cores = engine_cores(usable(), params.threads) if cpu else None
-        spec = EngineSpec(config_dir=config_dir, dtype=dtype, device=device.type, cores=self.cores,
-                          max_model_len=self.max_model_len, kv_cache_bytes=kv_bytes,
+        self.base.config.save_pretrained(config_dir)
+        spec = EngineSpec(config_dir=config_dir, dtype=self.dtype, device=device.type, cores=self.cores,
+                          max_model_len=self.max_model_len, kv_cache_bytes=self.kv_bytes,
                           gpu_memory_utilization=params.gpu_memory_utilization, sleep=params.sleep,
                           parent=os.getpid())
         env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0",
                "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "ERROR")}
-        if cpu:
+        if self.cores is not None:
             env["OMP_NUM_THREADS"] = str(len(self.cores))
         elif device.index is not None:
             visible = os.environ.get("CUDA_VISIBLE_DEVICES")
@@ -366,7 +519,7 @@ class VLLMRollout:
         self.conn, child = context.Pipe()
         self.process = context.Process(target=engine_main, args=(spec, self.weights, child), daemon=True,
                                        name="rlzoo-vllm-engine")
-        with _environment(env):
+        with _environment(env), _children_allowed():
             self.process.start()
         child.close()
         self._finalizer = weakref.finalize(self, _shutdown, self.process, self.conn, config_dir)
@@ -375,6 +528,9 @@ class VLLMRollout:
         except TrainingError as exc:
             self.close()
             raise ValueError(f"the vLLM engine did not start: {exc}") from exc
+        where = f"core(s) {_ranges(self.info['cores'])}" if self.cores is not None else str(device)
+        print(f"rlzoo: vLLM {self.info['version']} engine ready (rank {self.rank}, pid {self.process.pid}, {where}, "
+              f"built in {self.info['build_s']:.1f} s)", flush=True)
 
     def _receive(self, expected: str, timeout: float | None = None) -> Any:
         """The engine's reply; :raises TrainingError: it failed, died or took too long."""
@@ -396,6 +552,8 @@ class VLLMRollout:
         return payload
 
     def _call(self, kind: str, payload: Any = None) -> Any:
+        if self._finalizer is None:  # an evaluator's engine, first used
+            self._start()
         if not self._finalizer.alive:
             raise TrainingError("the vLLM engine was closed")
         self.conn.send((kind, payload))
@@ -417,7 +575,10 @@ class VLLMRollout:
     @torch.no_grad()
     def sync_weights(self, named_weights: Callable[[], Iterable[tuple[str, torch.Tensor]]]) -> None:
         """Copy the policy's weights (LoRA merged) into the shared buffers and have the
-        engine reload them."""
+        engine reload them; nothing while the engine has not started (it starts from the
+        policy's weights then)."""
+        if self._finalizer is None:
+            return
         seen = set()
         for name, tensor in merged_weights(self.policy, named_weights):
             if name not in self.weights:
@@ -435,8 +596,12 @@ class VLLMRollout:
         return self._call("info")
 
     def close(self) -> None:
-        """Stop the engine process (idempotent; also when the backend is collected)."""
-        self._finalizer()
+        """Stop the engine process and give an evaluator's trainer its cores back
+        (idempotent; the engine also stops when the backend is collected)."""
+        if self._finalizer is not None:
+            self._finalizer()
+        if self._unpin is not None:
+            self._unpin()
 
 
 @hookimpl

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import os
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -13,14 +15,15 @@ import torch
 from omegaconf import OmegaConf
 
 from rlzoo.commands.cli import main
+from rlzoo.core.events import read_scalars
 from rlzoo.contract.loading import build_registry, make_plugin_manager
 from rlzoo.core.errors import ConfigError, TrainingError
 from rlzoo.models.build import build_char_tokenizer, build_tiny_model
 from rlzoo.plan.planner import load_config
 from rlzoo_plugins import vllm_engine, vllm_rollout
 from rlzoo_plugins.vllm_engine import Engine, EngineSpec, engine_kwargs
-from rlzoo_plugins.vllm_rollout import (VLLMParams, check_length, engine_cores, max_model_len,
-                                        merged_weights, shared_buffers, to_generation)
+from rlzoo_plugins.vllm_rollout import (CoreSplit, VLLMParams, check_length, core_split, engine_cores,
+                                        max_model_len, merged_weights, rank_cores, shared_buffers, to_generation)
 
 REGISTRY = build_registry(make_plugin_manager())
 SERVABLE = ["model.hidden_size=128", "model.intermediate_size=256", "model.num_heads=2", "model.num_kv_heads=1"]
@@ -62,14 +65,93 @@ def test_broken_vllm_names_its_import_error(monkeypatch: pytest.MonkeyPatch, tmp
         load_config(REGISTRY, ["rollout.backend=vllm", *SERVABLE])
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (["launcher.nproc=2"], r"2 processes \(launcher.nproc / torchrun\) are not supported yet"),
-    (["rollout.mode=async"], r"rollout.mode=async is not supported yet"),
-    (["env=guess", "rollout.max_new_tokens=32"], r"env \(multi-turn episodes\) is not supported yet"),
+def test_the_plan_prints_the_async_and_the_per_rank_core_splits(canned) -> None:
+    """rollout.mode=async: the trainer on its first trainer.threads cores, the engine on the
+    rest (its last `threads` of them); launcher.nproc=N: each rank's engine on its slice."""
+    line = load_config(REGISTRY, ["rollout.backend=vllm", *SERVABLE, "rollout.mode=async",
+                                  "trainer.threads=1"]).plan.models["rollout"]
+    assert "in a process of its own that the generator process starts (rollout.mode=async)" in line
+    assert "synced in memory when the trainer publishes them (rollout.weight_sync_every)" in line
+    assert ("the trainer's 1 torch thread(s) pinned to core(s) 0 of 0-3 (trainer.threads), the engine's 3 OpenMP "
+            "thread(s) on core(s) 1-3") in line
+    line = load_config(REGISTRY, ["rollout.backend={name: vllm, threads: 1}", *SERVABLE, "rollout.mode=async",
+                                  "trainer.threads=2"]).plan.models["rollout"]
+    assert "pinned to core(s) 0-1 of 0-3 (trainer.threads), the engine's 1 OpenMP thread(s) on core(s) 3" in line
+    line = load_config(REGISTRY, ["rollout.backend=vllm", *SERVABLE, "launcher.nproc=2",
+                                  "trainer.threads=1"]).plan.models["rollout"]
+    assert "in a process of its own beside each of the 2 ranks" in line
+    assert "each rank's engine on its share of 0-3 (rank 0: core(s) 0-1, rank 1: core(s) 2-3)" in line
+    line = load_config(REGISTRY, ["rollout.backend=vllm", *SERVABLE, "env=guess",
+                                  "rollout.max_new_tokens=32"]).plan.models["rollout"]
+    assert "episodes generated turn by turn from token ids" in line
+
+
+@pytest.mark.parametrize("cores, overrides, message", [
+    ([0, 1, 2, 3], ["rollout.mode=async"], r"runs the engine while the trainer updates, on cores of their own: set "
+                                           r"trainer.threads=N .* e.g. trainer.threads=2$"),
+    ([0, 1, 2, 3], ["rollout.mode=async", "trainer.threads=4"], r"trainer.threads=4 leaves none of the 4 usable "
+                                                                r"core\(s\) \(0-3\) to the engine: use "
+                                                                r"trainer.threads<=3$"),
+    ([5], ["rollout.mode=async", "trainer.threads=1"], r"none of the 1 usable core\(s\) \(5\) to the engine: this "
+                                                       r"machine has too few cores: use rollout.mode=sync"),
+    ([0, 1], ["launcher.nproc=3", "rollout.prompts_per_step=3"], r"on 3 processes \(launcher.nproc\) gives each "
+                                                                 r"rank's engine cores of its own, and this process "
+                                                                 r"may use 2 \(0-1\): use launcher.nproc<=2$"),
+    ([0, 1], ["launcher.nproc=2", "distributed.strategy=fsdp"], r"distributed.strategy=fsdp shards over the 2 "
+                                                                r"processes: use distributed.strategy=ddp$"),
 ])
-def test_what_the_engine_cannot_run_yet_is_refused(canned, overrides: list[str], message: str) -> None:
+def test_a_core_split_that_does_not_fit_is_refused_naming_the_fix(canned, monkeypatch: pytest.MonkeyPatch,
+                                                                  cores: list[int], overrides: list[str],
+                                                                  message: str) -> None:
+    monkeypatch.setattr(vllm_rollout, "usable", lambda: cores)
     with pytest.raises(ConfigError, match=message):
         load_config(REGISTRY, ["rollout.backend=vllm", *SERVABLE, *overrides])
+
+
+def test_core_splits_by_hand() -> None:
+    assert [rank_cores([0, 1, 2, 3, 4], 2, r) for r in range(2)] == [[0, 1, 2], [3, 4]]
+    assert [rank_cores([4, 6, 8], 3, r) for r in range(3)] == [[4], [6], [8]]
+    assert core_split([0, 1, 2, 3], 0, 2, "sync") == CoreSplit([0, 1, 2, 3])
+    assert core_split([0, 1, 2, 3], 1, 2, "sync", world=2, rank=1) == CoreSplit([3])
+    assert core_split([0, 1, 2, 3], 0, 1, "async") == CoreSplit([1, 2, 3], [0])
+    assert core_split([0, 1], 5, 1, "async") == CoreSplit([1], [0])       # more threads than cores left: all of them
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="pins threads to cores: needs Linux and 2 usable cores")
+def test_an_async_trainer_keeps_to_its_cores_until_closed_and_starts_no_engine_unless_it_evaluates(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    before, threads = sorted(os.sched_getaffinity(0)), torch.get_num_threads()
+    model, tok = _tiny()
+    torch.set_num_threads(1)                                        # trainer.threads=1
+    try:
+        backend = vllm_rollout.VLLMRollout(model, tok, torch.device("cpu"), "float32", VLLMParams(threads=1),
+                                           role="evaluator")
+        tasks = [int(tid) for tid in os.listdir("/proc/self/task")]
+        assert all(sorted(os.sched_getaffinity(tid)) == before[:1] for tid in tasks)    # every thread of it
+        assert os.environ[vllm_rollout.CORES_ENV] == ",".join(map(str, before))         # what its generator splits
+        assert vllm_rollout.usable() == before and backend.cores == before[:1]
+        backend.sync_weights(lambda: model.state_dict().items())                         # no engine: nothing to do
+        assert backend._finalizer is None
+        backend.close()
+        assert sorted(os.sched_getaffinity(0)) == before and vllm_rollout.CORES_ENV not in os.environ
+    finally:
+        torch.set_num_threads(threads)
+        os.sched_setaffinity(0, before)
+        monkeypatch.delenv(vllm_rollout.CORES_ENV, raising=False)
+
+
+def test_the_backend_is_told_its_role() -> None:
+    """A sync run's trainer generates its batches; under rollout.mode=async the generator
+    process does, and the trainer's backend only evaluates."""
+    from rlzoo.plan.run_input import engine_input
+    from rlzoo.rollout.parts import RunParts
+
+    sync = engine_input(load_config(REGISTRY, []))
+    assert RunParts(sync, torch.device("cpu")).role == "trainer"
+    run = engine_input(load_config(REGISTRY, ["rollout.mode=async"]))
+    assert RunParts(run, torch.device("cpu")).role == "evaluator"
+    assert RunParts(run, torch.device("cpu"), generator=True).role == "generator"
 
 
 def test_a_head_size_the_cpu_kernels_lack_is_refused(canned, tmp_path) -> None:
@@ -280,9 +362,10 @@ needs_vllm = [pytest.mark.vllm, pytest.mark.skipif(importlib.util.find_spec("vll
 @pytest.fixture(scope="module")
 def engine():
     """A head-size-64 tiny policy and a one-thread engine built from it (one for the module:
-    building takes seconds)."""
+    building takes seconds), with a 64 MiB KV cache (65,536 of its tokens)."""
     policy, tok = _tiny(hidden=128, heads=2, seed=0)
-    backend = vllm_rollout.VLLMRollout(policy, tok, torch.device("cpu"), "float32", VLLMParams(threads=1))
+    backend = vllm_rollout.VLLMRollout(policy, tok, torch.device("cpu"), "float32",
+                                       VLLMParams(threads=1, kv_cache_mb=64))
     yield SimpleNamespace(policy=policy, tok=tok, backend=backend)
     backend.close()
 
@@ -449,7 +532,7 @@ def test_a_lora_policy_is_served_with_its_adapters_merged(engine) -> None:
 def _train(tmp_path, name: str, *overrides: str) -> dict:
     from rlzoo.core.events import read_scalars
 
-    code = main(["train", "rollout.backend={name: vllm, threads: 1}", *SERVABLE, "model.num_layers=1",
+    code = main(["train", "rollout.backend={name: vllm, threads: 1, kv_cache_mb: 64}", *SERVABLE, "model.num_layers=1",
                  "task.num_digits=3", "rollout.prompts_per_step=4", "rollout.n=4", "rollout.max_new_tokens=5",
                  "logging.progress=false", "trainer.threads=1", "eval.size=0", "checkpoint.every=1",
                  f"run_dir={tmp_path / name}", *overrides])
@@ -503,3 +586,125 @@ def test_one_smollm2_step_on_vllm(tmp_path) -> None:
     curves = read_scalars(tmp_path / "smol")
     assert curves["rollout/mismatch_k3"][0][1] < 1e-3
 
+
+
+# ------------------------------------------------------------------ episodes, async, several processes (needs vLLM)
+
+@_vllm
+def test_episodes_play_on_the_engine_from_token_ids_equal_to_the_chat_template() -> None:
+    """Each turn is generated from the episode's token ids so far (the environment's turns
+    included, never re-tokenised): what the last turn was generated from is the chat
+    template's rendering of the conversation before it, and each policy token's log-prob is
+    the trainer's given exactly the ids before it. (The last turn itself is kept as sampled:
+    its text need not re-encode to the same ids, and no later turn is built on it.)"""
+    from test_episodes import Feedback, chat_tokenizer
+
+    from rlzoo.agents.episodes import EpisodeFormat, EpisodeLimits, play
+    from rlzoo.tasks.prompts import PromptFormat
+    from rlzoo.tasks.task import Example
+
+    tok = chat_tokenizer()
+    torch.manual_seed(0)
+    shape = OmegaConf.create(dict(arch="qwen2", hidden_size=128, intermediate_size=256, num_layers=2, num_heads=2,
+                                  num_kv_heads=1))
+    policy = build_tiny_model(shape, tok, 512).eval()
+    backend = vllm_rollout.VLLMRollout(policy, tok, torch.device("cpu"), "float32", VLLMParams(threads=1,
+                                                                                             kv_cache_mb=64))
+    try:
+        torch.manual_seed(1)
+        examples = [Example(prompt, "") for prompt in ("12+3=", "7*8=", "9-4=", "6/2=")]
+        episodes = play(backend, EpisodeFormat(tok, PromptFormat()), Feedback, examples, 4,
+                        EpisodeLimits(max_turns=3, max_turn_tokens=40, max_tokens=200), temperature=1.0, top_p=1.0)
+    finally:
+        backend.close()
+    played = [e for e in episodes if not e.drift]
+    assert sum(e.turns >= 2 for e in played) >= 2                  # environment turns between policy turns
+    for e in played:
+        ids = e.prompt_ids + e.tokens
+        last = len(e.policy) - e.policy[::-1].index(0) if 0 in e.policy else 0  # where the last turn starts
+        text = tok.apply_chat_template(e.messages[:-1], tokenize=False, add_generation_prompt=True)
+        assert tok(text, add_special_tokens=False).input_ids == ids[:len(e.prompt_ids) + last]
+        with torch.no_grad():
+            logits = policy(torch.tensor([ids])).logits[0, len(e.prompt_ids) - 1:-1].double()
+        mine = torch.log_softmax(logits, -1).gather(-1, torch.tensor(e.tokens)[:, None])[:, 0]
+        sampled = torch.tensor(e.policy, dtype=torch.bool)
+        engine = torch.tensor(e.logp, dtype=torch.float64)
+        assert torch.allclose(engine[sampled], mine[sampled], atol=1e-4), (engine - mine)[sampled].abs().max()
+        assert not engine[~sampled].any()                          # the environment's tokens: no log-prob
+
+
+EPISODES = ["env=guess", "rollout.max_new_tokens=40", "rollout.max_turn_tokens=12", "rollout.max_turns=3"]
+"""The guessing game on 3-digit sorting (tests/test_distributed.py's episode run)."""
+
+
+@_vllm
+@pytest.mark.slow
+def test_an_episode_run_trains_on_vllm_and_resumes_bit_exactly(tmp_path) -> None:
+    from safetensors.torch import load_file
+
+    curves = _train(tmp_path, "a", *EPISODES, "trainer.total_steps=2")
+    assert all(turns >= 1 for _, turns in curves["episode/turns"]) and curves["episode/env_tokens"][0][1] > 0
+    assert all(v < 1e-3 for _, v in curves["rollout/mismatch_k3"])   # the engine's log-probs, float32
+    _train(tmp_path, "b", *EPISODES, "trainer.total_steps=1")
+    assert main(["train", f"resume={tmp_path / 'b'}", "trainer.total_steps=2"]) == 0
+    final = "checkpoints/step_000002/policy/model.safetensors"
+    a, b = load_file(tmp_path / "a" / final), load_file(tmp_path / "b" / final)
+    assert all(torch.equal(a[name], b[name]) for name in a)
+
+
+READY = re.compile(r"rlzoo: vLLM [\w.+]+ engine ready \(rank (\d+), pid \d+, core\(s\) ([\d,-]+), built in")
+
+
+@_vllm
+@pytest.mark.slow
+@pytest.mark.skipif(len(vllm_rollout.usable()) < 2, reason="rollout.mode=async splits the cores: needs 2")
+def test_an_async_run_generates_on_the_generators_engine_apart_from_the_trainer_and_resumes(
+        tmp_path, capfd: pytest.CaptureFixture) -> None:
+    """The generator process's engine runs on the last core while the trainer is pinned to
+    the first; it reloads only the published weights (every 2nd version here), and a batch
+    it made from the weights the trainer then holds (staleness 0) has the engine's log-probs
+    of those weights."""
+    cores, before = vllm_rollout.usable(), os.sched_getaffinity(0)
+    overrides = ["rollout.mode=async", "rollout.weight_sync_every=2", "rollout.max_staleness=1", "trainer.lr=0.01"]
+    curves = _train(tmp_path, "async", *overrides, "trainer.total_steps=3")
+    assert READY.findall(capfd.readouterr().out) == [("0", str(cores[-1]))]
+    assert os.sched_getaffinity(0) == before                       # the trainer's cores given back
+    plan = (tmp_path / "async" / "plan.txt").read_text()
+    assert f"the trainer's 1 torch thread(s) pinned to core(s) {cores[0]} of" in plan
+    made_by = {step: step - 1 - int(s) for step, s in curves["rollout/staleness"]}
+    assert made_by == {1: 0, 2: 0, 3: 2}                            # version 2 published after step 2
+    mismatch = dict(curves["rollout/mismatch_k3"])
+    assert mismatch[3] < 1e-3 and mismatch[2] > 10 * mismatch[3], mismatch   # step 2 trained on a version-0 batch
+    assert main(["train", f"resume={tmp_path / 'async'}", "trainer.total_steps=4"]) == 0
+    assert READY.findall(capfd.readouterr().out) == [("0", str(cores[-1]))]
+    resumed = read_scalars(tmp_path / "async")
+    assert [step for step, _ in resumed["rollout/staleness"]][-1] == 4 and resumed["rollout/staleness"][-1][1] == 0
+
+
+@_vllm
+@pytest.mark.slow
+def test_two_ranks_each_generate_on_an_engine_of_their_own_and_resume(tmp_path) -> None:
+    """launcher.nproc=2: each rank starts its engine on its slice of the cores (one each on
+    2 cores) and generates its half of the prompts; the job resumes with the same world."""
+    import subprocess
+    import sys
+
+    env = {key: value for key, value in os.environ.items() if key != "WORLD_SIZE"}
+    run_dir = tmp_path / "dp"
+    args = [sys.executable, "-m", "rlzoo", "train", "rollout.backend={name: vllm, threads: 1, kv_cache_mb: 64}",
+            *SERVABLE, "model.num_layers=1", "task.num_digits=3", "rollout.prompts_per_step=4", "rollout.n=4",
+            "rollout.max_new_tokens=5", "logging.progress=false", "trainer.threads=1", "eval.size=0",
+            "launcher.nproc=2", f"run_dir={run_dir}"]
+    cores = vllm_rollout.usable()
+    expected = sorted((str(r), vllm_rollout._ranges(engine_cores(rank_cores(cores, 2, r), 1))) for r in range(2))
+    done = subprocess.run([*args, "trainer.total_steps=2"], capture_output=True, text=True, env=env, timeout=900)
+    assert done.returncode == 0, done.stderr[-6000:]
+    assert sorted(READY.findall(done.stdout)) == expected
+    assert "rank 0: core(s) " in (run_dir / "plan.txt").read_text()
+    curves = read_scalars(run_dir)
+    assert all(v < 1e-3 for _, v in curves["rollout/mismatch_k3"]) and len(curves["timing/weight_sync_s"]) == 2
+    done = subprocess.run([sys.executable, "-m", "rlzoo", "train", f"resume={run_dir}", "trainer.total_steps=3"],
+                          capture_output=True, text=True, env=env, timeout=900)
+    assert done.returncode == 0, done.stderr[-6000:]
+    assert sorted(READY.findall(done.stdout)) == expected
+    assert [step for step, _ in read_scalars(run_dir)["policy/loss"]] == [1, 2, 3]

@@ -280,7 +280,7 @@ def rlzoo_register_rollout_backends(register: Register) -> None:
     :param register: call ``register(name, factory, ...)``. The engine builds
         ``factory(**inputs, params=...)`` with the inputs it names from
         ``INPUTS["rollout"]`` (``policy``, ``tokenizer``, ``device``, ``dtype``,
-        ``generation_context``) and gets a backend with
+        ``generation_context``, ``role``) and gets a backend with
 
         - ``generate(prompt_ids, *, num_samples, max_new_tokens, temperature, top_p,
           greedy=False) -> rlzoo.core.batch.Generation``: ``prompt_ids`` is a list of token-id
@@ -298,6 +298,10 @@ def rlzoo_register_rollout_backends(register: Register) -> None:
           ``timing/weight_sync_s``;
         - optionally ``close() -> None``: release what the backend holds beyond the run's
           models (an engine process); the trainer calls it when the run ends.
+
+        ``role`` says what the backend generates in its process: ``trainer`` (rollout.mode=sync),
+        ``generator`` (rollout.mode=async's generator process, while the trainer updates) or
+        ``evaluator`` (the trainer under rollout.mode=async: evaluation only).
 
         ``register(..., plan=fn)`` lets a backend describe itself in the run plan:
         ``fn(cfg, params, world) -> str`` is called when the config is checked, returns the

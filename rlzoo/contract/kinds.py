@@ -270,6 +270,10 @@ KINDS: dict[str, Kind] = {kind.name: kind for kind in (
             "dtype": Input(None, "str: rollout.dtype, the precision to generate in ('float32', ...)"),
             "generation_context": Input(None, "callable returning a context manager within which the "
                                               "policy's weights are whole (a no-op unless FSDP shards them)"),
+            "role": Input(None, "str: what this process's backend generates: 'trainer' (rollout.mode=sync: the "
+                                "training batches, between updates), 'generator' (rollout.mode=async's generator "
+                                "process: the training batches, while the trainer updates) or 'evaluator' (the "
+                                "trainer under rollout.mode=async: evaluation only)"),
         }),
     Kind(
         name='tool', hook='rlzoo_register_tools', title='Tools',

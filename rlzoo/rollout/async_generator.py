@@ -245,7 +245,7 @@ class _Generator:
         device = torch.device(spec.device)
         if device.type == "cpu":  # other runs count this process's threads too (the record of a
             processes.register(torch.get_num_threads())  # killed generator is removed by whoever finds it)
-        parts = RunParts(run, device, seed=spec.seed)  # its own policy copy, backend and rewards
+        parts = RunParts(run, device, seed=spec.seed, generator=True)  # its own policy copy, backend, rewards
         self.policy = parts.models.policy
         set_fast_paths(self.policy, spec.paths)  # checked by the trainer on the same model
         self.policy.eval()

@@ -57,11 +57,14 @@ class RunParts:
     :param seed: seeds every RNG before anything is built (default: the run's ``seed``).
     :param models: builds the run's models from the task (the trainer's); default: the
         policy alone (:func:`rlzoo.models.build.build_policy`), on ``device``.
+    :param generator: the parts of ``rollout.mode=async``'s generator process (the backend's
+        ``role`` input is then ``generator``).
     """
 
     def __init__(self, run: RunInput, device: torch.device, seed: int | None = None,
-                 models: Callable[[Task], RunModels] | None = None) -> None:
+                 models: Callable[[Task], RunModels] | None = None, generator: bool = False) -> None:
         self.run, self.plan, self.device = run, run.plan, device
+        self.generator = generator
         self._build_models = models
         seed_everything(run.setup.seed if seed is None else seed)
 
@@ -89,7 +92,15 @@ class RunParts:
         """The rollout backend the plan names, over the policy."""
         models, rollout = self.models, self.plan.rollout
         return rollout.backend.construct(policy=models.policy, tokenizer=models.tokenizer, device=self.device,
-                                         dtype=rollout.dtype, generation_context=models.generation_context)
+                                         dtype=rollout.dtype, generation_context=models.generation_context,
+                                         role=self.role)
+
+    @property
+    def role(self) -> str:
+        """What this process's rollout backend generates (the ``role`` input of kind ``rollout``)."""
+        if self.plan.rollout.mode != "async":
+            return "trainer"
+        return "generator" if self.generator else "evaluator"
 
     def reward_functions(self, **setup: Any) -> list[tuple[BoundComponent | BuiltComponent, float]]:
         """The reward functions with their weights, scorer classes built from ``setup``
