@@ -365,3 +365,36 @@ def test_launcher_normalises_the_reward_model_over_both_ranks_and_resumes_the_st
         assert moments[0] == moments[1] and moments[0]["count"] == count, moments
         assert moments[0]["pending"] == [0.0, 0.0, 0.0] and moments[0]["m2"] > 0
 
+
+def test_rm_on_two_ranks_equals_one_process_and_resumes_exactly(tmp_path: Path) -> None:
+    """``rlzoo rm launcher.nproc=2``: each rank trains on half of a step's pairs, DDP averages
+    the gradients, so the reward model equals the one process's (to 1e-5); rank 0
+    writes one event file and the model; a resume on 2 ranks continues it bit for bit; a batch
+    that does not split over the ranks is refused before anything starts."""
+    from safetensors.torch import load_file
+    from test_rm import TINY, sorting_pairs
+
+    data = sorting_pairs(tmp_path / "prefs.jsonl", count=40)
+    common = [*TINY, f"rm.data={data}", "rm.batch_size=8", "rm.eval_every=2", "checkpoint.every=2"]
+    runs = {name: tmp_path / name for name in ("one", "two", "split")}
+    for name, extra in (("one", []), ("two", ["launcher.nproc=2"]), ("split", ["launcher.nproc=2"])):
+        steps = "rm.steps=2" if name == "split" else "rm.steps=4"
+        proc = _rlzoo("rm", *common, *extra, steps, f"run_dir={runs[name]}")
+        assert proc.returncode == 0, proc.stderr[-12000:]
+    assert "torch.distributed.run --standalone --nproc_per_node=2 -m rlzoo rm" in proc.stderr
+    assert proc.stdout.count("saved the reward model to") == 1 and proc.stdout.count("rlzoo rm: step 1/2") == 1
+    proc = _rlzoo("rm", f"resume={runs['split']}", "rm.steps=4")  # the saved launcher.nproc=2
+    assert proc.returncode == 0, proc.stderr[-12000:]
+    model = {name: load_file(path / "reward_model" / "model.safetensors") for name, path in runs.items()}
+    assert all(torch.equal(model["two"][k], model["split"][k]) for k in model["two"])  # the resume is exact
+    for key, weight in model["one"].items():  # as the trainer's test: the gradient's summation order differs
+        assert (model["two"][key] - weight).abs().max() <= 1e-5, key
+    assert len(list(runs["two"].glob("events.out.tfevents.*"))) == 1
+    state = torch.load(runs["two"] / "checkpoints/step_000004/trainer_state.pt", weights_only=False)
+    assert state["world_size"] == 2 and len(state["rng"]) == 2
+
+    proc = _rlzoo("rm", *common, "rm.batch_size=7", "launcher.nproc=2", f"run_dir={tmp_path / 'odd'}")
+    assert proc.returncode == 2 and not (tmp_path / "odd").exists()
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "rlzoo: error: rm.batch_size=7 does not split over 2 processes: each trains on an equal share of a step's "
+        "pairs; use a multiple of 2")
