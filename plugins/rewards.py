@@ -137,8 +137,8 @@ class RewardModelParams:
     """null: render [user: prompt, assistant: completion] with the reward model's chat template
     when its tokenizer has one, else prompt + completion; true | false to insist."""
     normalize: bool = False
-    """Standardise scores by the running mean / std of every training batch scored so far
-    (this batch included; kept in checkpoints)."""
+    """Standardise scores by the running mean / std of the training batches every rank scored
+    in the steps before this one (statistics shared by all ranks; kept in checkpoints)."""
     clip: float = 0.0
     """> 0: clip the (normalised) score to [-clip, clip]."""
 
@@ -156,8 +156,9 @@ class RewardModel:
 
     Built once per run on the run's device; the decoded text is re-tokenised with the reward
     model's own tokenizer and chat template, scored ``batch_size`` sequences at a time in the
-    model's own dtype, then optionally normalised (running mean / std over training batches,
-    in the checkpoint) and clipped. ``timing/reward_model_s`` logs the scoring time per step.
+    model's own dtype, then optionally normalised (running mean / std over the training batches
+    of the steps before, all ranks', in the checkpoint) and clipped. ``timing/reward_model_s``
+    logs the scoring time per step.
     """
 
     training = True
@@ -185,7 +186,7 @@ class RewardModel:
         reason = api.is_reward_model_dir(params.path)
         if reason is not None:
             raise ValueError(reason)
-        extra = (", normalised by running mean/std" if params.normalize else "") + \
+        extra = (", normalised by the running mean/std of the steps before (all ranks)" if params.normalize else "") + \
             (f", clipped to ±{params.clip:g}" if params.clip > 0 else "")
         if (where := api.tokenizer_dir(params.path)) != Path(params.path):
             extra += f"; its tokenizer is the one in {where} (an rlzoo critic shares the checkpoint's policy's)"
@@ -210,6 +211,13 @@ class RewardModel:
             scores = scores.clamp(-self.params.clip, self.params.clip)
         self.seconds += time.perf_counter() - start
         return scores
+
+    def settle(self, reduce: api.Reduce | None) -> None:
+        """Fold the training scores of this step into the normalisation statistics, every
+        rank's (``reduce`` sums over ranks: one collective, every rank calls it once per step;
+        ``None``: this process's alone)."""
+        if self.params.normalize:
+            self.moments.settle(reduce)
 
     def metrics(self) -> dict[str, float]:
         """Seconds spent scoring since the last call (``timing/reward_model_s``)."""

@@ -51,7 +51,7 @@ SURFACE: dict[str, tuple[str, ...]] = {
     "rlzoo.agents.episodes": ("replay", "COUNT_COLUMNS"),
     # models: the decode loop rollout backends share, dtypes, reward models
     "rlzoo.models.decode": ("generate",),
-    "rlzoo.models.reward_model": ("RunningMoments", "encode", "is_reward_model_dir", "load_reward_model",
+    "rlzoo.models.reward_model": ("Reduce", "RunningMoments", "encode", "is_reward_model_dir", "load_reward_model",
                                   "reward_text", "score_ids", "uses_chat_template", "context_length", "cut_warning",
                                   "fit_context", "tokenizer_dir"),
     # what lifecycle hooks are passed

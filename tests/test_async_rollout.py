@@ -128,3 +128,21 @@ def test_an_async_run_trains_within_its_bound_on_weights_synced_every_n_steps(tm
     assert made_by[steps] > 0                                                    # the generator was synced
     assert all(value >= 0 for _, value in curves["rollout/dropped"])
     assert len(curves["policy/loss"]) == steps and "rollout/mismatch_k3" in curves
+
+
+@pytest.mark.slow
+def test_the_generator_settles_the_reward_model_statistics_after_each_batch(tmp_path: Path) -> None:
+    """rollout.mode=async scores in the generator process: it folds each batch into the
+    normalisation statistics after scoring it, so the trainer's checkpoint holds settled
+    statistics of whole batches (16 scores each), nothing pending."""
+    from zoo import tiny_reward_model
+
+    tiny_reward_model(tmp_path / "rm", "0123456789=")
+    run_dir = tmp_path / "run"
+    done = _cli(run_dir, f"run_dir={run_dir}", *ASYNC, "trainer.total_steps=3", "checkpoint.every=0",
+                f"reward={{name: reward_model, path: {tmp_path / 'rm'}, normalize: true}}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    state = torch.load(run_dir / "checkpoints/step_000003/trainer_state.pt", weights_only=True)
+    moments = state["ranks"][0]["sampler"]["rewards"]["0:reward_model"]["moments"]
+    assert moments["pending"] == [0.0, 0.0, 0.0] and moments["m2"] > 0
+    assert moments["count"] >= 3 * 16 and moments["count"] % 16 == 0, moments

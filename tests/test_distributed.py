@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import subprocess
@@ -310,3 +311,90 @@ def test_a_failure_on_one_rank_stops_every_rank_at_once_with_the_rank_named(tmp_
         "status": "failed", "step": 2, "total_steps": 3, "time": 0}
     (step, newest), = list_checkpoints(run_dir)
     assert step == 0 and verify_checkpoint(newest) is None
+
+
+RM_WORKER = Path(__file__).with_name("rm_moments_worker.py")
+
+
+def test_reward_model_statistics_are_those_of_every_rank_s_scores(tmp_path: Path) -> None:
+    """Ranks that score different numbers of batches settle once a step and then hold the same
+    normalisation statistics: the population mean and m2 of the union of their raw scores,
+    computed here in one process; each batch was normalised by the statistics settled before it."""
+    from zoo import REGISTRY, tiny_reward_model
+
+    tiny_reward_model(tmp_path / "rm", "0123456789=")
+    proc = subprocess.run([*TORCHRUN, str(RM_WORKER), str(tmp_path / "rm"), str(tmp_path)], capture_output=True,
+                          text=True, env=_env(), timeout=600)
+    assert proc.returncode == 0, proc.stderr[-12000:]
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
+    component = REGISTRY.get("reward", "reward_model")
+    raw = component.bind(component.params(path=str(tmp_path / "rm"))).build(device=torch.device("cpu"), tokenizer=None)
+    settled = {"count": 0, "mean": 0.0, "m2": 0.0}
+    for step in range(2):
+        assert ranks[0]["states"][step] == ranks[1]["states"][step]  # the same statistics on both ranks
+        scored = [3 * sum(r + 1 + s for s in range(step + 1)) for r in (0, 1)]  # texts each rank scored so far
+        texts = [t for r in (0, 1) for t in ranks[r]["texts"][:scored[r]]]
+        union = raw(prompts=[p for p, _ in texts], completions=[c for _, c in texts]).double()
+        moments = ranks[0]["states"][step]["0:reward_model"]["moments"]
+        assert moments["count"] == len(union) == (3 + 6 if step == 0 else 9 + 6 + 9)
+        assert moments["mean"] == pytest.approx(float(union.mean()), abs=1e-6)
+        assert moments["m2"] == pytest.approx(float(((union - union.mean()) ** 2).sum()), abs=1e-5)
+        assert moments["pending"] == [0.0, 0.0, 0.0]
+        batches = ranks[0]["returned"][:1] if step == 0 else ranks[0]["returned"][1:]
+        first = ranks[0]["texts"][(0 if step == 0 else 3):(3 if step == 0 else 6)]
+        own = raw(prompts=[p for p, _ in first], completions=[c for _, c in first]).double()
+        std = math.sqrt(settled["m2"] / settled["count"]) if settled["count"] else 1.0
+        torch.testing.assert_close(batches[0].double(), (own - settled["mean"]) / (std + 1e-8), atol=1e-5, rtol=0)
+        settled = moments
+
+
+def test_launcher_normalises_the_reward_model_over_both_ranks_and_resumes_the_statistics(tmp_path: Path) -> None:
+    from zoo import tiny_reward_model
+
+    tiny_reward_model(tmp_path / "rm", "0123456789=")
+    run_dir = tmp_path / "run"
+    reward = f"reward={{name: reward_model, path: {tmp_path / 'rm'}, normalize: true}}"
+    proc = _rlzoo("train", *COMMON, reward, "launcher.nproc=2", f"run_dir={run_dir}", "checkpoint.every=0",
+                  "trainer.total_steps=2")
+    assert proc.returncode == 0, proc.stderr[-12000:]
+    proc = _rlzoo("train", f"resume={run_dir}", "trainer.total_steps=3")
+    assert proc.returncode == 0, proc.stderr[-12000:]
+    for step, count in ((2, 32), (3, 48)):  # 4 prompts x 4 samples a step, scored 8 on each rank
+        state = torch.load(run_dir / f"checkpoints/step_{step:06d}/trainer_state.pt", weights_only=True)
+        moments = [rank["sampler"]["rewards"]["0:reward_model"]["moments"] for rank in state["ranks"]]
+        assert moments[0] == moments[1] and moments[0]["count"] == count, moments
+        assert moments[0]["pending"] == [0.0, 0.0, 0.0] and moments[0]["m2"] > 0
+
+
+def test_rm_on_two_ranks_equals_one_process_and_resumes_exactly(tmp_path: Path) -> None:
+    """``rlzoo rm launcher.nproc=2``: each rank trains on half of a step's pairs, DDP averages
+    the gradients, so the reward model equals the one process's (to 1e-5); rank 0
+    writes one event file and the model; a resume on 2 ranks continues it bit for bit; a batch
+    that does not split over the ranks is refused before anything starts."""
+    from safetensors.torch import load_file
+    from test_rm import TINY, sorting_pairs
+
+    data = sorting_pairs(tmp_path / "prefs.jsonl", count=40)
+    common = [*TINY, f"rm.data={data}", "rm.batch_size=8", "rm.eval_every=2", "checkpoint.every=2"]
+    runs = {name: tmp_path / name for name in ("one", "two", "split")}
+    for name, extra in (("one", []), ("two", ["launcher.nproc=2"]), ("split", ["launcher.nproc=2"])):
+        steps = "rm.steps=2" if name == "split" else "rm.steps=4"
+        proc = _rlzoo("rm", *common, *extra, steps, f"run_dir={runs[name]}")
+        assert proc.returncode == 0, proc.stderr[-12000:]
+    assert "torch.distributed.run --standalone --nproc_per_node=2 -m rlzoo rm" in proc.stderr
+    assert proc.stdout.count("saved the reward model to") == 1 and proc.stdout.count("rlzoo rm: step 1/2") == 1
+    proc = _rlzoo("rm", f"resume={runs['split']}", "rm.steps=4")  # the saved launcher.nproc=2
+    assert proc.returncode == 0, proc.stderr[-12000:]
+    model = {name: load_file(path / "reward_model" / "model.safetensors") for name, path in runs.items()}
+    assert all(torch.equal(model["two"][k], model["split"][k]) for k in model["two"])  # the resume is exact
+    for key, weight in model["one"].items():  # as the trainer's test: the gradient's summation order differs
+        assert (model["two"][key] - weight).abs().max() <= 1e-5, key
+    assert len(list(runs["two"].glob("events.out.tfevents.*"))) == 1
+    state = torch.load(runs["two"] / "checkpoints/step_000004/trainer_state.pt", weights_only=False)
+    assert state["world_size"] == 2 and len(state["rng"]) == 2
+
+    proc = _rlzoo("rm", *common, "rm.batch_size=7", "launcher.nproc=2", f"run_dir={tmp_path / 'odd'}")
+    assert proc.returncode == 2 and not (tmp_path / "odd").exists()
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "rlzoo: error: rm.batch_size=7 does not split over 2 processes: each trains on an equal share of a step's "
+        "pairs; use a multiple of 2")

@@ -114,6 +114,8 @@ def test_chat_messages_use_the_reward_models_template(tmp_path: Path) -> None:
 
 
 def test_normalisation_by_running_moments_by_hand_and_clipping(tmp_path: Path) -> None:
+    """A batch is normalised by the statistics settled before it (none at first: mean 0,
+    std 1); settling folds it in; evaluation moves nothing; the state round-trips."""
     tiny_reward_model(tmp_path / "rm", ALPHABET)
     raw = _scorer(tmp_path / "rm")
     scorer = _scorer(tmp_path / "rm", normalize=True, clip=1.5)
@@ -122,20 +124,27 @@ def test_normalisation_by_running_moments_by_hand_and_clipping(tmp_path: Path) -
     ra, rb = raw(prompts=a[0], completions=a[1]).double(), raw(prompts=b[0], completions=b[1]).double()
     scorer.instance.training = True
     first = scorer(prompts=a[0], completions=a[1])
-    torch.testing.assert_close(first.double(), ((ra - ra.mean()) / (ra.std(unbiased=False) + 1e-8)).clamp(-1.5, 1.5),
-                               atol=1e-5, rtol=0)
+    torch.testing.assert_close(first.double(), ra.clamp(-1.5, 1.5), atol=1e-5, rtol=0)
+    scorer.instance.settle(None)
     second = scorer(prompts=b[0], completions=b[1])
-    seen = torch.cat([ra, rb])
-    want = ((rb - seen.mean()) / (seen.std(unbiased=False) + 1e-8)).clamp(-1.5, 1.5)
+    want = ((rb - ra.mean()) / (ra.std(unbiased=False) + 1e-8)).clamp(-1.5, 1.5)
     torch.testing.assert_close(second.double(), want, atol=1e-5, rtol=0)
+    pending = scorer.instance.state_dict()
+    assert pending["moments"]["count"] == 3 and pending["moments"]["pending"][0] == 2
+    again = _scorer(tmp_path / "rm", normalize=True, clip=1.5)
+    again.instance.load_state_dict(pending)  # a checkpoint between scoring and settling resumes it
+    for moments in (scorer.instance, again.instance):
+        moments.settle(None)
     state = scorer.instance.state_dict()
-    assert state["moments"]["count"] == 5
+    assert again.instance.state_dict() == state
+    seen = torch.cat([ra, rb])
+    assert state["moments"]["count"] == 5 and state["moments"]["pending"] == [0.0, 0.0, 0.0]
+    assert state["moments"]["mean"] == pytest.approx(float(seen.mean()), abs=1e-12)
+    assert state["moments"]["m2"] == pytest.approx(float(((seen - seen.mean()) ** 2).sum()), abs=1e-12)
     scorer.instance.training = False  # evaluation: the statistics stay
     scorer(prompts=["99="], completions=["99"])
+    scorer.instance.settle(None)
     assert scorer.instance.state_dict() == state
-    again = _scorer(tmp_path / "rm", normalize=True, clip=1.5)
-    again.instance.load_state_dict(state)
-    assert again.instance.moments.state_dict() == state["moments"]
 
 
 def test_running_moments_equal_the_population_statistics() -> None:
@@ -143,8 +152,28 @@ def test_running_moments_equal_the_population_statistics() -> None:
     x = torch.randn(37, dtype=torch.float64) * 3 + 1
     for part in x.split([1, 10, 26]):
         moments.update(part)
+        moments.settle()
     assert moments.mean == pytest.approx(float(x.mean()), abs=1e-12)
     assert moments.std == pytest.approx(float(x.std(unbiased=False)), abs=1e-12)
+
+
+def test_settling_over_ranks_gives_every_rank_the_statistics_of_the_union() -> None:
+    """Two ranks gather different numbers of batches, then settle with a reduce that sums
+    both: each holds the population statistics of every score, as one process would."""
+    x = torch.randn(50, dtype=torch.float64) * 2 + 5
+    ranks = [RunningMoments(), RunningMoments()]
+    for first, second in ((x[:3], x[3:20]), (x[20:21], x[21:50])):
+        ranks[0].update(first)
+        for part in second.split(6):  # rank 1 scores more, smaller batches
+            ranks[1].update(part)
+        pending = [list(r.pending) for r in ranks]
+        summed = [a + b for a, b in zip(*pending)]
+        for r in ranks:
+            r.settle(lambda values, summed=summed: summed)
+    assert ranks[0].state_dict() == ranks[1].state_dict()
+    assert ranks[0].count == 50
+    assert ranks[0].mean == pytest.approx(float(x.mean()), abs=1e-12)
+    assert ranks[0].std == pytest.approx(float(x.std(unbiased=False)), abs=1e-12)
 
 
 # ------------------------------------------------------------------ bad input

@@ -5,8 +5,10 @@ time and memory limits, registration as kind ``tool`` and the kit's check."""
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
+import threading
 import time
 from pathlib import Path
 from typing import Any, Literal, Optional
@@ -18,6 +20,7 @@ from rlzoo.core.errors import PluginError, UnknownComponentError
 from rlzoo.contract.loading import build_registry, make_plugin_manager, module_plugin
 from rlzoo.testing import check_component, check_tool
 from rlzoo.contract.tool_schema import Tool, tool_from_callable
+from rlzoo.agents import sandbox
 from rlzoo.agents.tool_calls import ToolCall, call_tool, parse_tool_calls, tool_call_style
 from rlzoo.contract.tool_schema import registered_tools
 from rlzoo_plugins.tools import calculator
@@ -311,16 +314,6 @@ def _raises(a: int) -> int:
     raise KeyError("nope")
 
 
-def _sleeps(seconds: float) -> str:
-    """Sleep.
-
-    Args:
-        seconds: How long.
-    """
-    time.sleep(seconds)
-    return "done"
-
-
 SEARCH = tool_from_callable(search)
 
 
@@ -355,13 +348,96 @@ def test_unknown_tool_names_the_tools() -> None:
     assert call_tool(None, ToolCall("multiply", {"x": 1, "y": 2}), tools) == ("2", False)
 
 
-def test_an_exception_and_a_timeout_are_observations() -> None:
+def test_an_exception_is_an_observation() -> None:
     assert call_tool(tool_from_callable(_raises), ToolCall("_raises", {"a": 1})) == (
         "error: tool '_raises' raised KeyError: 'nope'", True)
-    slow = tool_from_callable(_sleeps, timeout_s=0.2)
+
+
+SPINS: list[int] = []
+
+
+def _spins(start: int) -> str:
+    """Count up for ever.
+
+    Args:
+        start: Where to start.
+    """
+    SPINS.append(start)
+    while True:
+        SPINS[0] += 1
+
+
+def _children() -> set[str]:
+    """This process's child processes (Linux), an empty set elsewhere."""
+    path = Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children")
+    return set(path.read_text().split()) if path.exists() else set()
+
+
+def _tool_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("rlzoo-tool-")]
+
+
+def test_a_safe_tool_that_loops_is_stopped_at_its_timeout_and_leaves_nothing_running() -> None:
+    """The loop's thread ends at the limit: no thread is left, the count it was raising stands
+    still afterwards, and no child process was started."""
+    SPINS.clear()
+    spins = tool_from_callable(_spins, timeout_s=0.3)
+    children = _children()
     start = time.perf_counter()
-    assert call_tool(slow, ToolCall("_sleeps", {"seconds": 3})) == ("error: tool '_sleeps' timed out after 0.2 s", True)
-    assert time.perf_counter() - start < 2
+    assert call_tool(spins, ToolCall("_spins", {"start": 0})) == (
+        "error: tool '_spins' timed out after 0.3 s and was stopped", True)
+    assert 0.3 <= time.perf_counter() - start < 0.3 + sandbox.STOP_GRACE_S
+    assert _tool_threads() == []
+    counted = SPINS[0]
+    time.sleep(0.2)
+    assert SPINS[0] == counted > 0
+    assert _children() == children
+
+
+def _naps(seconds: float) -> str:
+    """Sleep, then note it.
+
+    Args:
+        seconds: How long.
+    """
+    time.sleep(seconds)
+    SPINS.append(-1)  # never reached when the tool was stopped: ToolTimeout is raised as the sleep returns
+    return "done"
+
+
+def test_a_safe_tool_blocked_outside_python_says_so_and_ends_when_the_call_returns() -> None:
+    SPINS.clear()
+    naps = tool_from_callable(_naps, timeout_s=0.2)
+    start = time.perf_counter()
+    assert call_tool(naps, ToolCall("_naps", {"seconds": 1.5 + sandbox.STOP_GRACE_S})) == (
+        "error: tool '_naps' timed out after 0.2 s and could not be stopped (blocked outside Python; its thread "
+        "ends when that call returns)", True)
+    assert time.perf_counter() - start < 1.2 + sandbox.STOP_GRACE_S
+    assert _tool_threads() == ["rlzoo-tool-_naps"]
+    deadline = time.monotonic() + 10
+    while _tool_threads() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _tool_threads() == [] and SPINS == []  # ended as the sleep returned, before the line after it
+
+
+def test_a_safe_tool_that_ends_in_time_answers_as_before() -> None:
+    """The stop costs a call that finishes nothing: its result, its exception, its thread gone."""
+    naps = tool_from_callable(_naps, timeout_s=5)
+    assert call_tool(naps, ToolCall("_naps", {"seconds": 0.01})) == ("done", False)
+    assert call_tool(tool_from_callable(calculator), ToolCall("calculator", {"expression": "12*34"})) == ("408", False)
+    assert _tool_threads() == []
+
+
+def test_an_episode_records_a_stopped_tool_as_a_failed_call() -> None:
+    from rlzoo_plugins.environments import ToolsEnv, ToolsEnvParams
+
+    SPINS.clear()
+    env = ToolsEnv(ToolsEnvParams(tools=["_spins"]), {"_spins": tool_from_callable(_spins, timeout_s=0.2)}, "plain")
+    result = env.step("CALL _spins(start=1)")
+    assert (result.done, result.tool_calls, result.tool_errors) == (False, 1, 1)
+    assert result.observations == [{"role": "tool",
+                                    "content": "error: tool '_spins' timed out after 0.2 s and was stopped"}]
+    assert _tool_threads() == []
 
 
 def test_unsafe_tool_runs_in_a_process_and_its_exception_is_an_observation() -> None:

@@ -1,12 +1,13 @@
-"""Running a tool's function with a time limit: in a thread, or in a child process with a
-memory limit too (tools declared ``unsafe``).
+"""Running a tool's function with a time limit: a safe tool in a thread that is stopped at
+its limit (:func:`run_in_thread`), an ``unsafe`` one in a child process with a memory limit
+too, killed at its limit (:func:`run_in_subprocess`).
 
 Both return ``(observation, is_error)``: the function's result as the text the model reads
 (:func:`observation_text`), or an error observation saying what went wrong. Nothing a
 tool does (raise, hang, allocate without bound, crash its process) reaches the caller as
 an exception.
 
-The child process is a resource limit, not a security boundary: it shares the file
+The unsafe tool's child process is a resource limit, not a security boundary: it shares the file
 system, the network and the user of the training process. It is a fresh interpreter
 (``sys.executable``; no copy of the trainer's memory or CUDA state) that receives the
 function by reference (its module and qualified name, so it must be a module-level
@@ -49,29 +50,73 @@ def _raised(name: str, exc: BaseException) -> str:
     return f"error: tool {name!r} raised {type(exc).__name__}" + (f": {message}" if message else "")
 
 
+def _outcome(name: str, fn: Callable[..., Any], arguments: dict[str, Any]) -> tuple[str, bool]:
+    """``(observation, is_error)`` of calling ``fn(**arguments)`` here: its result as text, or
+    what it raised (any exception, ``SystemExit`` and ``KeyboardInterrupt`` too)."""
+    try:
+        return observation_text(fn(**arguments)), False
+    except BaseException as exc:  # noqa: BLE001 - every failure becomes the model's observation
+        return _raised(name, exc), True
+
+
+class ToolTimeout(BaseException):
+    """Raised inside a safe tool's thread when it runs past its time limit (a
+    ``BaseException``, as ``SystemExit`` is, so the tool's ``except Exception`` does not
+    swallow it)."""
+
+
+STOP_GRACE_S = 1.0
+"""How long a safe tool's thread has to end once :class:`ToolTimeout` is raised in it."""
+
+
+def _raise_in(thread: threading.Thread) -> bool:
+    """Raise :class:`ToolTimeout` in ``thread`` at its next Python instruction
+    (``PyThreadState_SetAsyncExc``); ``False`` where that is not possible (no such thread,
+    an interpreter without ``ctypes.pythonapi``)."""
+    try:
+        import ctypes
+
+        set_async = ctypes.pythonapi.PyThreadState_SetAsyncExc
+    except (ImportError, AttributeError):
+        return False
+    return set_async(ctypes.c_ulong(thread.ident or 0), ctypes.py_object(ToolTimeout)) == 1
+
+
 def run_in_thread(name: str, fn: Callable[..., Any], arguments: dict[str, Any],
                   timeout_s: float) -> tuple[str, bool]:
-    """Call ``fn(**arguments)`` in a daemon thread and wait at most ``timeout_s`` seconds.
+    """Call ``fn(**arguments)`` in a daemon thread and wait at most ``timeout_s`` seconds;
+    a call that runs past the limit is stopped: :class:`ToolTimeout` is raised in its thread,
+    which then has :data:`STOP_GRACE_S` seconds to end.
 
-    A thread cannot be killed: a call that runs past the limit keeps running in the
-    background (its result is dropped) and the caller gets a timeout observation. A tool
-    that can hang or loop should be declared ``unsafe``, so it runs in a process that is
-    killed.
+    A thread runs Python code between the instructions where the interpreter checks for
+    such an exception, so a loop ends at once. A thread blocked outside Python (a C call:
+    ``time.sleep``, a socket read, a regular expression backtracking) gets the exception
+    only when that call returns; until then it runs on, and the observation says so. A
+    tool that can block that way belongs in ``unsafe`` (a process that is killed).
     """
     outcome: list[tuple[str, bool]] = []
+    guard = threading.Lock()  # no ToolTimeout is raised once the result is in (nor in threading's own code)
 
     def target() -> None:
         try:
-            outcome.append((observation_text(fn(**arguments)), False))
-        except BaseException as exc:  # noqa: BLE001 - every failure becomes the model's observation
-            outcome.append((_raised(name, exc), True))
+            result = _outcome(name, fn, arguments)
+            with guard:
+                outcome.append(result)
+        except ToolTimeout:  # raised between the tool's return and the result's append
+            pass
 
     thread = threading.Thread(target=target, name=f"rlzoo-tool-{name}", daemon=True)
     thread.start()
     thread.join(timeout_s)
-    if thread.is_alive() or not outcome:
-        return f"error: tool {name!r} timed out after {timeout_s:g} s", True
-    return outcome[0]
+    with guard:
+        if outcome:
+            return outcome[0]
+        raised = _raise_in(thread)
+    thread.join(STOP_GRACE_S if raised else 0.0)
+    if not thread.is_alive():
+        return f"error: tool {name!r} timed out after {timeout_s:g} s and was stopped", True
+    return (f"error: tool {name!r} timed out after {timeout_s:g} s and could not be stopped (blocked outside "
+            "Python; its thread ends when that call returns)"), True
 
 
 def _address_space_bytes() -> int | None:

@@ -312,9 +312,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _launch_torchrun(args: argparse.Namespace, resolved, nproc: int) -> int:
-    """Re-run this ``rlzoo train`` under ``torchrun --standalone`` with ``nproc`` processes
-    (the plan has checked that the batch splits into whole groups per process), after
+def _launch_torchrun(args: argparse.Namespace, resolved, nproc: int, subcommand: str = "train") -> int:
+    """Re-run this ``rlzoo train`` (or ``rlzoo rm``) under ``torchrun --standalone`` with
+    ``nproc`` processes (the caller has checked that the batch splits over them), after
     checking its run directory as the run will (so a refusal is one line, before launching)."""
     from rlzoo.commands.launcher import launch_torchrun
     from rlzoo.plan.run_input import run_path
@@ -327,7 +327,7 @@ def _launch_torchrun(args: argparse.Namespace, resolved, nproc: int) -> int:
         train_args.append(f"run_dir={run_dir}")  # the directory checked here, whatever the time is there
     if args.config:
         train_args += ["--config", args.config]
-    return launch_torchrun(train_args, nproc, run_dir)
+    return launch_torchrun(train_args, nproc, run_dir, subcommand)
 
 
 def _cmd_sft(args: argparse.Namespace) -> int:
@@ -342,14 +342,20 @@ def _cmd_sft(args: argparse.Namespace) -> int:
 
 
 def _cmd_rm(args: argparse.Namespace) -> int:
-    from rlzoo.commands.rm import run_rm
+    from rlzoo.core.distributed import launched_by_torchrun
+    from rlzoo.commands.rm import check_world, run_rm
 
     _, _, resolved = _resolve(args)
     if args.overwrite and resolved.cfg.resume:
         raise ConfigError("--overwrite starts a new run in place of another; it does not go with resume=")
+    nproc = int(resolved.cfg.launcher.nproc)
+    if nproc > 1 and not launched_by_torchrun():
+        check_world(resolved.cfg, nproc)
+        return _launch_torchrun(args, resolved, nproc, "rm")
     _quiet_transformers()
     out = run_rm(resolved, overwrite=args.overwrite)
-    print(f"saved the reward model to {out}; score with reward={{name: reward_model, path: {out}}}")
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(f"saved the reward model to {out}; score with reward={{name: reward_model, path: {out}}}")
     return 0
 
 

@@ -35,12 +35,13 @@ def child_pids(pid: int) -> list[int]:
     return sorted(children)
 
 
-def launch_torchrun(train_args: list[str], nproc: int, run_dir: Path) -> int:
-    """Run ``rlzoo train *train_args`` under ``torchrun --standalone --nproc_per_node=nproc``
-    and return its exit code (:data:`EXIT_ABORTED` after a second SIGINT). ``run_dir`` is
-    the run's directory, named in the last line when the job fails."""
+def launch_torchrun(train_args: list[str], nproc: int, run_dir: Path, subcommand: str = "train") -> int:
+    """Run ``rlzoo <subcommand> *train_args`` (``train`` or ``rm``) under ``torchrun
+    --standalone --nproc_per_node=nproc`` and return its exit code (:data:`EXIT_ABORTED`
+    after a second SIGINT). ``run_dir`` is the run's directory, named in the last line when
+    the job fails."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-               "-m", "rlzoo", "train", *train_args]
+               "-m", "rlzoo", subcommand, *train_args]
     say("rlzoo: launching " + " ".join(command[1:]))
     torchrun = subprocess.Popen(command, start_new_session=True, preexec_fn=die_with_parent)
     received: list[int] = []

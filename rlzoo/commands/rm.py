@@ -22,6 +22,11 @@ directory, locking, atomic checkpoints (``checkpoints/step_*/reward_model/``, op
 and RNG state) and ``resume=`` are those of ``rlzoo train`` (:mod:`rlzoo.run.rundir`,
 :mod:`rlzoo.run.checkpoint`); the trained model is written to ``<run_dir>/reward_model/``,
 which ``reward={name: reward_model, path: <run_dir>/reward_model}`` loads.
+
+Under torchrun (``launcher.nproc=N`` re-runs it there, as ``rlzoo train``) each rank trains
+on its contiguous share of a step's pairs and DDP averages the gradients, so a step is the
+one process's step; rank 0 evaluates, logs and writes; the checkpoint holds every rank's
+RNG state, and a resume needs the same number of processes.
 """
 
 from __future__ import annotations
@@ -328,25 +333,42 @@ def run_rm(resolved: PlannedConfig, overwrite: bool = False) -> Path:
                           f"{', '.join(COLUMNS)} (and optionally {MARGIN}) columns, or rm.data={TASK_DATA} for "
                           "pairs ranked by the task's reward")
     run = engine_input(resolved)
-    device = torch.device(device_type(run.plan.compute))
+    compute = run.plan.compute
+    kind = device_type(compute)
+    check_world(cfg, distributed.env_world_size())
+    dist = distributed.init(compute.backend, kind, compute.timeout_s)
+    device = torch.device(kind, dist.local_rank) if kind == "cuda" and dist.enabled else torch.device(kind)
     parts = RunParts(run, device)  # seeded, as a run builds its parts: the task, its reward, the model's shape
     seed = run.setup.seed
     pairs = task_pairs(parts, int(cfg.rm.task_pairs), seed) if cfg.rm.data == TASK_DATA else load_pairs(cfg.rm.data)
     warning = tie_warning(pairs, str(cfg.rm.data))
-    if warning is not None:
+    if warning is not None and dist.is_main:
         say(f"rlzoo: warning: {warning}")
     if len(pairs) < 2 and cfg.rm.eval_fraction > 0:
         raise ConfigError(f"rm.data {cfg.rm.data!r} holds {len(pairs)} pair: hold none out with rm.eval_fraction=0")
     train_rows, held_rows = split_pairs(len(pairs), float(cfg.rm.eval_fraction), seed)
-    run_dir = RunDirectory(run.setup.run_dir, run.setup.resume, distributed.SINGLE, overwrite, trained=RM_MODEL_DIR)
+    run_dir = RunDirectory(run.setup.run_dir, run.setup.resume, dist, overwrite, trained=RM_MODEL_DIR)
     try:
-        return _train(cfg, parts, run_dir, pairs, train_rows, held_rows)
+        out = _train(cfg, parts, run_dir, pairs, train_rows, held_rows, dist)
+    except RuntimeError as exc:
+        distributed.check_collective_failure(exc)  # a dead peer: one line, not a traceback
+        raise
     finally:
         run_dir.close()
+    distributed.shutdown()  # on an error the process exits instead, and torchrun stops the others
+    return out
+
+
+def check_world(cfg: Any, world: int) -> None:
+    """:raises ConfigError: ``rm.batch_size`` does not split into equal shares over ``world``
+    processes (each rank trains on ``rm.batch_size / world`` pairs a step)."""
+    if world > 1 and int(cfg.rm.batch_size) % world:
+        raise ConfigError(f"rm.batch_size={cfg.rm.batch_size} does not split over {world} processes: each trains "
+                          f"on an equal share of a step's pairs; use a multiple of {world}")
 
 
 def _train(cfg: Any, parts: RunParts, run_dir: RunDirectory, pairs: list[Pair], train_rows: list[int],
-           held_rows: list[int]) -> Path:
+           held_rows: list[int], dist: distributed.DistInfo) -> Path:
     run, device = parts.run, parts.device
     plan, seed, o = run.plan, run.setup.seed, run.plan.optimizer
     step, state = 0, None
@@ -359,14 +381,18 @@ def _train(cfg: Any, parts: RunParts, run_dir: RunDirectory, pairs: list[Pair], 
     else:
         model, tokenizer = _initial_model(parts, pairs)
     model.to(device).train()
-    scorer = PairScorer(model, tokenizer, cfg.rm.chat_template, device)
+    scorer = PairScorer(model, tokenizer, cfg.rm.chat_template, device)  # evaluation: the model itself, on rank 0
+    trained = PairScorer(distributed.wrap(model, "ddp", device) if dist.enabled else model, tokenizer,
+                         cfg.rm.chat_template, device)  # DDP averages the ranks' gradients
     optimizer = adamw(model.parameters(), o.lr, o.betas, o.weight_decay)
     plan_text = describe(cfg, plan, parts.task_name, len(train_rows), len(held_rows))
     models = {RM_MODEL_DIR: model, f"{RM_MODEL_DIR}:tokenizer": tokenizer}
 
-    def save() -> None:
+    def save() -> None:  # every rank calls it (the RNG states are gathered); rank 0 writes
+        rng = distributed.gather_objects(global_rng_state(), dist)
         run_dir.save_checkpoint(step, models, {"step": step, "optimizer": optimizer.state_dict(),
-                                               "rng": global_rng_state()}, keep=plan.cadence.checkpoint_keep)
+                                               "world_size": dist.world, "rng": rng[0] if len(rng) == 1 else rng},
+                                keep=plan.cadence.checkpoint_keep)
 
     if state is None:
         with run_dir.starting():
@@ -378,21 +404,27 @@ def _train(cfg: Any, parts: RunParts, run_dir: RunDirectory, pairs: list[Pair], 
             step = int(state["step"])
             optimizer.load_state_dict(state["optimizer"])
             check_optimizer_fits(optimizer, where)
-            set_global_rng_state(state["rng"])
+            rng = state["rng"]
+            if int(state.get("world_size", 1)) != dist.world:
+                raise ValueError(f"it was written by {state.get('world_size', 1)} processes, this run has {dist.world}")
+            set_global_rng_state(rng[dist.rank] if isinstance(rng, list) else rng)
         except (KeyError, TypeError, ValueError, RuntimeError) as exc:
             raise ConfigError(f"{where} does not fit this run ({type(exc).__name__}: {exc}); was it written by "
                               "another run?") from exc
         run_dir.record_resume(step, run.setup.resume_changes, plan_text)
-    print(plan_text, end="", flush=True)
-    tracker = Tracker(str(run_dir.path), purge_step=step + 1 if state is not None else None)
+    if dist.is_main:
+        print(plan_text, end="", flush=True)
+    tracker = Tracker(str(run_dir.path), purge_step=step + 1 if state is not None else None) if dist.is_main else None
     held = [pairs[i] for i in held_rows]
     total, status = int(cfg.rm.steps), "failed"
     try:
         while step < total:
             step += 1
-            batch = [pairs[i] for i in batch_rows(train_rows, int(cfg.rm.batch_size), step, seed)]
-            chosen, rejected, margin = scorer(batch)
-            loss = bradley_terry(chosen, rejected, margin).mean()
+            rows = batch_rows(train_rows, int(cfg.rm.batch_size), step, seed)
+            share = len(rows) // dist.world  # this rank's contiguous share of the step's pairs
+            batch = [pairs[i] for i in rows[dist.rank * share:(dist.rank + 1) * share]]
+            chosen, rejected, margin = trained(batch)
+            loss = bradley_terry(chosen, rejected, margin).mean()  # DDP's mean over ranks: the mean over all pairs
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             clip = math.inf if o.max_grad_norm is None else o.max_grad_norm  # null: measure the norm, never clip
@@ -401,27 +433,30 @@ def _train(cfg: Any, parts: RunParts, run_dir: RunDirectory, pairs: list[Pair], 
                 raise TrainingError(f"non-finite loss or gradient at rm step {step}; the newest checkpoint stays "
                                     f"resumable with `rlzoo rm resume={run_dir.path}`")
             optimizer.step()
-            metrics = {"rm/loss": float(loss.detach()), "rm/accuracy": float((chosen > rejected).float().mean()),
-                       "rm/reward_gap": float((chosen - rejected).detach().mean()), "grad_norm": float(grad_norm),
-                       "lr": o.lr}
+            metrics = distributed.all_reduce_floats(
+                {"rm/loss": float(loss.detach()), "rm/accuracy": float((chosen > rejected).float().mean()),
+                 "rm/reward_gap": float((chosen - rejected).detach().mean())}, dist, op="mean")
+            metrics.update({"grad_norm": float(grad_norm), "lr": o.lr})
             last = step == total
             every = int(cfg.rm.eval_every)
-            if held and (last or (every and step % every == 0)):
+            if held and (last or (every and step % every == 0)) and dist.is_main:
                 model.eval()
                 metrics.update(evaluate(scorer, held, int(cfg.rm.batch_size)))
                 model.train()
-            if step % plan.cadence.log_every == 0 or last or "eval/accuracy" in metrics:
+            if tracker is not None and (step % plan.cadence.log_every == 0 or last or "eval/accuracy" in metrics):
                 tracker.log_scalars(step, metrics)
-            if step == 1 or last or step % max(1, total // 10) == 0:
+            if dist.is_main and (step == 1 or last or step % max(1, total // 10) == 0):
                 shown = " ".join(f"{k} {v:.4f}" for k, v in metrics.items() if k in ("rm/loss", "eval/accuracy"))
                 print(f"rlzoo rm: step {step}/{total} {shown}", flush=True)
             if last or (plan.cadence.checkpoint_every and step % plan.cadence.checkpoint_every == 0):
-                tracker.flush()
+                if tracker is not None:
+                    tracker.flush()
                 save()
         out = run_dir.path / RM_MODEL_DIR
-        _write_model(model, tokenizer, out)
+        run_dir.on_main(lambda: _write_model(model, tokenizer, out))
         status = "completed"
         return out
     finally:
-        tracker.close()
+        if tracker is not None:
+            tracker.close()
         run_dir.write_status(status, step, total, quiet=status != "completed")

@@ -47,7 +47,7 @@ DISTRIBUTED = Section("distributed", (
 ), doc="used under torchrun (WORLD_SIZE > 1); see docs/scaling.md")
 
 LAUNCHER = Section("launcher", (
-    Key("nproc", int, 1, "> 1: `rlzoo train` runs itself under torchrun with this many processes",
+    Key("nproc", int, 1, "> 1: `rlzoo train` (and `rlzoo rm`) runs itself under torchrun with this many processes",
         "it runs `torchrun --standalone`", range="> 0"),
 ))
 

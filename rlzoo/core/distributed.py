@@ -172,6 +172,13 @@ def all_reduce_floats(values: dict[str, float], info: DistInfo, op: str = "sum")
     return dict(zip(keys, tensor.tolist()))
 
 
+def sum_floats(values: list[float], info: DistInfo) -> list[float]:
+    """``values`` summed element-wise over ranks in float64 (one collective; every rank
+    passes a list of the same length); the values themselves in a single process."""
+    summed = all_reduce_floats({f"{i:06d}": v for i, v in enumerate(values)}, info)
+    return [summed[f"{i:06d}"] for i in range(len(values))]
+
+
 def gather_objects(obj: Any, info: DistInfo) -> list[Any]:
     """Every rank's ``obj`` (picklable), in rank order; ``[obj]`` in a single process."""
     if not info.enabled:

@@ -34,7 +34,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from transformers import AutoConfig, AutoModelForSequenceClassification, PreTrainedModel, PreTrainedTokenizerBase
@@ -276,23 +276,44 @@ def from_causal_lm(policy: PreTrainedModel) -> PreTrainedModel:
     return model
 
 
+Reduce = Callable[[list[float]], list[float]]
+"""Sums a list of floats over the data-parallel ranks (the same length on every rank)."""
+
+
 class RunningMoments:
     """Running mean and (population) standard deviation of every score seen (Chan et al.'s
-    parallel update, float64). :meth:`normalize` gives ``(x − mean) / (std + 1e-8)``."""
+    parallel update, float64), in two parts: the *settled* statistics (``count``, ``mean``,
+    ``m2``) that :meth:`normalize` uses, and the scores :meth:`update` has gathered since
+    the last :meth:`settle`, which folds them in, those of every rank when its ``reduce``
+    sums over ranks. :meth:`normalize` gives ``(x − mean) / (std + 1e-8)``.
+
+    Scoring (:meth:`update`) does no collective, so ranks may score different numbers of
+    batches; :meth:`settle` is one collective, called where every rank is once per step.
+    """
 
     def __init__(self) -> None:
         self.count, self.mean, self.m2 = 0, 0.0, 0.0
+        self.pending = [0.0, 0.0, 0.0]
+        """Since the last settle: ``[n, Σ (x − mean), Σ (x − mean)²]`` about the settled mean."""
 
     def update(self, values: torch.Tensor) -> None:
-        """Fold a batch of values into the statistics."""
-        x = values.double().flatten()
-        n = int(x.numel())
+        """Gather a batch of values, to be folded in at the next :meth:`settle`."""
+        x = values.double().flatten() - self.mean
+        self.pending = [self.pending[0] + float(x.numel()), self.pending[1] + float(x.sum()),
+                        self.pending[2] + float((x * x).sum())]
+
+    def settle(self, reduce: Reduce | None = None) -> None:
+        """Fold the gathered values into the statistics: this process's, or with ``reduce``
+        every rank's (each rank calls it once with the same ``reduce``; afterwards all ranks
+        hold the same statistics)."""
+        n, shift_sum, shift_squares = reduce(list(self.pending)) if reduce is not None else self.pending
+        self.pending = [0.0, 0.0, 0.0]
+        n = int(round(n))
         if n == 0:
             return
-        batch_mean = float(x.mean())
-        batch_m2 = float(((x - batch_mean) ** 2).sum())
+        delta = shift_sum / n  # the batch's mean minus the settled mean
+        batch_m2 = max(0.0, shift_squares - shift_sum * delta)
         total = self.count + n
-        delta = batch_mean - self.mean
         self.mean += delta * n / total
         self.m2 += batch_m2 + delta * delta * self.count * n / total
         self.count = total
@@ -305,7 +326,8 @@ class RunningMoments:
         return ((values.double() - self.mean) / (self.std + 1e-8)).float()
 
     def state_dict(self) -> dict[str, Any]:
-        return {"count": self.count, "mean": self.mean, "m2": self.m2}
+        return {"count": self.count, "mean": self.mean, "m2": self.m2, "pending": list(self.pending)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.count, self.mean, self.m2 = int(state["count"]), float(state["mean"]), float(state["m2"])
+        self.pending = [float(v) for v in state.get("pending", (0.0, 0.0, 0.0))]

@@ -267,6 +267,7 @@ class _Generator:
         """One scored batch of the newest weights, with its version and the sampler's state."""
         version = self.refresh()
         batch = self.sampler.sample(self.prompts)
+        self.sampler.rewards.settle()  # one process: the running statistics fold in each batch after it
         return to_bytes({"version": version, "batch": plain_batch(batch), "sampler": self.sampler.state_dict()})
 
 

@@ -11,7 +11,8 @@ function the sum is its score unchanged.
 A reward registered as a class (a *scorer*, e.g. ``reward_model``) is built once per run
 (:meth:`rlzoo.contract.checks.BoundComponent.build`, on the run's device) before it gets here;
 :class:`Rewards` tells it whether it scores a training batch (``training``), keeps its
-``state_dict`` in the checkpoint and logs its ``metrics()`` every step.
+``state_dict`` in the checkpoint, logs its ``metrics()`` every step and, once per step where
+every rank is, lets it fold its running statistics over the ranks (``settle``).
 
 The run's answer format (``answer_format``) finds each completion's answer; functions that
 name the ``answers`` input get it (``None`` where the format finds none). Evaluation's
@@ -21,13 +22,16 @@ registered answer format finds.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from rlzoo.contract.checks import BoundComponent, BuiltComponent, build_rewards
 from rlzoo.core.errors import TrainingError
 from rlzoo.plan.run_input import Components
+
+if TYPE_CHECKING:
+    from rlzoo.models.reward_model import Reduce
 
 
 class Rewards:
@@ -71,6 +75,15 @@ class Rewards:
         for key, scorer in self._scorers():
             if key in state and hasattr(scorer, "load_state_dict"):
                 scorer.load_state_dict(state[key])
+
+    def settle(self, reduce: Reduce | None = None) -> None:
+        """Let every scorer with running statistics (``settle``) fold in the training batches
+        scored since the last call: once per step, where every rank is (``reduce`` sums a list
+        of floats over the ranks, one collective per such scorer; ``None``: this process alone).
+        Scoring itself does no collective, so ranks may score different numbers of batches."""
+        for _, scorer in self._scorers():
+            if hasattr(scorer, "settle"):
+                scorer.settle(reduce)
 
     def metrics(self) -> dict[str, float]:
         """What the scorers report (``metrics()``) since the last call, e.g. their time."""
@@ -167,3 +180,4 @@ def _call(fn: BoundComponent | BuiltComponent, prompts: list[str], completions: 
         raise TrainingError(f"reward function {name!r} returned {scores[i].item()} (non-finite) "
                             f"for prompt={prompts[i]!r} completion={completions[i]!r}")
     return scores
+

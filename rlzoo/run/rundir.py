@@ -311,7 +311,7 @@ class RunDirectory:
         """The trainer state of the checkpoint resumed from (see :func:`load_state`)."""
         return load_state(self.resume_from)
 
-    def _on_main(self, action: Any) -> None:
+    def on_main(self, action: Any) -> None:
         """Run ``action()`` on rank 0; when it raises, every rank raises (a user error as
         the same kind of error), so no rank waits forever for rank 0."""
         error: Exception | None = None
@@ -356,7 +356,7 @@ class RunDirectory:
                 raise TrainingError(f"cannot write the new run into {self.path}: {write_error(exc, self.path)}; "
                                     "nothing of it was kept") from exc
 
-        self._on_main(write)
+        self.on_main(write)
 
     def record_resume(self, step: int, changes: dict[str, tuple[Any, Any]], plan_text: str) -> None:
         """Append this resume to ``resumes.jsonl``; apply accepted ``changes`` to
@@ -378,7 +378,7 @@ class RunDirectory:
             except OSError as exc:
                 raise TrainingError(f"cannot record the resume in {self.path}: {write_error(exc, self.path)}") from exc
 
-        self._on_main(write)
+        self.on_main(write)
 
     def record_rollout(self, step: int, batch: Any) -> None:
         """Write ``batch`` as the recording of ``step`` (``rollout.record``; single process)."""
@@ -394,7 +394,7 @@ class RunDirectory:
 
         :raises CheckpointError: on every rank, when rank 0 could not write it.
         """
-        self._on_main(lambda: save_checkpoint(self.path, step, models, state, keep=keep))
+        self.on_main(lambda: save_checkpoint(self.path, step, models, state, keep=keep))
 
     def write_status(self, status: str, step: int, total_steps: int, quiet: bool = False) -> None:
         """Record how the run ended (``rlzoo sweep`` skips completed runs). A failure to

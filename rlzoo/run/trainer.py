@@ -128,6 +128,7 @@ class Trainer:
         if self.generator is None:
             with distributed.failing_together(self.dist):  # a reward or rollout failing on one rank stops them all
                 batch, staleness = self.queue.next(self.step, self.plan.cadence.total_steps, self._produce)
+            self.sampler.rewards.settle(lambda values: distributed.sum_floats(values, self.dist))  # once a step
         else:  # rollout.mode=async: one process (refused under torchrun)
             batch, staleness = self._receive()
         batch = batch.to(self.device)
