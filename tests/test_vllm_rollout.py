@@ -20,10 +20,11 @@ from rlzoo.contract.loading import build_registry, make_plugin_manager
 from rlzoo.core.errors import ConfigError, TrainingError
 from rlzoo.models.build import build_char_tokenizer, build_tiny_model
 from rlzoo.plan.planner import load_config
-from rlzoo_plugins import vllm_engine, vllm_rollout
+from rlzoo_plugins import vllm_cores, vllm_engine, vllm_rollout
+from rlzoo_plugins.vllm_cores import CoreSplit, core_split, engine_cores, rank_cores
 from rlzoo_plugins.vllm_engine import Engine, EngineSpec, engine_kwargs
-from rlzoo_plugins.vllm_rollout import (CoreSplit, VLLMParams, check_length, core_split, engine_cores,
-                                        max_model_len, merged_weights, rank_cores, shared_buffers, to_generation)
+from rlzoo_plugins.vllm_rollout import (VLLMParams, check_length, max_model_len, merged_weights, shared_buffers,
+                                        to_generation)
 
 REGISTRY = build_registry(make_plugin_manager())
 SERVABLE = ["model.hidden_size=128", "model.intermediate_size=256", "model.num_heads=2", "model.num_kv_heads=1"]
@@ -129,16 +130,16 @@ def test_an_async_trainer_keeps_to_its_cores_until_closed_and_starts_no_engine_u
                                            role="evaluator")
         tasks = [int(tid) for tid in os.listdir("/proc/self/task")]
         assert all(sorted(os.sched_getaffinity(tid)) == before[:1] for tid in tasks)    # every thread of it
-        assert os.environ[vllm_rollout.CORES_ENV] == ",".join(map(str, before))         # what its generator splits
-        assert vllm_rollout.usable() == before and backend.cores == before[:1]
+        assert os.environ[vllm_cores.CORES_ENV] == ",".join(map(str, before))         # what its generator splits
+        assert vllm_cores.usable() == before and backend.cores == before[:1]
         backend.sync_weights(lambda: model.state_dict().items())                         # no engine: nothing to do
         assert backend._finalizer is None
         backend.close()
-        assert sorted(os.sched_getaffinity(0)) == before and vllm_rollout.CORES_ENV not in os.environ
+        assert sorted(os.sched_getaffinity(0)) == before and vllm_cores.CORES_ENV not in os.environ
     finally:
         torch.set_num_threads(threads)
         os.sched_setaffinity(0, before)
-        monkeypatch.delenv(vllm_rollout.CORES_ENV, raising=False)
+        monkeypatch.delenv(vllm_cores.CORES_ENV, raising=False)
 
 
 def test_the_backend_is_told_its_role() -> None:
@@ -201,7 +202,7 @@ def test_engine_cores_are_the_last_usable_ones() -> None:
     assert engine_cores([0, 1, 2, 3], 1) == [3]
     assert engine_cores([0, 1, 2, 3], 3) == [1, 2, 3]
     assert engine_cores([0, 1], 5) == [0, 1]
-    assert vllm_rollout._ranges([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8"
+    assert vllm_cores.core_ranges([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8"
 
 
 def test_max_model_len_is_what_the_kv_cache_holds() -> None:
@@ -410,7 +411,7 @@ def test_the_engine_runs_on_its_own_cores_and_the_trainer_never_imports_vllm(eng
     import sys
 
     info = engine.backend.engine_info()
-    assert info["cores"] == engine_cores(vllm_rollout.usable(), 1) and info["omp_num_threads"] == "1"
+    assert info["cores"] == engine_cores(vllm_cores.usable(), 1) and info["omp_num_threads"] == "1"
     assert "vllm" not in sys.modules                               # so nothing rebinds the trainer's threads
     assert type(torch.set_num_threads).__name__ == "builtin_function_or_method"
 
@@ -657,14 +658,14 @@ READY = re.compile(r"rlzoo: vLLM [\w.+]+ engine ready \(rank (\d+), pid \d+, cor
 
 @_vllm
 @pytest.mark.slow
-@pytest.mark.skipif(len(vllm_rollout.usable()) < 2, reason="rollout.mode=async splits the cores: needs 2")
+@pytest.mark.skipif(len(vllm_cores.usable()) < 2, reason="rollout.mode=async splits the cores: needs 2")
 def test_an_async_run_generates_on_the_generators_engine_apart_from_the_trainer_and_resumes(
         tmp_path, capfd: pytest.CaptureFixture) -> None:
     """The generator process's engine runs on the last core while the trainer is pinned to
     the first; it reloads only the published weights (every 2nd version here), and a batch
     it made from the weights the trainer then holds (staleness 0) has the engine's log-probs
     of those weights."""
-    cores, before = vllm_rollout.usable(), os.sched_getaffinity(0)
+    cores, before = vllm_cores.usable(), os.sched_getaffinity(0)
     overrides = ["rollout.mode=async", "rollout.weight_sync_every=2", "rollout.max_staleness=1", "trainer.lr=0.01"]
     curves = _train(tmp_path, "async", *overrides, "trainer.total_steps=3")
     assert READY.findall(capfd.readouterr().out) == [("0", str(cores[-1]))]
@@ -695,8 +696,8 @@ def test_two_ranks_each_generate_on_an_engine_of_their_own_and_resume(tmp_path) 
             *SERVABLE, "model.num_layers=1", "task.num_digits=3", "rollout.prompts_per_step=4", "rollout.n=4",
             "rollout.max_new_tokens=5", "logging.progress=false", "trainer.threads=1", "eval.size=0",
             "launcher.nproc=2", f"run_dir={run_dir}"]
-    cores = vllm_rollout.usable()
-    expected = sorted((str(r), vllm_rollout._ranges(engine_cores(rank_cores(cores, 2, r), 1))) for r in range(2))
+    cores = vllm_cores.usable()
+    expected = sorted((str(r), vllm_cores.core_ranges(engine_cores(rank_cores(cores, 2, r), 1))) for r in range(2))
     done = subprocess.run([*args, "trainer.total_steps=2"], capture_output=True, text=True, env=env, timeout=900)
     assert done.returncode == 0, done.stderr[-6000:]
     assert sorted(READY.findall(done.stdout)) == expected
