@@ -49,9 +49,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 import torch
-import torch.multiprocessing as mp
 
-from rlzoo.api import ConfigError, Generation, hookimpl, TrainingError
+from rlzoo.api import ConfigError, Generation, hookimpl, TrainingError, no_grad
 from rlzoo_plugins.vllm_engine import EngineSpec, engine_main
 
 RLZOO_API_VERSION = "2"
@@ -211,7 +210,7 @@ BASE_LAYER = ".base_layer"
 PEFT_PREFIX = "base_model.model."
 
 
-@torch.no_grad()
+@no_grad
 def merged_weights(policy: torch.nn.Module, named_weights: Callable[[], Iterable[tuple[str, torch.Tensor]]]
                    ) -> Iterator[tuple[str, torch.Tensor]]:
     """The policy's weights under the plain model's names, as a model directory holds
@@ -362,7 +361,7 @@ class VLLMRollout:
         elif device.index is not None:
             visible = os.environ.get("CUDA_VISIBLE_DEVICES")
             env["CUDA_VISIBLE_DEVICES"] = visible.split(",")[device.index] if visible else str(device.index)
-        context = mp.get_context("spawn")
+        context = torch.multiprocessing.get_context("spawn")
         self.conn, child = context.Pipe()
         self.process = context.Process(target=engine_main, args=(spec, self.weights, child), daemon=True,
                                        name="rlzoo-vllm-engine")
@@ -414,7 +413,7 @@ class VLLMRollout:
             "seed": seed, "eos_id": self.tokenizer.eos_token_id})
         return to_generation(groups, int(self.tokenizer.pad_token_id), greedy)
 
-    @torch.no_grad()
+    @no_grad
     def sync_weights(self, named_weights: Callable[[], Iterable[tuple[str, torch.Tensor]]]) -> None:
         """Copy the policy's weights (LoRA merged) into the shared buffers and have the
         engine reload them."""
