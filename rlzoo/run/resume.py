@@ -25,6 +25,7 @@ from rlzoo.core.errors import ConfigError
 from rlzoo.contract.registry import Registry
 from rlzoo.config.resolved import ResolvedConfig
 from rlzoo.plan.planner import load_config
+from rlzoo.run.layout import CONFIG_FILE, PLAN_FILE
 from rlzoo.config.keys import added_keys, resumable_keys
 
 RESUMABLE_KEYS: tuple[str, ...] = resumable_keys()
@@ -79,8 +80,6 @@ def saved_config(resume: str) -> dict[str, Any]:
 
     :raises ConfigError: ``resume`` is not a run directory, or holds no checkpoint.
     """
-    from rlzoo.run.rundir import CONFIG_FILE, PLAN_FILE  # here: rundir loads torch, which rlzoo config need not
-
     run_dir = Path(resume)
     if not (run_dir / CONFIG_FILE).is_file():
         raise ConfigError(f"resume={resume!r} is not a run directory (no {CONFIG_FILE})")
@@ -175,8 +174,6 @@ def load_run_config(registry: Registry, overrides: list[str] | None = None,
     resume = requested(overrides, config_file)
     if not resume:
         return load_config(registry, overrides, config_file)
-    from rlzoo.run.rundir import CONFIG_FILE
-
     saved = with_added_keys(saved_config(resume))
     base = {**copy.deepcopy(saved), "resume": resume}
     resolved = load_config(registry, overrides, config_file, base=base,
