@@ -18,7 +18,6 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-import numpy as np
 import torch
 
 from rlzoo.api import hookimpl
@@ -282,7 +281,8 @@ class AdaptiveKLController:
     """Proportional controller of Ziegler et al. 2019 (arXiv:1909.08593, §2.2).
 
     e = clip(current_kl / target − 1, −0.2, 0.2);  β ← β·(1 + e·n_steps / horizon).
-    Exactly verl core_algos.AdaptiveKLController (``np.clip``, same update).
+    Exactly verl core_algos.AdaptiveKLController (its ``np.clip`` of a finite float is the
+    ``min``/``max`` here, without importing numpy for ``rlzoo list``; same update).
 
     :param init_coef: initial β (``kl.coef``).
     :param params: :class:`AdaptiveKLParams`.
@@ -301,7 +301,7 @@ class AdaptiveKLController:
         """
         if not math.isfinite(float(current_kl)):
             raise ValueError(f"adaptive KL controller got a non-finite current_kl ({current_kl})")
-        proportional_error = float(np.clip(float(current_kl) / self.target - 1.0, -0.2, 0.2))
+        proportional_error = min(max(float(current_kl) / self.target - 1.0, -0.2), 0.2)
         self.value *= 1.0 + proportional_error * n_steps / self.horizon
 
     def state_dict(self) -> dict[str, float]:
