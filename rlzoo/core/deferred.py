@@ -14,7 +14,10 @@ there, as without deferral.
 Unlike :class:`importlib.util.LazyLoader`, which loads on *any* attribute read, the
 placeholder answers the module metadata the import system reads on every later
 ``import torch`` (``__spec__``, ``__name__``, ``__loader__``, ``__file__``) without loading;
-``__path__`` is not answered, so importing a submodule loads the package first, as it must.
+``__path__`` is not answered, so importing a submodule loads the package first, as it must
+(and a submodule the package's own import brought in is then taken as found, not run twice).
+Meant for a single-threaded start-up (the CLI's): a second thread reading the module while
+the first one's read is loading it would find it half-initialised.
 """
 
 from __future__ import annotations
