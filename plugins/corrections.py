@@ -29,10 +29,9 @@ from typing import Optional
 import torch
 
 from rlzoo.api import LOG_RATIO_CLAMP, hookimpl, masked_mean, masked_sum
+from rlzoo_plugins.loss_parts import Metrics
 
 RLZOO_API_VERSION = "2"
-
-Metrics = dict[str, torch.Tensor]
 
 
 def _log_ratio(old_logp: torch.Tensor, rollout_logp: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:

@@ -12,7 +12,7 @@ from typing import Optional
 
 import torch
 
-from rlzoo.api import hookimpl
+from rlzoo.api import hookimpl, no_grad
 from rlzoo_plugins.advantage_parts import check_positive, scores64
 
 from rlzoo_plugins.kl import kl_abs, kl_k1, kl_k2, kl_k3
@@ -49,7 +49,7 @@ class OPDParams:
             raise ValueError(f"estimator must be one of {', '.join(OPD_ESTIMATORS)}, got {self.estimator!r}")
 
 
-@torch.no_grad()
+@no_grad
 def opd(teacher_logp: torch.Tensor, old_logp: torch.Tensor, token_rewards: torch.Tensor,
         response_mask: torch.Tensor, params: Optional[OPDParams] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """On-policy distillation (Agarwal et al. 2024, arXiv:2306.13649; Thinking Machines,

@@ -13,7 +13,7 @@ from typing import Optional
 
 import torch
 
-from rlzoo.api import TrainingError, batch_sum, hookimpl, masked_mean, masked_var, masked_whiten
+from rlzoo.api import TrainingError, batch_sum, hookimpl, masked_mean, masked_var, masked_whiten, no_grad
 from rlzoo_plugins.advantage_parts import Groups, broadcast, check_positive, returns_to_go, scores64
 
 RLZOO_API_VERSION = "2"
@@ -58,7 +58,7 @@ class GRPOPassKParams:
         check_positive("epsilon", self.epsilon)
 
 
-@torch.no_grad()
+@no_grad
 def grpo(token_rewards: torch.Tensor, response_mask: torch.Tensor, group_ids: torch.Tensor,
          params: Optional[GRPOParams] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """GRPO outcome advantages (Shao et al. 2024, arXiv:2402.03300, §4.1.2).
@@ -88,7 +88,7 @@ def grpo(token_rewards: torch.Tensor, response_mask: torch.Tensor, group_ids: to
     return advantages, advantages
 
 
-@torch.no_grad()
+@no_grad
 def dr_grpo(token_rewards: torch.Tensor, response_mask: torch.Tensor, group_ids: torch.Tensor
             ) -> tuple[torch.Tensor, torch.Tensor]:
     """Dr. GRPO advantages (Liu et al. 2025, arXiv:2503.20783): A_i = s_i − mean_g(s).
@@ -103,7 +103,7 @@ def dr_grpo(token_rewards: torch.Tensor, response_mask: torch.Tensor, group_ids:
     return advantages, advantages
 
 
-@torch.no_grad()
+@no_grad
 def rloo(token_rewards: torch.Tensor, response_mask: torch.Tensor, group_ids: torch.Tensor
          ) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE leave-one-out (Ahmadian et al. 2024, arXiv:2402.14740).
@@ -121,7 +121,7 @@ def rloo(token_rewards: torch.Tensor, response_mask: torch.Tensor, group_ids: to
     return advantages, advantages
 
 
-@torch.no_grad()
+@no_grad
 def reinforce_pp_baseline(token_rewards: torch.Tensor, response_mask: torch.Tensor,
                           group_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++ with a group baseline (Hu 2025, arXiv:2501.03262).
@@ -137,7 +137,7 @@ def reinforce_pp_baseline(token_rewards: torch.Tensor, response_mask: torch.Tens
     return advantages, advantages
 
 
-@torch.no_grad()
+@no_grad
 def opo(token_rewards: torch.Tensor, response_mask: torch.Tensor, group_ids: torch.Tensor
         ) -> tuple[torch.Tensor, torch.Tensor]:
     """On-policy RL with the optimal (length-weighted) baseline (Hao et al. 2025,
@@ -161,7 +161,7 @@ def opo(token_rewards: torch.Tensor, response_mask: torch.Tensor, group_ids: tor
     return advantages, advantages
 
 
-@torch.no_grad()
+@no_grad
 def grpo_passk(token_rewards: torch.Tensor, response_mask: torch.Tensor, group_ids: torch.Tensor,
                params: Optional[GRPOPassKParams] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Pass@k-style GRPO (arXiv:2503.19595): only the best response of each group learns.
@@ -191,7 +191,7 @@ def grpo_passk(token_rewards: torch.Tensor, response_mask: torch.Tensor, group_i
     return advantages, advantages
 
 
-@torch.no_grad()
+@no_grad
 def gpg(token_rewards: torch.Tensor, response_mask: torch.Tensor, group_ids: torch.Tensor
         ) -> tuple[torch.Tensor, torch.Tensor]:
     """Group Policy Gradient advantages (Chu et al. 2025, arXiv:2504.02546).
@@ -225,7 +225,7 @@ class MaxRLParams:
         check_positive("epsilon", self.epsilon)
 
 
-@torch.no_grad()
+@no_grad
 def maxrl(token_rewards: torch.Tensor, response_mask: torch.Tensor, group_ids: torch.Tensor,
           params: Optional[MaxRLParams] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """MaxRL (arXiv:2602.02710): A_i = (s_i − mean_g(s)) / (mean_g(s) + ε), broadcast over
@@ -269,7 +269,7 @@ class GDPOParams:
         check_positive("epsilon", self.epsilon)
 
 
-@torch.no_grad()
+@no_grad
 def gdpo(reward_scores: Optional[torch.Tensor], reward_weights: torch.Tensor, response_mask: torch.Tensor,
          group_ids: torch.Tensor, params: Optional[GDPOParams] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """GDPO (Liu et al. 2026, arXiv:2601.05242): each reward function normalised within its
@@ -339,7 +339,7 @@ def _compact(x: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
     return out.scatter(1, index, torch.where(valid, x, torch.zeros_like(x)))[:, :-1]
 
 
-@torch.no_grad()
+@no_grad
 def optimal_token_baseline(token_rewards: torch.Tensor, response_mask: torch.Tensor, group_ids: torch.Tensor,
                            old_logp: torch.Tensor, sum_pi_squared: torch.Tensor,
                            params: Optional[OTBParams] = None) -> tuple[torch.Tensor, torch.Tensor]:

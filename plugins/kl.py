@@ -18,10 +18,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-import numpy as np
 import torch
-import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
 
 from rlzoo.api import hookimpl
 RLZOO_API_VERSION = "2"
@@ -122,8 +119,8 @@ def _full_kl_rows(logits: torch.Tensor, ref_logits: torch.Tensor) -> torch.Tenso
     Where π(v) = 0 (a −inf logit) the term is 0 rather than 0·(−inf).
     """
     dtype = torch.promote_types(logits.dtype, torch.float32)
-    log_pi = F.log_softmax(logits.to(dtype), dim=-1)
-    log_ref = F.log_softmax(ref_logits.to(dtype), dim=-1)
+    log_pi = torch.log_softmax(logits.to(dtype), dim=-1)
+    log_ref = torch.log_softmax(ref_logits.to(dtype), dim=-1)
     pi = log_pi.exp()
     diff = torch.where(pi > 0, log_pi - log_ref, torch.zeros_like(log_pi))
     return (pi * diff).sum(-1)
@@ -177,8 +174,8 @@ def _forward_topk_rows(logits: torch.Tensor, ref_logits: torch.Tensor, topk: int
     π_ref(v) = 0 (K above the reference's support) counts 0.
     """
     dtype = torch.promote_types(logits.dtype, torch.float32)
-    log_pi = F.log_softmax(logits.to(dtype), dim=-1)
-    log_ref = F.log_softmax(ref_logits.to(dtype), dim=-1)
+    log_pi = torch.log_softmax(logits.to(dtype), dim=-1)
+    log_ref = torch.log_softmax(ref_logits.to(dtype), dim=-1)
     top_ref, ids = log_ref.topk(min(topk, log_ref.shape[-1]), dim=-1)
     p_ref = top_ref.exp()
     diff = torch.where(p_ref > 0, top_ref - log_pi.gather(-1, ids), torch.zeros_like(top_ref))
@@ -230,7 +227,7 @@ def _chunked_rows(fn: Callable[..., torch.Tensor], logits: torch.Tensor, ref_log
     for start in range(0, flat.shape[0], chunk_size):
         chunk, chunk_ref = flat[start:start + chunk_size], flat_ref[start:start + chunk_size]
         if use_checkpoint:
-            rows.append(checkpoint(fn, chunk, chunk_ref, *args, use_reentrant=False))
+            rows.append(torch.utils.checkpoint.checkpoint(fn, chunk, chunk_ref, *args, use_reentrant=False))
         else:
             rows.append(fn(chunk, chunk_ref, *args))
     dtype = torch.promote_types(logits.dtype, torch.float32)
@@ -284,7 +281,8 @@ class AdaptiveKLController:
     """Proportional controller of Ziegler et al. 2019 (arXiv:1909.08593, §2.2).
 
     e = clip(current_kl / target − 1, −0.2, 0.2);  β ← β·(1 + e·n_steps / horizon).
-    Exactly verl core_algos.AdaptiveKLController (``np.clip``, same update).
+    Exactly verl core_algos.AdaptiveKLController (its ``np.clip`` of a finite float is the
+    ``min``/``max`` here, without importing numpy for ``rlzoo list``; same update).
 
     :param init_coef: initial β (``kl.coef``).
     :param params: :class:`AdaptiveKLParams`.
@@ -303,7 +301,7 @@ class AdaptiveKLController:
         """
         if not math.isfinite(float(current_kl)):
             raise ValueError(f"adaptive KL controller got a non-finite current_kl ({current_kl})")
-        proportional_error = float(np.clip(float(current_kl) / self.target - 1.0, -0.2, 0.2))
+        proportional_error = min(max(float(current_kl) / self.target - 1.0, -0.2), 0.2)
         self.value *= 1.0 + proportional_error * n_steps / self.horizon
 
     def state_dict(self) -> dict[str, float]:

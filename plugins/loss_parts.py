@@ -31,7 +31,7 @@ import torch
 
 from rlzoo.api import clamped_exp, masked_mean
 
-Metrics = dict[str, torch.Tensor]
+Metrics = dict[str, "torch.Tensor"]  # a string: importing the plugin must not load torch (rlzoo list)
 
 importance_ratio = clamped_exp
 """ρ = exp(clamp(log_ratio, −20, 20)): the one importance-ratio helper of the losses."""

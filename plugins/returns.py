@@ -12,7 +12,7 @@ from typing import Optional
 
 import torch
 
-from rlzoo.api import hookimpl, masked_whiten
+from rlzoo.api import hookimpl, masked_whiten, no_grad
 from rlzoo_plugins.advantage_parts import broadcast, check_unit_interval, returns_to_go
 
 RLZOO_API_VERSION = "2"
@@ -49,7 +49,7 @@ class ReinforcePPParams:
         check_unit_interval("gamma", self.gamma)
 
 
-@torch.no_grad()
+@no_grad
 def gae(token_rewards: torch.Tensor, response_mask: torch.Tensor, values: Optional[torch.Tensor],
         params: Optional[GAEParams] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalised advantage estimation (Schulman et al. 2015, arXiv:1506.02438; PPO).
@@ -87,7 +87,7 @@ def gae(token_rewards: torch.Tensor, response_mask: torch.Tensor, values: Option
     return advantages, returns
 
 
-@torch.no_grad()
+@no_grad
 def reinforce_pp(token_rewards: torch.Tensor, response_mask: torch.Tensor,
                  params: Optional[ReinforcePPParams] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++ (Hu 2025, arXiv:2501.03262): whitened returns-to-go.
@@ -101,7 +101,7 @@ def reinforce_pp(token_rewards: torch.Tensor, response_mask: torch.Tensor,
     return masked_whiten(returns, response_mask), returns
 
 
-@torch.no_grad()
+@no_grad
 def remax(token_rewards: torch.Tensor, response_mask: torch.Tensor,
           baseline_scores: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """ReMax (Li et al. 2023, arXiv:2310.10505): A_t = G_t − b_i.

@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterable
 import torch
 
 from rlzoo import api
-from rlzoo.api import DTYPES, Generation, hookimpl, left_pad
+from rlzoo.api import DTYPES, Generation, hookimpl, left_pad, no_grad
 
 RLZOO_API_VERSION = "2"
 
@@ -65,7 +65,7 @@ class HFRollout:
         return Generation(response_ids=out.response_ids.clone(), response_mask=out.response_mask.clone(),
                           truncated=out.truncated.clone(), logp=out.logp.clone())
 
-    @torch.no_grad()
+    @no_grad
     def sync_weights(self, named_weights: Callable[[], Iterable[tuple[str, torch.Tensor]]]) -> None:
         """Copy the policy's weights into the generation copy (a no-op without one)."""
         if self.copy:

@@ -43,6 +43,7 @@ import contextlib
 import functools
 import importlib.util
 import json
+import multiprocessing
 import os
 import shutil
 import subprocess
@@ -55,9 +56,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
 
 import torch
-import torch.multiprocessing as mp
 
-from rlzoo.api import ConfigError, Generation, hookimpl, TrainingError
+from rlzoo.api import ConfigError, Generation, hookimpl, TrainingError, no_grad
 from rlzoo_plugins.vllm_cores import (CORES_ENV, core_ranges, core_split, describe_cores, give_back,
                                        local_rank, pin, usable)
 from rlzoo_plugins.vllm_engine import EngineSpec, engine_main
@@ -191,7 +191,7 @@ BASE_LAYER = ".base_layer"
 PEFT_PREFIX = "base_model.model."
 
 
-@torch.no_grad()
+@no_grad
 def merged_weights(policy: torch.nn.Module, named_weights: Callable[[], Iterable[tuple[str, torch.Tensor]]]
                    ) -> Iterator[tuple[str, torch.Tensor]]:
     """The policy's weights under the plain model's names, as a model directory holds
@@ -257,7 +257,7 @@ def _children_allowed() -> Iterator[None]:
     """Let this process start a child even if it is a daemonic one (``rollout.mode=async``'s
     generator process is): multiprocessing refuses that so no child outlives a terminated
     daemon, and the engine cannot: it dies with its parent (``PR_SET_PDEATHSIG``)."""
-    config = mp.current_process()._config
+    config = multiprocessing.current_process()._config
     daemon = config.get("daemon")
     config["daemon"] = False
     try:
@@ -383,7 +383,7 @@ class VLLMRollout:
         elif device.index is not None:
             visible = os.environ.get("CUDA_VISIBLE_DEVICES")
             env["CUDA_VISIBLE_DEVICES"] = visible.split(",")[device.index] if visible else str(device.index)
-        context = mp.get_context("spawn")
+        context = torch.multiprocessing.get_context("spawn")
         self.conn, child = context.Pipe()
         self.process = context.Process(target=engine_main, args=(spec, self.weights, child), daemon=True,
                                        name="rlzoo-vllm-engine")
@@ -440,7 +440,7 @@ class VLLMRollout:
             "seed": seed, "eos_id": self.tokenizer.eos_token_id})
         return to_generation(groups, int(self.tokenizer.pad_token_id), greedy)
 
-    @torch.no_grad()
+    @no_grad
     def sync_weights(self, named_weights: Callable[[], Iterable[tuple[str, torch.Tensor]]]) -> None:
         """Copy the policy's weights (LoRA merged) into the shared buffers and have the
         engine reload them; nothing while the engine has not started (it starts from the

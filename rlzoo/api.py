@@ -40,6 +40,8 @@ SURFACE: dict[str, tuple[str, ...]] = {
     "rlzoo.core.tokens": ("left_pad", "position_ids_from_mask"),
     "rlzoo.core.distributed": ("batch_sum", "batch_statistics"),
     "rlzoo.core.dtypes": ("DTYPES",),
+    # torch's no-grad decorator, without importing torch when the plugin is (rlzoo list stays fast)
+    "rlzoo.core.deferred": ("no_grad",),
     # child processes a plugin spawns (the vllm rollout engine): stop signals, dying with the parent
     "rlzoo.core.stopping": ("STOP_SIGNALS", "die_with_parent"),
     # tasks

@@ -14,11 +14,15 @@ import textwrap
 from collections.abc import Sequence
 
 from rlzoo.contract.hookspecs import KIND_TITLES, REGISTRATION_HOOKS
+from rlzoo.core.deferred import defer_imports
 from rlzoo.core.errors import ConfigError, DuplicateComponentError, RlzooError, say
 from rlzoo.core.processes import share_cores_politely
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
+QUICK_COMMANDS = frozenset({"list", "config", "explain", "diff"})
+"""The commands that read the plugins and the config but run no torch code: they defer torch's
+import (:func:`rlzoo.core.deferred.defer_imports`), which loads only if something uses it."""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -168,6 +172,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return EXIT_USAGE
+    if args.command in QUICK_COMMANDS:
+        defer_imports()
     try:
         return _COMMANDS[args.command](args)
     except RlzooError as exc:

@@ -32,7 +32,6 @@ from datetime import timedelta
 from typing import Any, Iterator, NoReturn
 
 import torch
-import torch.distributed as dist
 
 from rlzoo.core.errors import ConfigError, RlzooError, TrainingError
 
@@ -91,9 +90,9 @@ def init(backend: str, device_type: str, timeout_s: float) -> DistInfo:
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if device_type == "cuda":
         torch.cuda.set_device(local_rank)
-    if not dist.is_initialized():
-        dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
-    return DistInfo(rank=dist.get_rank(), world=dist.get_world_size(), local_rank=local_rank)
+    if not torch.distributed.is_initialized():
+        torch.distributed.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
+    return DistInfo(rank=torch.distributed.get_rank(), world=torch.distributed.get_world_size(), local_rank=local_rank)
 
 
 def check_collective_failure(exc: RuntimeError) -> None:
@@ -106,7 +105,7 @@ def check_collective_failure(exc: RuntimeError) -> None:
         frames.append(tb.tb_frame.f_code.co_filename.replace(os.sep, "/"))
         tb = tb.tb_next
     text = str(exc)
-    if not launched_by_torchrun() or not (isinstance(exc, dist.DistError)
+    if not launched_by_torchrun() or not (isinstance(exc, torch.distributed.DistError)
                                           or any("torch/distributed/" in name for name in frames)
                                           or "third_party/gloo/" in text or "ProcessGroupNCCL" in text):
         return  # (the last two: a collective inside DDP's backward, raised from C++ code)
@@ -117,9 +116,9 @@ def check_collective_failure(exc: RuntimeError) -> None:
 
 def shutdown() -> None:
     """Leave the process group (if one was joined), once every rank is done with it."""
-    if dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
+    if torch.distributed.is_initialized():
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
 
 
 # ----------------------------------------------------------------------------- statistics
@@ -135,8 +134,8 @@ def batch_statistics(enabled: bool = True) -> Iterator[None]:
     whitening and batch-level scaling see the global batch. Values only: no gradient
     flows through the reduction.
     """
-    _BATCH_SCOPE.append(bool(enabled) and dist.is_available() and dist.is_initialized()
-                        and dist.get_world_size() > 1)
+    _BATCH_SCOPE.append(bool(enabled) and torch.distributed.is_available() and torch.distributed.is_initialized()
+                        and torch.distributed.get_world_size() > 1)
     try:
         yield
     finally:
@@ -153,7 +152,7 @@ def batch_sum(value: torch.Tensor) -> torch.Tensor:
     if not (_BATCH_SCOPE and _BATCH_SCOPE[-1]):
         return value
     reduced = value.detach().clone()
-    dist.all_reduce(reduced, op=dist.ReduceOp.SUM)
+    torch.distributed.all_reduce(reduced, op=torch.distributed.ReduceOp.SUM)
     return reduced
 
 
@@ -166,7 +165,8 @@ def all_reduce_floats(values: dict[str, float], info: DistInfo, op: str = "sum")
         return dict(values)
     keys = sorted(values)
     tensor = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64)
-    dist.all_reduce(tensor, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
+    reduce_op = torch.distributed.ReduceOp
+    torch.distributed.all_reduce(tensor, op=reduce_op.MAX if op == "max" else reduce_op.SUM)
     if op == "mean":
         tensor /= info.world
     return dict(zip(keys, tensor.tolist()))
@@ -184,7 +184,7 @@ def gather_objects(obj: Any, info: DistInfo) -> list[Any]:
     if not info.enabled:
         return [obj]
     out: list[Any] = [None] * info.world
-    dist.all_gather_object(out, obj)
+    torch.distributed.all_gather_object(out, obj)
     return out
 
 
@@ -193,14 +193,14 @@ def broadcast_object(obj: Any, info: DistInfo) -> Any:
     if not info.enabled:
         return obj
     box = [obj]
-    dist.broadcast_object_list(box, src=0)
+    torch.distributed.broadcast_object_list(box, src=0)
     return box[0]
 
 
 def barrier(info: DistInfo) -> None:
     """Wait for every rank (no-op in a single process)."""
     if info.enabled:
-        dist.barrier()
+        torch.distributed.barrier()
 
 
 # ----------------------------------------------------------------------------- failures
@@ -284,7 +284,7 @@ def fully_shard_model(module: torch.nn.Module, device: torch.device,
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    mesh = init_device_mesh(device.type, (torch.distributed.get_world_size(),))
     for sub in list(module.modules()):
         if sub is not module and type(sub).__name__.endswith("DecoderLayer"):
             fully_shard(sub, mesh=mesh)

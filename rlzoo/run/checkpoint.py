@@ -43,6 +43,7 @@ from typing import Any
 import torch
 from safetensors import SafetensorError
 
+from rlzoo.core.deferred import no_grad
 from rlzoo.core.errors import ConfigError, TrainingError
 
 CHECKPOINT_DIR = "checkpoints"
@@ -239,7 +240,7 @@ def first_non_finite(models: dict[str, Any], state: dict[str, Any] | None = None
     return None
 
 
-@torch.no_grad()
+@no_grad
 def _all_finite(tensor: torch.Tensor) -> bool:
     """Whether every element is finite. A finite sum proves it with one reduction and no
     copy; only a non-finite sum (or one that overflowed) is checked element by element."""
@@ -311,7 +312,9 @@ def check_optimizer_fits(optimizer: torch.optim.Optimizer | None, where: str | P
                                       f"{tuple(param.shape)}; was it written by another run?")
 
 
-PLAIN_TYPES = (str, int, float, bool, type(None), torch.Tensor)
+PLAIN_SCALARS = (str, int, float, bool, type(None))
+"""With tensors, the leaves checkpoint state may hold (a tuple without torch's type: importing this
+module must not load a deferred torch, :mod:`rlzoo.core.deferred`)."""
 
 
 def check_plain(value: Any, path: str) -> None:
@@ -326,7 +329,7 @@ def check_plain(value: Any, path: str) -> None:
     elif isinstance(value, (list, tuple)):
         for index, item in enumerate(value):
             check_plain(item, f"{path}[{index}]")
-    elif not isinstance(value, PLAIN_TYPES):
+    elif not isinstance(value, (*PLAIN_SCALARS, torch.Tensor)):
         raise TypeError(f"{path} is a {type(value).__module__}.{type(value).__name__}; checkpoint state holds "
                         "only tensors, str, int, float, bool, None and dicts / lists / tuples of them")
 

@@ -25,7 +25,7 @@ from rlzoo.core.errors import ConfigError
 from rlzoo.contract.registry import Registry
 from rlzoo.config.resolved import ResolvedConfig
 from rlzoo.plan.planner import load_config
-from rlzoo.run.rundir import CONFIG_FILE, PLAN_FILE
+from rlzoo.run.layout import CONFIG_FILE, PLAN_FILE
 from rlzoo.config.keys import added_keys, resumable_keys
 
 RESUMABLE_KEYS: tuple[str, ...] = resumable_keys()

@@ -53,22 +53,14 @@ from rlzoo.core.errors import ConfigError, RlzooError, TrainingError, say
 from rlzoo.run.run_lock import LOCK_FILE, RunLock, in_use_error, lock_holder
 from rlzoo.core.events import read_scalars
 from rlzoo.models.lora import ADAPTER_CONFIG
+from rlzoo.run.layout import (CONFIG_FILE, INIT_MODEL_DIR, PLAN_FILE, RESUMES_FILE, RM_MODEL_DIR, STATUS_FILE,
+                              SWEEP_FILE)
 from rlzoo.run.recording import ROLLOUT_DIR, record
 
-INIT_MODEL_DIR = "init_model"
-STATUS_FILE = "status.json"
-CONFIG_FILE = "config.yaml"
-PLAN_FILE = "plan.txt"
-RESUMES_FILE = "resumes.jsonl"
-RM_MODEL_DIR = "reward_model"
-"""Where ``rlzoo rm`` writes the trained reward model (what ``reward=reward_model`` loads)."""
 RUN_FILES = (CONFIG_FILE, PLAN_FILE, RESUMES_FILE, STATUS_FILE, f".{STATUS_FILE}.tmp", INIT_MODEL_DIR,
              CHECKPOINT_DIR, ROLLOUT_DIR, RM_MODEL_DIR, "events.out.tfevents.*")
 """What a run writes into its directory (glob patterns): what ``--overwrite`` deletes.
 Anything else there (``rlzoo sweep``'s ``train.log``, your notes) is left alone."""
-
-SWEEP_FILE = "sweep.txt"
-"""Written into a sweep directory (the sweep's overrides): marks it as one."""
 
 
 def in_sweep(run_dir: Path) -> bool:
