@@ -7,8 +7,10 @@ pytest's own process has imported torch.
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -117,6 +119,15 @@ def workspace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (root / "eager_plugin_mod.py").write_text(EAGER_PLUGIN)
     (root / "light.yaml").write_text("plugins: [light_plugin_mod]\npolicy_loss: {name: scaled_pg, scale: 2.0}\n")
     (root / "eager.yaml").write_text("plugins: [eager_plugin_mod]\nadvantage: softmax_baseline\n")
+    try:
+        importlib.metadata.distribution("rlzoo-example")
+    except importlib.metadata.PackageNotFoundError:  # README's test command installs only rlzoo: install it here
+        example = Path(__file__).resolve().parents[1] / "plugins" / "rlzoo-example"
+        shutil.copytree(example / "rlzoo_example", root / "rlzoo_example")
+        info = root / "rlzoo_example-0.2.0.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text("Metadata-Version: 2.1\nName: rlzoo-example\nVersion: 0.2.0\n")
+        (info / "entry_points.txt").write_text("[rlzoo]\nexample = rlzoo_example\n")
     return root
 
 
