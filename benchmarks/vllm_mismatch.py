@@ -52,7 +52,7 @@ def run(setup: list[str], model_dir: Path, steps: int, threads: int) -> list[dic
     from transformers.utils import logging as hf_logging
 
     from rlzoo.contract.loading import build_registry, make_plugin_manager
-    from rlzoo.plan.planner import load_config
+    from rlzoo.plan.run_input import load_run
     from rlzoo.run.trainer import Trainer
     from rlzoo_plugins import corrections
 
@@ -62,7 +62,7 @@ def run(setup: list[str], model_dir: Path, steps: int, threads: int) -> list[dic
                  "rollout.n=8", "rollout.max_new_tokens=24", "trainer.lr=1e-5", "rollout_correction=tis",
                  f"trainer.total_steps={steps}", "eval.size=0", "logging.progress=false", f"trainer.threads={threads}",
                  f"run_dir={Path(model_dir).parent / 'mismatch-run'}", *setup]
-    trainer = Trainer(load_config(build_registry(pm), overrides), pm, overwrite=True)
+    trainer = Trainer(load_run(build_registry(pm), overrides), pm, overwrite=True)
     seen: list = []
     prepare = trainer.learner.prepare
 
