@@ -43,7 +43,8 @@ its shapes and the bytes it must stream (every weight and the KV cache per decod
 AdamW's state) at the memory bandwidth, both measured in the same run before and after the
 systems; from each system's own token counts (mean completion length, decode steps).
 rlzoo's workers also report where their step went (rollout, old and reference passes,
-update), printed beside the roofline of each phase.
+update), printed beside the roofline of each phase; TRL's time its generation (``_generate``)
+as their rollout, which gives their rollout and update token rates.
 """
 
 from __future__ import annotations
