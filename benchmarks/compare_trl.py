@@ -43,7 +43,8 @@ its shapes and the bytes it must stream (every weight and the KV cache per decod
 AdamW's state) at the memory bandwidth, both measured in the same run before and after the
 systems; from each system's own token counts (mean completion length, decode steps).
 rlzoo's workers also report where their step went (rollout, old and reference passes,
-update), printed beside the roofline of each phase.
+update), printed beside the roofline of each phase; TRL's time its generation (``_generate``)
+as their rollout, which gives their rollout and update token rates.
 """
 
 from __future__ import annotations
@@ -76,6 +77,9 @@ SETTINGS = {
     # micro-batches of 8 sequences bound the activations of 30 layers kept for backward
     "smollm2": dict(model="smollm2", prompts=4, n=8, new_tokens=24, kls=[0.04], micro_batch=8, lr=1e-5,
                     systems=["rlzoo", "rlzoo-bf16", "trl", "trl-bf16"]),
+    # SmolLM2-135M's shape built from config (random weights, 49,152 dummy words): benchmarks/gpu_bench.py's
+    "smollm2-shape": dict(arch="llama", hidden=576, layers=30, heads=9, kv_heads=3, intermediate=1536,
+                          vocab=49_152, prompts=8, n=8, new_tokens=128, kls=[0.04], micro_batch=64, lr=1e-5),
 }
 LR = 1e-3
 """The learning rate of a setting without its own ``lr``."""
@@ -88,10 +92,12 @@ MARK = "@@rlzoo-bench@@"  # prefixes worker replies (libraries print to stdout t
 
 # ----------------------------------------------------------------------------- setup
 
-def build_assets(setting: str, root: Path, cache: Path | None = None) -> tuple[Path, Path]:
+def build_assets(setting: str, root: Path, cache: Path | None = None, spec: dict | None = None) -> tuple[Path, Path]:
     """Save the model + tokenizer and a JSONL of prompts; returns (model_dir, prompts).
-    The smollm2 setting's assets are made once in ``cache`` (default ``root``) and reused."""
-    if SETTINGS[setting].get("model") == "smollm2":
+    The smollm2 setting's assets are made once in ``cache`` (default ``root``) and reused.
+    ``spec``: the setting's entry of :data:`SETTINGS` with changes (default: that entry)."""
+    spec = spec or SETTINGS[setting]
+    if spec.get("model") == "smollm2":
         return smollm2_assets(cache or root)
     import torch
     from omegaconf import OmegaConf
@@ -100,7 +106,6 @@ def build_assets(setting: str, root: Path, cache: Path | None = None) -> tuple[P
 
     from rlzoo.models.build import build_char_tokenizer, build_tiny_model
 
-    spec = SETTINGS[setting]
     torch.manual_seed(0)
     rng = random.Random(0)
     if spec["vocab"] is None:
@@ -115,7 +120,8 @@ def build_assets(setting: str, root: Path, cache: Path | None = None) -> tuple[P
         tokenizer = PreTrainedTokenizerFast(tokenizer_object=core, pad_token="<pad>", bos_token="<s>",
                                             eos_token="</s>", unk_token="<unk>", padding_side="left")
         prompts = [" ".join(rng.choice(words) for _ in range(16)) for _ in range(512)]
-    cfg = OmegaConf.create(dict(arch="qwen2", hidden_size=spec["hidden"], intermediate_size=4 * spec["hidden"],
+    cfg = OmegaConf.create(dict(arch=spec.get("arch", "qwen2"), hidden_size=spec["hidden"],
+                                intermediate_size=spec.get("intermediate", 4 * spec["hidden"]),
                                 num_layers=spec["layers"], num_heads=spec["heads"],
                                 num_kv_heads=spec["kv_heads"]))
     model = build_tiny_model(cfg, tokenizer, max_positions=256)
@@ -123,7 +129,7 @@ def build_assets(setting: str, root: Path, cache: Path | None = None) -> tuple[P
     model.save_pretrained(model_dir)
     tokenizer.save_pretrained(model_dir)
     data = root / f"prompts-{setting}.jsonl"
-    answer = answer_of(setting)  # a token of the vocabulary: rlzoo refuses answers its tokenizer cannot write
+    answer = answer_of(spec)  # a token of the vocabulary: rlzoo refuses answers its tokenizer cannot write
     data.write_text("".join(json.dumps({"prompt": p, "answer": answer}) + "\n" for p in prompts))
     return model_dir, data
 
@@ -233,14 +239,15 @@ def peak_rss_mb() -> float:
 # ----------------------------------------------------------------------------- workers
 
 def worker_rlzoo(model_dir: Path, data: Path, spec: dict, kl: float, steps: int, bf16: bool = False,
-                 vllm_threads: int = 0):
+                 vllm_threads: int = 0, device: str = "cpu"):
     """rlzoo's Trainer, one ``train_step`` per STEP. Besides its ``timing/*`` scalars a step
     reports the time of the old and reference passes and of the optimizer steps (the
     learner's methods wrapped here, nothing changed in rlzoo) and its completions' lengths;
     ``step.evaluate(size)`` times one evaluation of the smollm2 setting's held-out prompts
     (the first ``size`` of them, default all: ``eval.size``) at the default ``eval.n``.
     ``vllm_threads`` > 0: generate with ``rollout.backend=vllm`` on that many cores (its
-    engine process's peak RSS is added to the worker's, :func:`worker_main`)."""
+    engine process's peak RSS is added to the worker's, :func:`worker_main`). ``device``:
+    ``trainer.device`` (``cuda``: benchmarks/gpu_bench.py)."""
     from transformers.utils import logging as hf_logging
 
     from rlzoo.plan.run_input import load_run
@@ -259,6 +266,7 @@ def worker_rlzoo(model_dir: Path, data: Path, spec: dict, kl: float, steps: int,
         "kl.estimator=k3", "trainer.update_epochs=1", "trainer.num_mini_batches=1", f"trainer.total_steps={steps}",
         f"trainer.micro_batch_size={spec['micro_batch']}",
         "trainer.logprob_chunk_size=512", "logging.progress=false", "eval.size=0", "eval.holdout=0",
+        f"trainer.device={device}",
         *(["trainer.precision=bf16", "rollout.dtype=bfloat16"] if bf16 else []),
         *([f"rollout.backend={{name: vllm, threads: {vllm_threads}}}"] if vllm_threads else []),
         *(["model.chat_template=false"] if spec.get("model") == "smollm2" else []),  # the prompts are rendered
@@ -316,7 +324,7 @@ PROFILED = ("old_s", "reference_s", "optimize_s")
 the reference pass and the optimizer steps (``Learner.update``: forward, backward, AdamW)."""
 
 
-def worker_floor(model_dir: Path, data: Path, spec: dict, kl: float, steps: int):
+def worker_floor(model_dir: Path, data: Path, spec: dict, kl: float, steps: int, device: str = "cpu"):
     import copy
 
     import torch
@@ -324,6 +332,7 @@ def worker_floor(model_dir: Path, data: Path, spec: dict, kl: float, steps: int)
     from rlzoo.models.build import load_pretrained
 
     model, tokenizer = load_pretrained(model_dir)
+    model.to(device)
     tokenizer.padding_side = "left"  # generate continues every row from its own last prompt token
     reference = copy.deepcopy(model).eval().requires_grad_(False) if kl > 0 else None
     optimizer = torch.optim.AdamW(model.parameters(), lr=spec.get("lr", LR))
@@ -332,7 +341,7 @@ def worker_floor(model_dir: Path, data: Path, spec: dict, kl: float, steps: int)
 
     def step() -> dict:
         batch = [p for p in rng.sample(prompts, spec["prompts"]) for _ in range(spec["n"])]
-        enc = tokenizer(batch, return_tensors="pt", padding=True, add_special_tokens=False)
+        enc = tokenizer(batch, return_tensors="pt", padding=True, add_special_tokens=False).to(device)
         start = time.perf_counter()
         model.eval()
         with torch.inference_mode():
@@ -360,7 +369,10 @@ def worker_floor(model_dir: Path, data: Path, spec: dict, kl: float, steps: int)
     return step
 
 
-def worker_trl(model_dir: Path, data: Path, spec: dict, kl: float, steps: int, bf16: bool = False):
+def worker_trl(model_dir: Path, data: Path, spec: dict, kl: float, steps: int, bf16: bool = False,
+               device: str = "cpu"):
+    """TRL's GRPOTrainer, one step per STEP, on ``device``; its generation (``_generate``)
+    timed as the step's rollout."""
     import queue
     import threading
 
@@ -382,6 +394,7 @@ def worker_trl(model_dir: Path, data: Path, spec: dict, kl: float, steps: int, b
 
     go: queue.Queue = queue.Queue()
     done: queue.Queue = queue.Queue()
+    generating: list[float] = []  # seconds of the step's generation calls
 
     class StepLock(TrainerCallback):
         """Holds each step until the parent says STEP; replies after the step's log (every
@@ -389,6 +402,7 @@ def worker_trl(model_dir: Path, data: Path, spec: dict, kl: float, steps: int, b
 
         def on_step_begin(self, args, state, control, **kwargs):
             go.get()
+            generating.clear()
             self.start = time.perf_counter()
 
         def on_step_end(self, args, state, control, **kwargs):
@@ -398,7 +412,8 @@ def worker_trl(model_dir: Path, data: Path, spec: dict, kl: float, steps: int, b
             logs = logs or {}
             if "completions/mean_length" not in logs:
                 return
-            done.put({"step_s": self.step_s, "rollout_s": None, "update_s": None,
+            rollout = sum(generating)
+            done.put({"step_s": self.step_s, "rollout_s": rollout, "update_s": self.step_s - rollout,
                       "new_tokens": logs["completions/mean_length"] * spec["prompts"] * spec["n"],
                       "decode_steps": int(logs["completions/max_length"])})
 
@@ -406,12 +421,22 @@ def worker_trl(model_dir: Path, data: Path, spec: dict, kl: float, steps: int, b
         output_dir=tempfile.mkdtemp(), per_device_train_batch_size=spec["prompts"] * spec["n"],
         num_generations=spec["n"], max_completion_length=spec["new_tokens"], learning_rate=spec.get("lr", LR),
         lr_scheduler_type="constant", beta=kl, max_steps=steps, num_iterations=1, logging_steps=1,
-        save_strategy="no", report_to="none", use_cpu=True, bf16=bf16, disable_tqdm=True,
+        save_strategy="no", report_to="none", use_cpu=device == "cpu", bf16=bf16, disable_tqdm=True,
         gradient_accumulation_steps=1, temperature=1.0, dataloader_num_workers=0, seed=0,
     )
     trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=config, train_dataset=dataset,
                           processing_class=tokenizer, callbacks=[StepLock()])
     trainer.remove_callback(PrinterCallback)  # the per-step logs are read by StepLock, not printed
+    generate = trainer._generate
+
+    def timed_generate(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return generate(*args, **kwargs)
+        finally:
+            generating.append(time.perf_counter() - start)
+
+    trainer._generate = timed_generate  # the instance attribute shadows the method
     thread = threading.Thread(target=trainer.train, daemon=True)
     thread.start()
 
@@ -452,10 +477,19 @@ def worker_main(args: argparse.Namespace) -> None:
     reply = os.fdopen(os.dup(1), "w")
     os.dup2(2, 1)
     sys.stdout = sys.stderr
-    spec = SETTINGS[args.setting]
+    spec = json.loads(args.spec) if args.spec else SETTINGS[args.setting]
     extra = {"vllm_threads": args.threads} if args.worker == "rlzoo-vllm" else {}
+    if args.device != "cpu":
+        extra["device"] = args.device
     step = WORKERS[args.worker](Path(args.model_dir), Path(args.data), spec, args.kl, args.total_steps, **extra)
     extra_rss = getattr(step, "extra_rss", lambda: 0.0)
+
+    def peaks() -> dict:
+        found = {"peak_rss_mb": peak_rss_mb() + extra_rss()}
+        if args.device == "cuda":  # what torch's caching allocator held at most, all of the worker's tensors
+            found["peak_gpu_mb"] = torch.cuda.max_memory_allocated() / 2**20
+        return found
+
     print("READY", file=reply, flush=True)
     for line in sys.stdin:
         if line.strip() == "STEP":
@@ -464,7 +498,7 @@ def worker_main(args: argparse.Namespace) -> None:
             size = line.split()[1:]
             print(MARK + json.dumps(step.evaluate(int(size[0]) if size else None)), file=reply, flush=True)
         elif line.strip() in ("RSS", "EXIT"):
-            print(MARK + json.dumps({"peak_rss_mb": peak_rss_mb() + extra_rss()}), file=reply, flush=True)
+            print(MARK + json.dumps(peaks()), file=reply, flush=True)
             if line.strip() == "EXIT":
                 os._exit(0)
 
@@ -478,6 +512,7 @@ class Worker:
     def __init__(self, name: str, args: argparse.Namespace, model_dir: Path, data: Path, kl: float,
                  total: int) -> None:
         self.name = name
+        self.peak_gpu_mb: float | None = None
         python, script, worker = sys.executable, __file__, name
         if name == BASELINE:  # another rlzoo checkout, with its own venv and its own copy of this script
             root = Path(args.baseline)
@@ -486,6 +521,8 @@ class Worker:
         cmd = [python, script, "--worker", worker, "--setting", args.setting, "--kl", str(kl),
                "--model-dir", str(model_dir), "--data", str(data), "--total-steps", str(total),
                "--threads", str(args.threads)]
+        if getattr(args, "spec", None):  # benchmarks/gpu_bench.py: a setting with changes, on another device
+            cmd += ["--spec", json.dumps(args.spec), "--device", args.device]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                      stderr=None)
         self._expect("READY")
@@ -513,10 +550,13 @@ class Worker:
         return self._reply()
 
     def peak_rss(self) -> float:
-        """The worker's peak RSS so far (MB)."""
+        """The worker's peak RSS so far (MB); with ``--device cuda`` its peak GPU memory in
+        :attr:`peak_gpu_mb`."""
         self.proc.stdin.write("RSS\n")
         self.proc.stdin.flush()
-        return self._reply()["peak_rss_mb"]
+        reply = self._reply()
+        self.peak_gpu_mb = reply.get("peak_gpu_mb")
+        return reply["peak_rss_mb"]
 
     def close(self) -> float:
         self.proc.stdin.write("EXIT\n")
@@ -554,6 +594,8 @@ def measure(args: argparse.Namespace, kl: float, model_dir: Path, data: Path) ->
             entry.update(rollout_tok_s=entry["new_tokens"] / entry["rollout_s"],
                          update_tok_s=entry["new_tokens"] / entry["update_s"])
         entry["peak_rss_mb"] = worker.peak_rss()  # of the steps: TRL's workers are not evaluated
+        if worker.peak_gpu_mb is not None:
+            entry["peak_gpu_mb"] = worker.peak_gpu_mb
         if args.eval and worker.name in ("rlzoo", "rlzoo-bf16", "rlzoo-vllm"):
             entry.update(worker.evaluate(args.eval_size))
             print(f"  kl={kl} evaluation {worker.name}: {entry['eval_s']:.3f} s", file=sys.stderr, flush=True)
@@ -655,6 +697,8 @@ def main() -> None:
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
     parser.add_argument("--data", help=argparse.SUPPRESS)
     parser.add_argument("--total-steps", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--spec", help=argparse.SUPPRESS)  # the setting as JSON (benchmarks/gpu_bench.py)
+    parser.add_argument("--device", default="cpu", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         args.kl = args.kl[0] if isinstance(args.kl, list) else args.kl

@@ -326,10 +326,10 @@ def table(results: dict[tuple[str, int], dict[str, Any]], threshold: float) -> s
     return "\n".join(lines)
 
 
-def write_section(path: Path, text: str) -> None:
-    """Replace (or append) the race's section of ``path``."""
+def write_section(path: Path, text: str, section: str = SECTION) -> None:
+    """Replace (or append) the ``section`` (its heading line; default the race's) of ``path`` with ``text``."""
     old = path.read_text() if path.exists() else ""
-    pattern = re.compile(rf"{re.escape(SECTION)}\n.*?(?=\n## |\Z)", re.S)
+    pattern = re.compile(rf"{re.escape(section)}\n.*?(?=\n## |\Z)", re.S)
     new = pattern.sub(lambda _: text.rstrip("\n") + "\n", old) if pattern.search(old) else (
         old.rstrip("\n") + "\n\n" + text)
     path.write_text(new)

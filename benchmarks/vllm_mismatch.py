@@ -45,14 +45,15 @@ CORRECTIONS = {
 """What is applied to each step's batch: label -> (correction, parameters, the share it reports)."""
 
 
-def run(setup: list[str], model_dir: Path, steps: int, threads: int) -> list[dict[str, float]]:
-    """Train ``steps`` steps with ``setup``; per step the mismatch metrics and, per
-    :data:`CORRECTIONS` entry, the share of valid tokens it clips or masks."""
+def run(name: str, model_dir: Path, steps: int, threads: int) -> list[dict[str, float]]:
+    """Train ``steps`` steps with the set-up ``name`` of :data:`SETUPS` (in a run directory of its
+    own beside ``model_dir``: two invocations, each with other set-ups, can run at once); per step
+    the mismatch metrics and, per :data:`CORRECTIONS` entry, the share of valid tokens it clips or masks."""
     import torch
     from transformers.utils import logging as hf_logging
 
     from rlzoo.contract.loading import build_registry, make_plugin_manager
-    from rlzoo.plan.planner import load_config
+    from rlzoo.plan.run_input import load_run
     from rlzoo.run.trainer import Trainer
     from rlzoo_plugins import corrections
 
@@ -61,8 +62,8 @@ def run(setup: list[str], model_dir: Path, steps: int, threads: int) -> list[dic
     overrides = [f"model.path={model_dir}", SMOLLM2_TASK, "answer_format=last_number", "rollout.prompts_per_step=4",
                  "rollout.n=8", "rollout.max_new_tokens=24", "trainer.lr=1e-5", "rollout_correction=tis",
                  f"trainer.total_steps={steps}", "eval.size=0", "logging.progress=false", f"trainer.threads={threads}",
-                 f"run_dir={Path(model_dir).parent / 'mismatch-run'}", *setup]
-    trainer = Trainer(load_config(build_registry(pm), overrides), pm, overwrite=True)
+                 f"run_dir={Path(model_dir).parent / ('mismatch-' + name.replace(' ', '-'))}", *SETUPS[name]]
+    trainer = Trainer(load_run(build_registry(pm), overrides), pm, overwrite=True)
     seen: list = []
     prepare = trainer.learner.prepare
 
@@ -107,7 +108,7 @@ def main() -> None:
     results = {}
     for name in args.setups:
         print(f"{name}:", flush=True)
-        results[name] = run(SETUPS[name], model_dir, args.steps, args.threads)
+        results[name] = run(name, model_dir, args.steps, args.threads)
     columns = ["mismatch_k3", "max_abs_log_ratio", *[label for label in results[args.setups[0]][0]
                                                       if label in CORRECTIONS or label.endswith("(sequences)")]]
     print(f"\nPer step (steps 1-{args.steps}), then the mean; corrections: the share of valid tokens (sequences) "

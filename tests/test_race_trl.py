@@ -82,3 +82,24 @@ def test_race_on_a_tiny_model(tiny_model, tmp_path, capfd):
     text = out.read_text()                                          # replaced, not appended twice
     assert text.count(race.SECTION) == 1 and "new table" in text and "| trl |" not in text
     assert "## Other\n\nkept" in text
+
+
+def test_the_vllm_system_is_the_rlzoo_run_with_the_vllm_backend(tmp_path, monkeypatch, capsys):
+    """``--systems rlzoo,rlzoo-vllm``: the same rlzoo run twice, the second with generation on
+    a one-core vLLM engine, each in its own run directory, both rows in the table."""
+    race = load_race()
+    calls = []
+
+    def run_rlzoo(model_dir, seed, args, run_dir, extra=()):
+        calls.append((run_dir.name, extra))
+        final = 0.5 if extra else 0.375
+        return {"evals": {0: {"strict": 0.25, "lenient": 0.25}, 2: {"strict": final, "lenient": final}},
+                "step_s": [1.0, 2.0], "eval_s": []}
+
+    monkeypatch.setattr(race, "run_rlzoo", run_rlzoo)
+    race.main(["--model", str(tmp_path), "--systems", "rlzoo,rlzoo-vllm", "--seeds", "0", "--steps", "2",
+               "--threshold", "0.5", "--runs", str(tmp_path / "runs")])
+    assert sorted(calls) == [("rlzoo-seed0", ()), ("rlzoo-vllm-seed0", ("rollout.backend={name: vllm, threads: 1}",))]
+    printed = capsys.readouterr().out
+    assert "| rlzoo | 0 | 0.250 → 0.375 | not reached | not reached | 1.5 | 3 |" in printed
+    assert "| rlzoo-vllm | 0 | 0.250 → 0.500 | 2 | 3 | 1.5 | 3 |" in printed

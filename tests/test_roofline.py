@@ -209,3 +209,34 @@ def test_the_machine_line_names_the_isa_torch_dispatches_to_and_the_cores():
 
     line = importlib.import_module("rlzoo.diagnostics.roofline").machine()
     assert f", {torch.backends.cpu.get_cpu_capability()}, {os.cpu_count()} cores)" in line
+
+
+def test_gpu_bench_table_divides_by_trl_and_names_the_peaks():
+    gpu = load("gpu_bench")
+    summary = {"rlzoo-bf16": dict(median_step_s=2.0, rollout_s=0.5, rollout_tok_s=16384.0, new_tokens=8192.0,
+                                  peak_gpu_mb=3000.4),
+               "trl-bf16": dict(median_step_s=4.0, rollout_s=2.0, rollout_tok_s=4096.0, new_tokens=8192.0)}
+    rows = gpu.table(summary).splitlines()
+    assert rows[2] == "| rlzoo-bf16 | 2.000 | 0.50 | 0.500 | 16384 | 8192 | 3000 |"
+    assert rows[3] == "| trl-bf16 | 4.000 | 1.00 | 2.000 | 4096 | 8192 | — |"   # no CUDA: no GPU peak
+
+
+def test_gpu_bench_model_has_smollm2s_shape_and_its_section_is_its_own(tmp_path):
+    import transformers
+
+    gpu = load("gpu_bench")
+    compare = load("compare_trl")
+    spec = {**compare.SETTINGS[gpu.SETTING], "layers": 1}
+    model_dir, data = compare.build_assets(gpu.SETTING, tmp_path, spec=spec)
+    config = transformers.AutoConfig.from_pretrained(model_dir)
+    # SmolLM2-135M-Instruct: llama, hidden 576, 9 heads / 3 KV heads, MLP 1,536, 49,152 tokens, tied head
+    assert (config.model_type, config.hidden_size, config.num_attention_heads, config.num_key_value_heads,
+            config.intermediate_size, config.vocab_size, config.tie_word_embeddings, config.num_hidden_layers) == (
+        "llama", 576, 9, 3, 1536, 49_152, True, 1)
+    prompts = [json.loads(line)["prompt"] for line in data.read_text().splitlines()]
+    assert {len(prompt.split()) for prompt in prompts} == {16}
+    out = tmp_path / "RESULTS.md"
+    out.write_text(f"# R\n\n{load('race_trl').SECTION}\n\nthe race\n")
+    load("race_trl").write_section(out, f"{gpu.SECTION}\n\nfirst\n", gpu.SECTION)
+    load("race_trl").write_section(out, f"{gpu.SECTION}\n\nsecond\n", gpu.SECTION)
+    assert out.read_text().endswith(f"the race\n\n{gpu.SECTION}\n\nsecond\n")
