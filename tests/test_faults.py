@@ -974,3 +974,26 @@ def test_runs_whose_threads_oversubscribe_the_cores_warn_once_naming_the_fix(cap
         other.kill()
         other.wait()
     assert processes.oversubscription(processes.usable_cores(), registry) is None  # alone: fits
+
+
+@pytest.mark.parametrize("subcommand", ["train", "rm"])
+def test_a_failed_torchrun_job_names_the_command_that_resumes_it(monkeypatch, capsys, tmp_path: Path,
+                                                                 subcommand: str) -> None:
+    """The last line of a failed torchrun job names the resume of the command that ran
+    (``rlzoo rm`` runs under torchrun too: its resume is ``rlzoo rm resume=``)."""
+    from rlzoo.commands import launcher
+
+    class Failed:
+        pid = 0
+
+        def __init__(self, command, **kwargs) -> None:
+            assert command[command.index("rlzoo") + 1] == subcommand
+
+        def wait(self) -> int:
+            return 1
+
+    monkeypatch.setattr(launcher.subprocess, "Popen", Failed)
+    assert launcher.launch_torchrun(["x=1"], 2, tmp_path, subcommand) == 1
+    last = capsys.readouterr().err.rstrip().splitlines()[-1]
+    assert last.startswith("rlzoo: error: the torchrun job failed")
+    assert f"`rlzoo {subcommand} resume={tmp_path}`" in last

@@ -62,7 +62,7 @@ def launch_torchrun(train_args: list[str], nproc: int, run_dir: Path, subcommand
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    resume = f"the newest checkpoint stays resumable: `rlzoo train resume={run_dir}`"
+    resume = f"the newest checkpoint stays resumable: `rlzoo {subcommand} resume={run_dir}`"
     if -1 in received:
         say(f"rlzoo: error: aborted by a second Ctrl-C; {resume}")
         return EXIT_ABORTED
