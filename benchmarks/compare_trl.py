@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import hashlib
 import json
 import os
 import random
@@ -377,6 +378,7 @@ def worker_trl(model_dir: Path, data: Path, spec: dict, kl: float, steps: int, b
     import threading
 
     from datasets import Dataset
+    from datasets.table import InMemoryTable
     from transformers import TrainerCallback
     from transformers.trainer_callback import PrinterCallback
     from transformers.utils import logging as hf_logging
@@ -387,7 +389,11 @@ def worker_trl(model_dir: Path, data: Path, spec: dict, kl: float, steps: int, b
     hf_logging.set_verbosity_error()
     model, tokenizer = load_pretrained(model_dir)
     prompts = [json.loads(line)["prompt"] for line in data.read_text().splitlines()]
-    dataset = Dataset.from_dict({"prompt": prompts})
+    # An explicit fingerprint: `Dataset.from_dict` hashes the Arrow table with dill to make one,
+    # which fails on Python 3.12 with pyarrow 26 ("Can't pickle <class 'MonthDayNano'>", seen on
+    # the CUDA machine of benchmarks/gpu_bench.py); nothing here reads datasets' cache.
+    dataset = Dataset(InMemoryTable.from_pydict({"prompt": prompts}),
+                      fingerprint=hashlib.sha256("\n".join(prompts).encode()).hexdigest()[:16])
 
     def reward(completions, **kwargs):
         return [float(c.strip() == answer_of(spec)) for c in completions]
