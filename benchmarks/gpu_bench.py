@@ -78,6 +78,8 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--n", type=int, help="completions per prompt (default 8)")
     parser.add_argument("--new-tokens", type=int, help="new tokens per completion (default 128)")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads per worker")
+    parser.add_argument("--micro-batch", type=int, help="rlzoo's sequences per forward/backward "
+                        "(trainer.micro_batch_size; default: all of a step's, prompts x n)")
     parser.add_argument("--write", metavar="FILE", help="replace or append this benchmark's section of FILE")
     args = parser.parse_args(argv)
     import torch
@@ -88,7 +90,7 @@ def main(argv: list[str] | None = None) -> str:
     spec = dict(SETTINGS[SETTING])
     changes = {"layers": args.layers, "prompts": args.prompts, "n": args.n, "new_tokens": args.new_tokens}
     spec.update({key: value for key, value in changes.items() if value is not None})
-    spec["micro_batch"] = spec["prompts"] * spec["n"]  # every sequence in one forward/backward
+    spec["micro_batch"] = args.micro_batch or spec["prompts"] * spec["n"]  # default: one forward/backward
     kl = spec["kls"][0]
     run = argparse.Namespace(setting=SETTING, spec=spec, device=args.device, threads=args.threads, baseline=None,
                              steps=args.steps, warmup=args.warmup, systems=SYSTEMS, eval=False, eval_size=None)
