@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import math
 from functools import partial
+from pathlib import Path
 
 import pytest
 import torch
@@ -38,6 +39,39 @@ def test_tokenizer_save_reload_round_trip_is_exact(tmp_path) -> None:
     _, via_loader = load_pretrained(tmp_path)
     assert via_loader("531826=", add_special_tokens=False).input_ids == tok(
         "531826=", add_special_tokens=False).input_ids
+
+
+def test_a_model_path_whose_tokenizer_outgrows_its_embedding_is_refused_before_the_run(tmp_path: Path,
+                                                                                        capsys) -> None:
+    """A 20-token model saved beside a 30-token tokenizer: ids 20..29 have no embedding row.
+    `rlzoo train` exits 2 naming both sizes, with no run directory; an embedding larger
+    than its tokenizer (rows padded to a multiple, as most released models have) loads."""
+    from rlzoo.commands.cli import main
+
+    small = build_char_tokenizer("0123456789abcdef")               # 4 + 16 = 20 tokens
+    build_tiny_model(TINY, small).save_pretrained(tmp_path / "m")
+    build_char_tokenizer("0123456789abcdefghijklmnopqrstuvwxyz"[:26]).save_pretrained(tmp_path / "m")  # 30
+    run_dir = tmp_path / "run"
+    assert main(["train", f"model.path={tmp_path / 'm'}", "trainer.total_steps=1", f"run_dir={run_dir}"]) == 2
+    err = capsys.readouterr().err
+    assert (f"model.path '{tmp_path / 'm'}' does not fit its tokenizer: the tokenizer has 30 tokens, the model's "
+            "input embedding 20 rows (ids 20..29 have no embedding)") in err
+    assert "Traceback" not in err and not run_dir.exists()
+    padded = build_tiny_model(TINY, small)
+    padded.resize_token_embeddings(32)
+    padded.save_pretrained(tmp_path / "p")
+    small.save_pretrained(tmp_path / "p")
+    model, tokenizer = load_pretrained(tmp_path / "p")
+    assert (len(tokenizer), model.get_input_embeddings().num_embeddings) == (20, 32)
+    assert "warning" not in capsys.readouterr().err
+    # An added token past the embedding (what transformers' GGUF reader does): a warning, not a refusal.
+    build_tiny_model(TINY, small).save_pretrained(tmp_path / "a")
+    small.add_tokens(["<extra>"])
+    small.save_pretrained(tmp_path / "a")
+    model, tokenizer = load_pretrained(tmp_path / "a")
+    assert (len(tokenizer), model.get_input_embeddings().num_embeddings) == (21, 20)
+    assert ("the tokenizer's added token(s) '<extra>' (ids 20..20) have no row in the model's 20-row input "
+            "embedding") in capsys.readouterr().err
 
 
 def test_left_pad() -> None:

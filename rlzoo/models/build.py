@@ -37,7 +37,7 @@ from rlzoo.core import distributed
 from rlzoo.core.dtypes import DTYPES
 from rlzoo.models import lora
 from rlzoo.models.dropout import disable_dropout
-from rlzoo.core.errors import ConfigError
+from rlzoo.core.errors import ConfigError, say
 from rlzoo.models.head import fast_paths, set_fast_paths
 from rlzoo.models.logprobs import ResponseForward
 from rlzoo.models.model_check import CheckResult, check_model
@@ -135,7 +135,38 @@ def load_pretrained(path: str | Path, dtype: str = "float32") -> tuple[PreTraine
     with unreadable_model(path):
         tokenizer = load_tokenizer(path)
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=DTYPES[dtype])
+    check_tokenizer_fits(model, tokenizer, f"model.path {str(path)!r}")
     return align_storage(model), tokenizer
+
+
+def check_tokenizer_fits(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, what: str) -> None:
+    """Refuse a tokenizer that is not ``model``'s; warn of added tokens without an embedding row.
+
+    An embedding with more rows than the tokenizer has tokens (padded to a multiple, as most
+    released models are) is normal. A tokenizer whose base vocabulary, or whose pad, EOS or BOS
+    id, reaches past the embedding is not the model's (its ids index past the embedding or
+    mean other tokens). Added tokens past it (transformers' GGUF reader adds
+    ``<|endoftext|>`` to a vocabulary without it) cannot be sampled, only fail where a text
+    holds one: a warning names them.
+
+    :param what: names the model in the message, e.g. ``model.path '/m'``.
+    :raises ConfigError: the tokenizer is not the model's (both sizes named).
+    """
+    rows = getattr(model.get_input_embeddings(), "num_embeddings", None)
+    if rows is None or len(tokenizer) <= rows:
+        return
+    used = {name: getattr(tokenizer, f"{name}_token_id") for name in ("pad", "eos", "bos")}
+    past = {name: id_ for name, id_ in used.items() if id_ is not None and id_ >= rows}
+    if tokenizer.vocab_size > rows or past:
+        why = (f"its {', '.join(f'{name} id {id_}' for name, id_ in past.items())} and " if past else "")
+        raise ConfigError(f"{what} does not fit its tokenizer: the tokenizer has {len(tokenizer)} tokens, the "
+                          f"model's input embedding {rows} rows ({why}ids {rows}..{len(tokenizer) - 1} have no "
+                          "embedding): save the tokenizer the model was trained with beside it, or resize the "
+                          "model's embeddings (model.resize_token_embeddings(len(tokenizer))) and save both")
+    extra = [tokenizer.convert_ids_to_tokens(i) for i in range(rows, len(tokenizer))]
+    say(f"rlzoo: warning: {what}: the tokenizer's added token(s) {', '.join(map(repr, extra[:5]))}"
+        f"{' ...' if len(extra) > 5 else ''} (ids {rows}..{len(tokenizer) - 1}) have no row in the model's "
+        f"{rows}-row input embedding: the model cannot sample them, and a text holding one fails")
 
 
 CPU_ALIGNMENT = 64
@@ -195,6 +226,7 @@ def load_gguf(path: Path, dtype: str = "float32") -> tuple[PreTrainedModel, PreT
     with unreadable_model(path):
         tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
         model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=DTYPES[dtype])
+    check_tokenizer_fits(model, tokenizer, f"model.path {str(path)!r}")
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config

@@ -41,7 +41,7 @@ from transformers import AutoConfig, AutoModelForSequenceClassification, PreTrai
 
 from rlzoo.core.errors import ConfigError
 from rlzoo.core.dtypes import DTYPES
-from rlzoo.models.build import ValueModel, load_tokenizer, unreadable_model
+from rlzoo.models.build import ValueModel, check_tokenizer_fits, load_tokenizer, unreadable_model
 from rlzoo.core.tokens import left_pad
 
 VALUE_HEAD_FILE = "value_head.safetensors"
@@ -198,12 +198,7 @@ def _check_tokenizer(path: Path, model: torch.nn.Module, tokenizer: PreTrainedTo
                           f"vocabulary is missing (the directory holds {present}); save the whole tokenizer into it "
                           "(tokenizer.save_pretrained writes tokenizer.json)")
     backbone = model.backbone if isinstance(model, ValueModel) else model
-    vocabulary = backbone.get_input_embeddings().num_embeddings
-    if len(tokenizer) > vocabulary:
-        raise ConfigError(f"the reward model in {str(path)!r} does not fit its tokenizer: the tokenizer in "
-                          f"{str(where)!r} has {len(tokenizer)} tokens, the model's vocabulary {vocabulary} (ids "
-                          f"{vocabulary}..{len(tokenizer) - 1} have no embedding): save the tokenizer the model was "
-                          "trained with beside it")
+    check_tokenizer_fits(backbone, tokenizer, f"the reward model in {str(path)!r} (tokenizer in {str(where)!r})")
 
 
 def load_reward_model(path: str | Path, dtype: str, device: torch.device) -> tuple[torch.nn.Module,
