@@ -228,15 +228,12 @@ def profile(args: argparse.Namespace) -> dict[str, Any]:
     kv_bytes = args.kv_cache_mb << 20
     spec = EngineSpec(config_dir=str(model_dir), dtype="float32", device="cpu", cores=None,
                       max_model_len=max_model_len(config, kv_bytes, torch.float32), kv_cache_bytes=kv_bytes,
-                      gpu_memory_utilization=0.0, sleep=False, parent=os.getppid())
+                      gpu_memory_utilization=0.0, sleep=False, parent=os.getppid(), compile=args.compile)
     weights = load_file(model_dir / "model.safetensors")
     if getattr(config, "tie_word_embeddings", False) and "lm_head.weight" not in weights:
         weights["lm_head.weight"] = weights["model.embed_tokens.weight"]
-    kwargs = engine_kwargs(spec)
-    if args.compile:
-        kwargs["enforce_eager"] = False  # vLLM's CPU default: the model compiled by torch inductor
     start = time.perf_counter()
-    engine = Engine(vllm.LLM(**kwargs), weights)
+    engine = Engine(vllm.LLM(**engine_kwargs(spec)), weights)
     build_s = time.perf_counter() - start
     timer = StepTimer()
     timer.install(engine.llm, layers=not args.compile)
@@ -316,7 +313,7 @@ def report(result: dict[str, Any], args: argparse.Namespace) -> str:
                      f"({len(full)} steps)" + (f"; the transformers model's forward, the same batch, median "
                                                f"{statistics.median(result['torch_decode']) * 1e3:.1f} ms"
                                                if result["torch_decode"] else "") + ".")
-    how = "compiled by inductor (--compile)" if result["compile"] else "eager (the plugin's enforce_eager=True)"
+    how = "compiled by vLLM (--compile)" if result["compile"] else "eager (the plugin's default)"
     lines.append(f"Engine {how}, built and loaded in {result['build_s']:.1f} s. Measured on {result['machine']}, "
                  f"torch {result['torch']}, vLLM {result['vllm']}, one core.")
     return "\n".join(lines)
@@ -337,8 +334,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--core", type=int, help="the core to run on (default: the last)")
     p.add_argument("--torch-decode", action=argparse.BooleanOptionalAction, default=True,
                    help="also time the transformers model's decode at the same batch")
-    p.add_argument("--compile", action="store_true", help="build the engine without enforce_eager (torch "
-                   "inductor compiles the model; the layers are not timed apart)")
+    p.add_argument("--compile", action="store_true", help="the engine as rollout.backend.compile=true builds it "
+                   "(vLLM compiles the model with torch inductor; the layers are not timed apart)")
     p.add_argument("--json", help="also write the measurements here")
     return p
 
