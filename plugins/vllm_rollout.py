@@ -88,6 +88,9 @@ class VLLMParams:
     """CUDA: the share of the GPU's memory the engine may take (weights, activations, KV cache)."""
     sleep: bool = True
     """CUDA: vLLM's sleep mode: the engine hands its GPU memory back after each rollout."""
+    compile: bool = False
+    """vLLM's own compilation of the model (torch inductor; on CUDA also CUDA graphs) instead of eager
+    execution: a faster decode for a slower start (SmolLM2 on one CPU core: 117 s against 9 s)."""
 
     def __post_init__(self) -> None:
         if self.threads < 0:
@@ -175,7 +178,8 @@ def check(cfg: Any, params: VLLMParams, world: int) -> str:
             + ("synced in memory when the trainer publishes them (rollout.weight_sync_every)" if async_ else
                "synced in memory after each update")
             + (" (LoRA adapters merged into the weights)" if int(cfg.model.lora.rank) else "")
-            + ("; episodes generated turn by turn from token ids" if cfg.get("env") is not None else ""))
+            + ("; episodes generated turn by turn from token ids" if cfg.get("env") is not None else "")
+            + ("; the model compiled by vLLM (rollout.backend.compile)" if params.compile else ""))
     if device != "cpu":
         sleep = "sleeping between rollouts (sleep mode)" if params.sleep else "awake throughout"
         devices = "; each rank's engine on its rank's GPU" if world > 1 else ""
@@ -375,7 +379,7 @@ class VLLMRollout:
         spec = EngineSpec(config_dir=config_dir, dtype=self.dtype, device=device.type, cores=self.cores,
                           max_model_len=self.max_model_len, kv_cache_bytes=self.kv_bytes,
                           gpu_memory_utilization=params.gpu_memory_utilization, sleep=params.sleep,
-                          parent=os.getpid())
+                          parent=os.getpid(), compile=params.compile)
         env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0",
                "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "ERROR")}
         if self.cores is not None:

