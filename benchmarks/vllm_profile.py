@@ -41,6 +41,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from rlzoo.diagnostics.roofline import linear_seconds
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 CACHE = Path(__file__).resolve().parent / ".cache"
 PARTS = ("schedule", "prepare", "linear", "attention", "other", "logits", "sampler", "update", "engine")
@@ -139,16 +141,7 @@ def linear_shapes(config: Any) -> list[tuple[int, int, int]]:
 def time_linear(rows: int, out_features: int, in_features: int, repeats: int = 5) -> float:
     """Best seconds of one float32 ``F.linear`` of ``rows`` x ``in_features`` by an
     (``out_features``, ``in_features``) weight, after a warm-up call."""
-    import torch
-
-    a, w = torch.randn(rows, in_features), torch.randn(out_features, in_features)
-    torch.nn.functional.linear(a, w)
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        torch.nn.functional.linear(a, w)
-        best = min(best, time.perf_counter() - start)
-    return best
+    return linear_seconds(rows, out_features, in_features, repeats=repeats)
 
 
 def matmul_floor(config: Any, rows_per_step: list[int], head_rows: list[int]) -> dict[str, float]:

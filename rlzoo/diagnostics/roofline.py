@@ -214,15 +214,26 @@ def matmul_rates(shapes: ModelShapes, work: StepWork, threads: int, repeats: int
         for phase, m in rows.items():
             m = min(m, max_rows)
             for kind, n in (("backbone", shapes.intermediate), ("head", shapes.vocab)):
-                a, weight = torch.randn(m, d, dtype=dtype), torch.randn(n, d, dtype=dtype)
-                torch.nn.functional.linear(a, weight)
-                best = float("inf")
-                for _ in range(repeats):
-                    start = time.perf_counter()
-                    torch.nn.functional.linear(a, weight)
-                    best = min(best, time.perf_counter() - start)
+                best = linear_seconds(m, n, d, dtype, repeats)
                 rates.setdefault(str(dtype).removeprefix("torch."), {})[f"{phase}/{kind}"] = 2 * m * d * n / best
     return rates
+
+
+def linear_seconds(rows: int, out_features: int, in_features: int, dtype: Any = None, repeats: int = 3) -> float:
+    """Best seconds of one ``torch.nn.functional.linear`` of a (``rows``, ``in_features``) input
+    by an (``out_features``, ``in_features``) weight of ``dtype`` (default float32), random
+    values, over ``repeats`` calls after one warm-up call."""
+    import torch
+
+    dtype = dtype or torch.float32
+    a, weight = torch.randn(rows, in_features, dtype=dtype), torch.randn(out_features, in_features, dtype=dtype)
+    torch.nn.functional.linear(a, weight)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        torch.nn.functional.linear(a, weight)
+        best = min(best, time.perf_counter() - start)
+    return best
 
 
 def memory_bandwidth(threads: int, megabytes: int = 256, repeats: int = 5) -> dict[str, float]:
