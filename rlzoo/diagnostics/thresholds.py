@@ -55,7 +55,8 @@ TABLE: tuple[Threshold, ...] = (
     Threshold("stall_rate", 0.1, "after an entropy collapse, a reward rising at under this share of its rate "
               "before the collapse has stalled", MEASURED,
               "after their entropy collapses `trainer.lr=2e-3` rises at 0.04 of its rate before (0.468 at step 147 "
-              "-> 0.514 at 600), `trainer.lr=1e-3` at 0.29, the default run at 0.24 (0.627 at step 300 -> 0.896)"),
+              "-> 0.514 at 600), `trainer.lr=1e-3` (300 steps) at 0.28, the default run at 0.23 (0.635 at step 323 "
+              "-> 0.896; re-run on 2026-11-27 at main 5e882cc, an earlier run gave 0.29 and 0.24)"),
     Threshold("stall_share", 0.05, "a reward gain below this share of the success score counts as none", CHOSEN,
               "not tuned (the KL, held-out and truncation checks)"),
     # ---- step size
