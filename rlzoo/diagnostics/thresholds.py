@@ -74,8 +74,8 @@ TABLE: tuple[Threshold, ...] = (
               "only (a run learnt from a random initial policy sits near 1.5: the default run)"),
     Threshold("kl_rise", 0.1, "and `kl/value` grew by more than this share of itself over the last half while "
               "the reward gained less than `stall_share`", MEASURED,
-              "the default run's KL falls over its last half (1.76 -> 1.51); `trainer.lr=5e-3`'s grows 33 % over "
-              "steps 100-200 while its reward gains 0.036"),
+              "the default run's KL falls over its last half (1.76 -> 1.51); `trainer.lr=5e-3`'s (200 steps) grows 33 "
+              "% over steps 100-200 while its reward gains 0.036"),
     Threshold("kl_pin_band", 0.2, "`kl/sequence_sum` within this relative distance of the adaptive controller's "
               "target counts as *at* the target", PAPER,
               "the controller's own error clip ±0.2 (Ziegler et al. 2019, arXiv:1909.08593; TRL's "
