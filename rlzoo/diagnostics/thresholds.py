@@ -55,7 +55,8 @@ TABLE: tuple[Threshold, ...] = (
     Threshold("stall_rate", 0.1, "after an entropy collapse, a reward rising at under this share of its rate "
               "before the collapse has stalled", MEASURED,
               "after their entropy collapses `trainer.lr=2e-3` rises at 0.04 of its rate before (0.468 at step 147 "
-              "-> 0.514 at 600), `trainer.lr=1e-3` at 0.29, the default run at 0.24 (0.627 at step 300 -> 0.896)"),
+              "-> 0.514 at 600), `trainer.lr=1e-3` (300 steps) at 0.28, the default run at 0.23 (0.635 at step 323 "
+              "-> 0.896; re-run on 2026-11-27 at main 5e882cc, an earlier run gave 0.29 and 0.24)"),
     Threshold("stall_share", 0.05, "a reward gain below this share of the success score counts as none", CHOSEN,
               "not tuned (the KL, held-out and truncation checks)"),
     # ---- step size
@@ -73,8 +74,8 @@ TABLE: tuple[Threshold, ...] = (
               "only (a run learnt from a random initial policy sits near 1.5: the default run)"),
     Threshold("kl_rise", 0.1, "and `kl/value` grew by more than this share of itself over the last half while "
               "the reward gained less than `stall_share`", MEASURED,
-              "the default run's KL falls over its last half (1.76 -> 1.51); `trainer.lr=5e-3`'s grows 33 % over "
-              "steps 100-200 while its reward gains 0.036"),
+              "the default run's KL falls over its last half (1.76 -> 1.51); `trainer.lr=5e-3`'s (200 steps) grows 33 "
+              "% over steps 100-200 while its reward gains 0.036"),
     Threshold("kl_pin_band", 0.2, "`kl/sequence_sum` within this relative distance of the adaptive controller's "
               "target counts as *at* the target", PAPER,
               "the controller's own error clip ±0.2 (Ziegler et al. 2019, arXiv:1909.08593; TRL's "
