@@ -46,6 +46,13 @@ systems; from each system's own token counts (mean completion length, decode ste
 rlzoo's workers also report where their step went (rollout, old and reference passes,
 update), printed beside the roofline of each phase; TRL's time its generation (``_generate``)
 as their rollout, which gives their rollout and update token rates.
+
+Activation (gradient) checkpointing is the same in rlzoo and TRL: off, rlzoo's default
+(``model.gradient_checkpointing``), or on in both with ``--gradient-checkpointing``. TRL's
+``GRPOConfig`` turns it on by default; until 2026-11-28 this script left TRL at that default,
+so TRL recomputed every layer's forward in its backward while rlzoo did not (RESULTS.md says
+which figures were measured so). The floor never recomputes, and the roofline counts no
+recomputation.
 """
 
 from __future__ import annotations
@@ -85,6 +92,14 @@ SETTINGS = {
 }
 LR = 1e-3
 """The learning rate of a setting without its own ``lr``."""
+
+
+def checkpointing(spec: dict) -> bool:
+    """Whether the setting recomputes activations in backward, in rlzoo and TRL alike
+    (``--gradient-checkpointing``; default off, rlzoo's default)."""
+    return bool(spec.get("gradient_checkpointing", False))
+
+
 SMOLLM2_TASK = ('task={name: reasoning_gym, dataset: basic_arithmetic, seed: 0, config: {min_terms: 2, max_terms: 2, '
                 'max_digits: 2, operators: ["+", "-"], allow_parentheses: false, allow_negation: false}}')
 """The task of docs/real-models.md's SmolLM2 run, whose rendered prompts the smollm2 setting trains on."""
@@ -240,6 +255,24 @@ def peak_rss_mb() -> float:
 
 # ----------------------------------------------------------------------------- workers
 
+def rlzoo_overrides(model_dir: Path, data: Path, spec: dict, kl: float, steps: int, bf16: bool = False,
+                    vllm_threads: int = 0, device: str = "cpu", vllm_compile: bool = False) -> list[str]:
+    """The ``rlzoo train`` overrides of an rlzoo worker (:func:`worker_rlzoo`'s arguments)."""
+    return [
+        "algo=grpo", f"model.path={model_dir}", f"task={{name: file, path: {data}}}", "reward=exact_match",
+        f"rollout.prompts_per_step={spec['prompts']}", f"rollout.n={spec['n']}",
+        f"rollout.max_new_tokens={spec['new_tokens']}", f"trainer.lr={spec.get('lr', LR)}", f"kl.coef={kl}",
+        "kl.estimator=k3", "trainer.update_epochs=1", "trainer.num_mini_batches=1", f"trainer.total_steps={steps}",
+        f"trainer.micro_batch_size={spec['micro_batch']}",
+        "trainer.logprob_chunk_size=512", "logging.progress=false", "eval.size=0", "eval.holdout=0",
+        f"trainer.device={device}", f"model.gradient_checkpointing={str(checkpointing(spec)).lower()}",
+        *(["trainer.precision=bf16", "rollout.dtype=bfloat16"] if bf16 else []),
+        *([f"rollout.backend={{name: vllm, threads: {vllm_threads}, compile: {str(vllm_compile).lower()}}}"]
+          if vllm_threads else []),
+        *(["model.chat_template=false"] if spec.get("model") == "smollm2" else []),  # the prompts are rendered
+    ]
+
+
 def worker_rlzoo(model_dir: Path, data: Path, spec: dict, kl: float, steps: int, bf16: bool = False,
                  vllm_threads: int = 0, device: str = "cpu", vllm_compile: bool = False):
     """rlzoo's Trainer, one ``train_step`` per STEP. Besides its ``timing/*`` scalars a step
@@ -262,19 +295,7 @@ def worker_rlzoo(model_dir: Path, data: Path, spec: dict, kl: float, steps: int,
     hf_logging.set_verbosity_error()
     pm = make_plugin_manager()
     registry = build_registry(pm)
-    overrides = [
-        "algo=grpo", f"model.path={model_dir}", f"task={{name: file, path: {data}}}", "reward=exact_match",
-        f"rollout.prompts_per_step={spec['prompts']}", f"rollout.n={spec['n']}",
-        f"rollout.max_new_tokens={spec['new_tokens']}", f"trainer.lr={spec.get('lr', LR)}", f"kl.coef={kl}",
-        "kl.estimator=k3", "trainer.update_epochs=1", "trainer.num_mini_batches=1", f"trainer.total_steps={steps}",
-        f"trainer.micro_batch_size={spec['micro_batch']}",
-        "trainer.logprob_chunk_size=512", "logging.progress=false", "eval.size=0", "eval.holdout=0",
-        f"trainer.device={device}",
-        *(["trainer.precision=bf16", "rollout.dtype=bfloat16"] if bf16 else []),
-        *([f"rollout.backend={{name: vllm, threads: {vllm_threads}, compile: {str(vllm_compile).lower()}}}"]
-          if vllm_threads else []),
-        *(["model.chat_template=false"] if spec.get("model") == "smollm2" else []),  # the prompts are rendered
-    ]
+    overrides = rlzoo_overrides(model_dir, data, spec, kl, steps, bf16, vllm_threads, device, vllm_compile)
     trainer = Trainer(load_run(registry, overrides), pm)
     learner, models = trainer.learner, trainer.models
     phases: dict[str, float] = {}
@@ -373,6 +394,21 @@ def worker_floor(model_dir: Path, data: Path, spec: dict, kl: float, steps: int,
     return step
 
 
+def trl_config(spec: dict, kl: float, steps: int, bf16: bool = False, device: str = "cpu"):
+    """The ``GRPOConfig`` of a TRL worker (:func:`worker_trl`'s arguments): the setting's batch, lr
+    and KL, one optimizer step per rollout, activation checkpointing as rlzoo's (:func:`checkpointing`)."""
+    from trl import GRPOConfig
+
+    return GRPOConfig(
+        output_dir=tempfile.mkdtemp(), per_device_train_batch_size=spec["prompts"] * spec["n"],
+        num_generations=spec["n"], max_completion_length=spec["new_tokens"], learning_rate=spec.get("lr", LR),
+        lr_scheduler_type="constant", beta=kl, max_steps=steps, num_iterations=1, logging_steps=1,
+        save_strategy="no", report_to="none", use_cpu=device == "cpu", bf16=bf16, disable_tqdm=True,
+        gradient_accumulation_steps=1, temperature=1.0, dataloader_num_workers=0, seed=0,
+        gradient_checkpointing=checkpointing(spec),  # GRPOConfig's default is True; rlzoo's is False
+    )
+
+
 def worker_trl(model_dir: Path, data: Path, spec: dict, kl: float, steps: int, bf16: bool = False,
                device: str = "cpu"):
     """TRL's GRPOTrainer, one step per STEP, on ``device``; its generation (``_generate``)
@@ -385,7 +421,7 @@ def worker_trl(model_dir: Path, data: Path, spec: dict, kl: float, steps: int, b
     from transformers import TrainerCallback
     from transformers.trainer_callback import PrinterCallback
     from transformers.utils import logging as hf_logging
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOTrainer
 
     from rlzoo.models.build import load_pretrained
 
@@ -426,13 +462,7 @@ def worker_trl(model_dir: Path, data: Path, spec: dict, kl: float, steps: int, b
                       "new_tokens": logs["completions/mean_length"] * spec["prompts"] * spec["n"],
                       "decode_steps": int(logs["completions/max_length"])})
 
-    config = GRPOConfig(
-        output_dir=tempfile.mkdtemp(), per_device_train_batch_size=spec["prompts"] * spec["n"],
-        num_generations=spec["n"], max_completion_length=spec["new_tokens"], learning_rate=spec.get("lr", LR),
-        lr_scheduler_type="constant", beta=kl, max_steps=steps, num_iterations=1, logging_steps=1,
-        save_strategy="no", report_to="none", use_cpu=device == "cpu", bf16=bf16, disable_tqdm=True,
-        gradient_accumulation_steps=1, temperature=1.0, dataloader_num_workers=0, seed=0,
-    )
+    config = trl_config(spec, kl, steps, bf16, device)
     trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=config, train_dataset=dataset,
                           processing_class=tokenizer, callbacks=[StepLock()])
     trainer.remove_callback(PrinterCallback)  # the per-step logs are read by StepLock, not printed
@@ -702,6 +732,8 @@ def main() -> None:
                         help="smollm2: after the steps, time one evaluation at the default eval.size and eval.n in "
                         "each rlzoo worker")
     parser.add_argument("--eval-size", type=int, help="with --eval: evaluate only this many held-out prompts")
+    parser.add_argument("--gradient-checkpointing", action="store_true",
+                        help="recompute activations in backward in rlzoo and TRL (default: off in both)")
     parser.add_argument("--write", metavar="FILE", help="append the table to this Markdown file")
     parser.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
@@ -717,6 +749,8 @@ def main() -> None:
     if args.eval and spec.get("model") != "smollm2":
         parser.error(f"--eval times an evaluation of the smollm2 setting's held-out prompts, not of {args.setting!r}")
     args.systems = args.systems or spec.get("systems", ["rlzoo", "trl", "floor"])
+    if args.gradient_checkpointing:  # the workers read the changed setting (Worker passes --spec)
+        spec = args.spec = {**spec, "gradient_checkpointing": True}
     import torch
 
     from rlzoo.config.layers import default_config_path
@@ -741,7 +775,8 @@ def main() -> None:
     command = "python benchmarks/compare_trl.py " + " ".join(sys.argv[1:])
     header = (f"Measured {date.today().isoformat()} on {machine()}, "
               f"torch {torch.__version__}, {args.threads} threads per worker; {args.steps} measured steps "
-              f"after {args.warmup} warm-up, systems alternating step by step. Command: `{command}`")
+              f"after {args.warmup} warm-up, systems alternating step by step; activation checkpointing "
+              f"{'on' if checkpointing(spec) else 'off'} in rlzoo and TRL. Command: `{command}`")
     rate_text = "; ".join(f"{dtype} " + ", ".join(f"{shape} {rate / 1e9:.0f}" for shape, rate in shapes_.items())
                           for dtype, shapes_ in rates.items())
     flops = {kl: {name: sum(sum(kinds.values()) for kinds in step_flops(shapes, step_work(spec, prompt_len, kl,

@@ -20,6 +20,9 @@ Systems, each in its own process (its peak GPU memory its own), alternating step
   the default ``hf`` rollout backend (rlzoo's KV-cache loop; no vLLM);
 - ``trl-bf16``: ``GRPOTrainer`` with ``bf16=True`` on the GPU (``model.generate``).
 
+Activation checkpointing is off in both (rlzoo's default; TRL's ``GRPOConfig`` defaults to on,
+which this benchmark overrode only from 2026-11-28) or on in both (``--gradient-checkpointing``).
+
 Reported per system: the median step, the rollout's tokens per second (rlzoo:
 ``timing/rollout_s``; TRL: its ``_generate`` timed by the worker), the peak GPU memory torch
 allocated (``torch.cuda.max_memory_allocated``; what the caching allocator reserved on top
@@ -80,6 +83,8 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads per worker")
     parser.add_argument("--micro-batch", type=int, help="rlzoo's sequences per forward/backward "
                         "(trainer.micro_batch_size; default: all of a step's, prompts x n)")
+    parser.add_argument("--gradient-checkpointing", action="store_true",
+                        help="recompute activations in backward in rlzoo and TRL (default: off in both)")
     parser.add_argument("--write", metavar="FILE", help="replace or append this benchmark's section of FILE")
     args = parser.parse_args(argv)
     import torch
@@ -91,6 +96,7 @@ def main(argv: list[str] | None = None) -> str:
     changes = {"layers": args.layers, "prompts": args.prompts, "n": args.n, "new_tokens": args.new_tokens}
     spec.update({key: value for key, value in changes.items() if value is not None})
     spec["micro_batch"] = args.micro_batch or spec["prompts"] * spec["n"]  # default: one forward/backward
+    spec["gradient_checkpointing"] = args.gradient_checkpointing
     kl = spec["kls"][0]
     run = argparse.Namespace(setting=SETTING, spec=spec, device=args.device, threads=args.threads, baseline=None,
                              steps=args.steps, warmup=args.warmup, systems=SYSTEMS, eval=False, eval_size=None)
@@ -106,7 +112,9 @@ def main(argv: list[str] | None = None) -> str:
     text = (f"{SECTION}\n\n{table(summary)}\n\nMeasured {date.today().isoformat()} on {device_name(args.device)} "
             f"({args.device}), torch {torch.__version__}, transformers {transformers.__version__}, TRL "
             f"{trl.__version__}; {spec['layers']} layers, {spec['prompts']} prompts x {spec['n']} completions of "
-            f"{spec['new_tokens']} new tokens, KL {kl} with a reference copy, bfloat16; {args.steps} measured steps "
+            f"{spec['new_tokens']} new tokens, KL {kl} with a reference copy, bfloat16, rlzoo micro-batch "
+            f"{spec['micro_batch']}, activation checkpointing {'on' if args.gradient_checkpointing else 'off'} in "
+            f"both; {args.steps} measured steps "
             f"after {args.warmup} warm-up, systems alternating step by step; the whole run took {wall:.0f} s. "
             f"Settings: the docstring of benchmarks/gpu_bench.py. Command: `{command}`\n")
     print(text)

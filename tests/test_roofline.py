@@ -240,3 +240,20 @@ def test_gpu_bench_model_has_smollm2s_shape_and_its_section_is_its_own(tmp_path)
     load("race_trl").write_section(out, f"{gpu.SECTION}\n\nfirst\n", gpu.SECTION)
     load("race_trl").write_section(out, f"{gpu.SECTION}\n\nsecond\n", gpu.SECTION)
     assert out.read_text().endswith(f"the race\n\n{gpu.SECTION}\n\nsecond\n")
+
+
+@pytest.mark.parametrize("on", [False, True])
+def test_rlzoo_and_trl_recompute_activations_alike(tmp_path, on):
+    """TRL's GRPOConfig turns activation checkpointing on by default; the benchmark sets both
+    systems to the setting's choice (off unless --gradient-checkpointing), and each acts on it."""
+    pytest.importorskip("trl")
+    from rlzoo.contract.loading import build_registry, make_plugin_manager
+    from rlzoo.plan.run_input import load_run
+
+    compare = load("compare_trl")
+    spec = {**compare.SETTINGS["tiny"], **({"gradient_checkpointing": True} if on else {})}
+    assert compare.trl_config(spec, 0.0, 1).gradient_checkpointing is on
+    overrides = compare.rlzoo_overrides(tmp_path / "model", tmp_path / "data.jsonl", spec, 0.0, 1)
+    assert f"model.gradient_checkpointing={str(on).lower()}" in overrides
+    plan = load_run(build_registry(make_plugin_manager()), overrides).plan
+    assert plan.model.gradient_checkpointing is on
