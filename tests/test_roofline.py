@@ -257,3 +257,20 @@ def test_rlzoo_and_trl_recompute_activations_alike(tmp_path, on):
     assert f"model.gradient_checkpointing={str(on).lower()}" in overrides
     plan = load_run(build_registry(make_plugin_manager()), overrides).plan
     assert plan.model.gradient_checkpointing is on
+
+
+def test_a_workers_peak_rss_is_its_own_not_its_parents(tmp_path):
+    """A child started by a parent holding 800 MB reads its own peak (ru_maxrss would read
+    the parent's 800 MB: Linux carries it across exec)."""
+    import subprocess
+
+    if not Path("/proc/self/status").is_file():
+        pytest.skip("VmHWM is Linux's")
+    ballast = bytearray(800 * 2**20)
+    ballast[::4096] = b"\x01" * len(ballast[::4096])   # touch every page: resident
+    code = (f"import sys; sys.path.insert(0, {str(BENCHMARKS)!r}); import compare_trl; "
+            "print(compare_trl.peak_rss_mb())")
+    child = float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+                  .stdout.split()[-1])
+    assert child < 600, child
+    assert len(ballast) == 800 * 2**20
