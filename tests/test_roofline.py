@@ -259,7 +259,7 @@ def test_rlzoo_and_trl_recompute_activations_alike(tmp_path, on):
     assert plan.model.gradient_checkpointing is on
 
 
-def test_a_workers_peak_rss_is_its_own_not_its_parents(tmp_path):
+def test_a_workers_peak_rss_is_its_own_not_its_parents():
     """A child started by a parent holding 800 MB reads its own peak (ru_maxrss would read
     the parent's 800 MB: Linux carries it across exec)."""
     import subprocess
