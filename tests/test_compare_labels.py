@@ -7,7 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rlzoo.commands.compare import RunSummary, group_runs, plot_against
+from rlzoo.analysis.figures import plot_against
+from rlzoo.analysis.runs import RunSummary, group_runs
 from rlzoo.core.errors import RlzooError
 
 COMPOSED = ("[{'name': 'rejection', 'estimator': 'k3', 'level': 'mean', 'threshold': 0.01, 'mode': 'weight'}, "

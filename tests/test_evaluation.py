@@ -8,6 +8,7 @@ import random
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -16,14 +17,16 @@ from rlzoo.commands.cli import main
 from rlzoo.core.errors import ConfigError
 from rlzoo.run import evaluation
 from rlzoo.plan.settings import EvalPlan
-from rlzoo.run.evaluation import Evaluator, pass_at_k
+from rlzoo.run import eval_records
+from rlzoo.run.eval_records import EvalRecord, eval_metric_tags, pass_at_k, per_prompt
+from rlzoo.run.evaluation import Evaluator
 from rlzoo.plan.planner import RolloutPlan
 from rlzoo.rollout.sampler import Sampler
-from rlzoo.run.tracking import eval_metric_tags
+
 from rlzoo.core.events import read_scalars
 from rlzoo.models.build import build_char_tokenizer
 from rlzoo.core.batch import Generation
-from rlzoo.tasks.task import Example, FileTask, Holdout, Task, check_encodable
+from rlzoo.tasks.task import Example, FileTask, Holdout, Task, check_encodable, prompt_id
 import zoo
 from zoo import REGISTRY, builtin_names
 
@@ -204,6 +207,14 @@ def test_evaluator_metrics_hand_computed(monkeypatch: pytest.MonkeyPatch) -> Non
     assert metrics["eval/sampled_score"] == pytest.approx(6 / 12)
     assert metrics["timing/eval_s"] == pytest.approx(2.5)
     assert [s.completion for s in evaluator.samples] == ["1.0", "0.5", "0.0"]
+    record = evaluator.record                                      # each prompt's outcome, as written to disk
+    assert record.step == 10 and record.prompt_id.tolist() == [prompt_id(p) for p in answers]
+    assert record.greedy_score.tolist() == [1.0, 0.5, 0.0] and record.greedy_correct.tolist() == [True, False, False]
+    assert record.sampled_scores.tolist() == [[1, 0, 0, 1], [0, 0, 0, 0], [1, 1, 1, 1]]
+    assert per_prompt(record, "eval/pass@1").tolist() == [0.5, 0.0, 1.0]
+    assert per_prompt(record, "eval/pass@4").tolist() == [1.0, 0.0, 1.0]
+    assert {tag: per_prompt(record, tag).mean() for tag in record.tags()} == {
+        tag: value for tag, value in metrics.items() if tag.startswith("eval/")}   # the logged means, exactly
     plan = dataclasses.replace(plan, threshold=0.5)               # a threshold for partial credit
     assert Evaluator(examples, _ScriptedSampler(answers), plan, evaluator.dist).run(1)[
         "eval/greedy_accuracy"] == pytest.approx(2 / 3)
@@ -283,3 +294,55 @@ def test_a_task_holding_out_fewer_prompts_than_eval_size_is_evaluated_on_those_w
     evaluator = Evaluator.build(plan, Ten(), "ten", _ScriptedSampler({}), dist)
     assert sorted(e.prompt for e in evaluator.examples) == held
     assert f"eval.size=100 but task 'ten' holds out only {len(held)} prompts" in capsys.readouterr().err
+
+
+def _record(step: int, n: int = 2) -> EvalRecord:
+    ids = np.array([prompt_id(f"{i}=") for i in range(4)], dtype=np.uint64)
+    scores = np.array([1.0, 0.25, 0.0, 1.0])
+    return EvalRecord(step=step, threshold=1.0, prompt_id=ids, greedy_score=scores, greedy_correct=scores >= 1,
+                      strict_correct=np.array([True, False, False, False]), lenient_correct=scores >= 1,
+                      sampled_scores=np.arange(4 * n, dtype=float).reshape(4, n) / (4 * n))
+
+
+def test_a_record_round_trips_without_pickles_and_a_resume_purges_later_steps(tmp_path: Path) -> None:
+    for step in (0, 2, 4):
+        eval_records.write_record(tmp_path, _record(step))
+    read = eval_records.read_records(tmp_path)
+    assert list(read) == [0, 2, 4]
+    for name in ("prompt_id", "greedy_score", "greedy_correct", "strict_correct", "lenient_correct",
+                 "sampled_scores"):
+        got, want = getattr(read[2], name), getattr(_record(2), name)
+        assert got.dtype == want.dtype and np.array_equal(got, want), name
+    assert read[2].prompt_id.dtype == np.uint64 and read[2].greedy_turns is None
+    assert eval_records.metrics(read[2])["eval/strict_accuracy"] == 0.25
+    with np.load(eval_records.record_path(tmp_path, 2), allow_pickle=False) as data:   # numeric arrays only
+        assert sorted(data.files) == ["greedy_correct", "greedy_score", "lenient_correct", "prompt_id",
+                                      "sampled_scores", "step", "strict_correct", "threshold"]
+    assert [p.name for p in eval_records.purge_after(tmp_path, 2)] == ["step_000004.npz"]
+    assert eval_records.recorded_steps(tmp_path) == [0, 2]
+    eval_records.record_path(tmp_path, 2).write_bytes(b"not a zip")
+    with pytest.raises(ConfigError, match="cannot read the evaluation record .*step_000002.npz"):
+        eval_records.read_records(tmp_path)
+
+
+def test_a_greedy_only_record_has_no_sampled_tags() -> None:
+    record = _record(1, n=0)
+    assert record.sampled_scores.shape == (4, 0) and record.tags() == eval_metric_tags(0)
+    with pytest.raises(KeyError, match="eval/pass@1"):
+        per_prompt(record, "eval/pass@1")
+
+
+@pytest.mark.slow
+def test_a_run_records_every_evaluation_per_prompt_as_logged(capsys, tmp_path: Path) -> None:
+    run = tmp_path / "r"
+    assert main(["train", *TINY, "trainer.total_steps=4", "eval.every=2", "eval.at_start=true",
+                 f"run_dir={run}"]) == 0, capsys.readouterr().err
+    records, curves = eval_records.read_records(run), read_scalars(run)
+    assert list(records) == [0, 2, 4]
+    for step, record in records.items():
+        assert len(record.prompt_id) == 8 and record.sampled_scores.shape == (8, 2)
+        for tag, value in eval_records.metrics(record).items():
+            assert dict(curves[tag])[step] == pytest.approx(value, abs=1e-7), (tag, step)  # events hold float32
+    prompts = json.loads((run / "eval_records" / "prompts.json").read_text())
+    assert [row["id"] for row in prompts] == records[4].prompt_id.tolist()
+    assert all(prompt_id(row["prompt"]) == row["id"] for row in prompts)

@@ -20,6 +20,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -33,6 +34,7 @@ from rlzoo.run.checkpoint import (
     write_manifest,
 )
 from rlzoo.commands.cli import main
+from rlzoo.run import eval_records
 from rlzoo.core.events import read_scalars
 from zoo import TINY
 
@@ -523,6 +525,28 @@ def test_every_kill_point_and_signal_leaves_a_run_that_resumes_to_the_uninterrup
     assert "resuming from step_000006" in err and (run_dir / "checkpoints" / "damaged-step_000007").is_dir()
     assert_same_run(run_dir, want, 8)
 
+
+
+@SLOW
+def test_a_killed_run_resumes_to_the_uninterrupted_evaluation_records(capsys, tmp_path: Path) -> None:
+    """kill -9 in step 4's update, after step 3's evaluation record and step 2's checkpoint:
+    the resume evaluates step 3 again, and every per-prompt record equals the uninterrupted run's."""
+    args = [*TINY, "trainer.total_steps=4", "checkpoint.every=2", "eval.every=1", "eval.size=8", "eval.n=2"]
+    want, run_dir = tmp_path / "want", tmp_path / "run"
+    assert main(["train", *args, f"run_dir={want}"]) == 0
+    killed = rlzoo(tmp_path, "train", *args, f"run_dir={run_dir}",
+                   fault=f"update:{3 * _optimizer_steps_per_step(args) + 1}")
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    assert eval_records.recorded_steps(run_dir) == [1, 2, 3] and steps(run_dir)[-1] == 2
+    capsys.readouterr()
+    assert main(["train", f"resume={run_dir}"]) == 0, capsys.readouterr().err[-3000:]
+    got, expected = eval_records.read_records(run_dir), eval_records.read_records(want)
+    assert list(got) == list(expected) == [1, 2, 3, 4]
+    for step in expected:
+        for name in ("prompt_id", "greedy_score", "greedy_correct", "strict_correct", "lenient_correct",
+                     "sampled_scores"):
+            assert np.array_equal(getattr(got[step], name), getattr(expected[step], name)), (step, name)
+    assert_same_run(run_dir, want, 4)
 
 PRESETS = sorted(path.stem for path in (Path(__file__).parents[1] / "configs" / "algo").glob("*.yaml"))
 

@@ -26,6 +26,7 @@ LAYERS: tuple[str, ...] = (
     "learn",      # the update: passes, KL, advantages, losses, corrections, optimizers
     "diagnostics",  # rlzoo doctor's detectors and thresholds, the pre-flight memory and time estimate
     "run",        # run directory, checkpoints, resume, tracking, evaluation, the trainer
+    "analysis",   # statistics over runs: intervals, differences, seeds needed, the comparison report
     "commands",   # the CLI and its subcommands
     "testing",    # the plugin test kit
 )

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from rlzoo.commands.cli import main
-from rlzoo.commands.compare import COLUMNS
+from rlzoo.analysis.report import COLUMNS
 from rlzoo.core.errors import ConfigError
 from rlzoo.commands.sweep import plan, split_values
 import zoo

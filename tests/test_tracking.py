@@ -12,7 +12,7 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.plugins.hparams import metadata
 
-from rlzoo.commands.compare import windows
+from rlzoo.analysis.runs import windows
 from rlzoo.plan.planner import load_config
 from rlzoo.commands.sweep import write_sweep_experiment
 from rlzoo.plan.hparams import OFF, effective_hparams
@@ -142,7 +142,7 @@ def test_best_is_never_below_final() -> None:
 
 
 def test_the_compare_tutorial_shows_the_legend_compare_prints() -> None:
-    from rlzoo.commands.compare import legend
+    from rlzoo.analysis.report import legend
 
     text = (Path(__file__).parents[1] / "docs" / "compare.md").read_text()
     for line in legend(0.5, 25).splitlines():
@@ -152,7 +152,7 @@ def test_the_compare_tutorial_shows_the_legend_compare_prints() -> None:
 def test_compare_without_matplotlib_is_one_clear_error(monkeypatch) -> None:
     import sys
 
-    from rlzoo.commands.compare import _pyplot
+    from rlzoo.analysis.figures import pyplot as _pyplot
     from rlzoo.core.errors import RlzooError
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)   # what an environment without it looks like

@@ -39,6 +39,17 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
                        help="config overrides (dot-list), applied last")
 
+    def with_baseline(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--baseline", action="append", metavar="KEY=VALUE",
+                       help="the group every difference is taken to (e.g. algo=grpo; repeat to name a group by "
+                       "several keys); default: the group with the best final --metric")
+        p.add_argument("--metric", default="eval/greedy_accuracy", metavar="TAG",
+                       help="the held-out metric the differences, verdicts and seeds are about (an eval/... tag "
+                       "recorded per prompt; default eval/greedy_accuracy)")
+        p.add_argument("--min-effect", type=float, metavar="DELTA",
+                       help="also say how many seeds per group resolve a difference of DELTA (95%% confidence, "
+                       "80%% power; for an accuracy 0 < DELTA < 1)")
+
     train = sub.add_parser("train", help="train a policy with RL (the main job)",
                            description="Train a policy with RL. With no arguments: the "
                            "embedded default (tiny model, built-in task) on the CPU.")
@@ -90,6 +101,9 @@ def _parser() -> argparse.ArgumentParser:
                          "(default: the first path)")
     compare.add_argument("--x", metavar="KEY", help="also plot the final reward and accuracy against this "
                          "numeric key (one that separates the groups, e.g. rollout.staleness): compare_KEY.png")
+    with_baseline(compare)
+    compare.add_argument("--json", action="store_true", help="print every number as JSON (compare.json) instead of "
+                         "the table")
 
     doctor = sub.add_parser("doctor", help="what went wrong in runs (RUN_DIR ...), or what a config will cost "
                             "(--plan)", description="Post-mortem (rlzoo doctor RUN_DIR [RUN_DIR ...]): read each run's "
@@ -394,9 +408,13 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
 def _cmd_compare(args: argparse.Namespace) -> int:
     from rlzoo.commands.compare import compare
 
-    text, png, report = compare(args.paths, args.out, args.threshold, args.window, args.x)
-    print(text)
-    print(f"\nwrote {png} and {report}")
+    done = compare(args.paths, args.out, args.threshold, args.window, args.x, args.baseline, args.metric,
+                   args.min_effect)
+    if args.json:
+        print(done.files[-1].read_text())
+        return 0
+    print(done.text)
+    print(f"\nwrote {', '.join(str(f) for f in done.files)}")
     return 0
 
 

@@ -32,7 +32,6 @@ exactly as one without (tested).
 from __future__ import annotations
 
 
-import math
 import time
 from typing import NamedTuple
 
@@ -43,7 +42,8 @@ from rlzoo.core import distributed
 from rlzoo.core.errors import ConfigError, say
 from rlzoo.plan.settings import EvalPlan
 from rlzoo.rollout.sampler import Completions, Sampler
-from rlzoo.tasks.task import Example, Holdout, Task
+from rlzoo.run.eval_records import EvalRecord, metrics as record_metrics
+from rlzoo.tasks.task import Example, Holdout, Task, prompt_id
 from rlzoo.run.tracking import Sample
 
 EVAL_PREFIX = "eval/"
@@ -65,14 +65,6 @@ class Answer(NamedTuple):
     """Lenient score of the greedy completion."""
     turns: int | None
     """Policy turns of the greedy episode; ``None`` without an environment."""
-
-
-def pass_at_k(n: int, correct: int, k: int) -> float:
-    """Unbiased pass@k from ``n`` samples of which ``correct`` are correct:
-    1 − C(n − c, k) / C(n, k) (Chen et al. 2021, arXiv:2107.03374)."""
-    if n - correct < k:
-        return 1.0
-    return 1.0 - math.comb(n - correct, k) / math.comb(n, k)
 
 
 class Evaluator:
@@ -98,6 +90,9 @@ class Evaluator:
         self.sequences = max(1, sampler.plan.update.sequences)
         self.samples: list[Sample] = []
         """Greedy answers to the first held-out prompts at the last evaluation (logged as text)."""
+        self.prompt_ids = np.array([prompt_id(e.prompt) for e in examples], dtype=np.uint64)
+        self.record: EvalRecord | None = None
+        """Every held-out prompt's outcome at the last evaluation (:mod:`rlzoo.run.eval_records`)."""
 
     @classmethod
     def build(cls, evaluation: EvalPlan, task: Task, task_name: str, sampler: Sampler,
@@ -189,22 +184,16 @@ class Evaluator:
             distributed.raise_failures(failure, self.dist)
         results = dict(item for _, part in parts for item in part)
         answers = [results[i] for i in range(len(self.examples))]
-        greedy = np.array([a.greedy for a in answers])
-        strict = (greedy >= self.threshold) & np.array([a.found for a in answers])
+        greedy = np.array([a.greedy for a in answers], dtype=np.float64)
+        strict = (greedy >= self.threshold) & np.array([a.found for a in answers], dtype=bool)
         lenient = strict | (np.array([a.lenient for a in answers]) >= self.threshold)
-        metrics = {"eval/greedy_accuracy": float((greedy >= self.threshold).mean()),
-                   "eval/greedy_score": float(greedy.mean()),
-                   "eval/strict_accuracy": float(strict.mean()),
-                   "eval/lenient_accuracy": float(lenient.mean())}
-        if answers and answers[0].turns is not None:
-            metrics["eval/greedy_turns"] = float(np.mean([a.turns for a in answers]))
-        if self.n:
-            sampled = np.array([a.sampled for a in answers])
-            correct = (sampled >= self.threshold).sum(1)
-            metrics["eval/pass@1"] = float(np.mean([pass_at_k(self.n, int(c), 1) for c in correct]))
-            if self.n > 1:
-                metrics[f"eval/pass@{self.n}"] = float(np.mean([pass_at_k(self.n, int(c), self.n) for c in correct]))
-            metrics["eval/sampled_score"] = float(sampled.mean())
+        with_turns = bool(answers) and answers[0].turns is not None
+        self.record = EvalRecord(
+            step=step, threshold=self.threshold, prompt_id=self.prompt_ids, greedy_score=greedy,
+            greedy_correct=greedy >= self.threshold, strict_correct=strict, lenient_correct=lenient,
+            sampled_scores=np.array([a.sampled for a in answers], dtype=np.float64).reshape(len(answers), self.n),
+            greedy_turns=np.array([a.turns for a in answers], dtype=np.int64) if with_turns else None)
+        metrics = record_metrics(self.record)
         self.samples = [Sample(self.examples[i].prompt, self.examples[i].reference, answers[i].shown,
                                answers[i].greedy) for i in range(min(8, len(self.examples)))]
         metrics[EVAL_TIME_TAG] = time.perf_counter() - start

@@ -9,6 +9,7 @@
       events.out.tfevents.*       TensorBoard scalars, text samples, hparams
       init_model/                 the initial policy + tokenizer (the frozen reference)
       checkpoints/step_000100/    policy/, critic/, trainer_state.pt, manifest.json (rlzoo.run.checkpoint)
+      eval_records/step_000100.npz  each held-out prompt's outcome at that evaluation (rlzoo.run.eval_records)
       status.json                 completed | interrupted | failed, step
       .lock                       the pid of the run using the directory
 
@@ -53,12 +54,14 @@ from rlzoo.core.errors import ConfigError, RlzooError, TrainingError, say
 from rlzoo.run.run_lock import LOCK_FILE, RunLock, in_use_error, lock_holder
 from rlzoo.core.events import read_scalars
 from rlzoo.models.lora import ADAPTER_CONFIG
+from rlzoo.run import eval_records
+from rlzoo.run.eval_records import RECORDS_DIR, EvalRecord
 from rlzoo.run.layout import (CONFIG_FILE, INIT_MODEL_DIR, PLAN_FILE, RESUMES_FILE, RM_MODEL_DIR, STATUS_FILE,
                               SWEEP_FILE)
 from rlzoo.run.recording import ROLLOUT_DIR, record
 
 RUN_FILES = (CONFIG_FILE, PLAN_FILE, RESUMES_FILE, STATUS_FILE, f".{STATUS_FILE}.tmp", INIT_MODEL_DIR,
-             CHECKPOINT_DIR, ROLLOUT_DIR, RM_MODEL_DIR, "events.out.tfevents.*")
+             CHECKPOINT_DIR, ROLLOUT_DIR, RECORDS_DIR, RM_MODEL_DIR, "events.out.tfevents.*")
 """What a run writes into its directory (glob patterns): what ``--overwrite`` deletes.
 Anything else there (``rlzoo sweep``'s ``train.log``, your notes) is left alone."""
 
@@ -114,6 +117,27 @@ def check_output_dir(path: Path, flag: str) -> None:
                           f"choose another {flag}")
     if not os.access(existing, os.W_OK | os.X_OK):
         raise ConfigError(f"{flag} {str(path)!r} cannot be written: no permission to write in {str(existing)!r}")
+
+
+def is_run(path: Path) -> bool:
+    """A run directory as ``rlzoo compare`` finds them: ``config.yaml`` and TensorBoard events
+    (not inside a checkpoint)."""
+    path = Path(path)
+    return (path / CONFIG_FILE).is_file() and any(path.glob("events.out.tfevents.*")) \
+        and CHECKPOINT_DIR not in path.parts
+
+
+def check_not_a_run(path: Path, flag: str, why: str) -> None:
+    """Refuse ``path`` as a directory a command writes its own files into (``rlzoo compare
+    --out``, ``rlzoo sweep --dir``) when it holds a run: its config, a checkpoint or its
+    status (a sweep there would put its runs inside that run). Reads only.
+
+    :param why: what the command writes where, completing the message.
+    :raises ConfigError: naming the path and the run it holds.
+    """
+    path = Path(path)
+    if is_run(path) or any((path / name).exists() for name in (CONFIG_FILE, CHECKPOINT_DIR, STATUS_FILE)):
+        raise ConfigError(f"{flag} {str(path)!r} is a run directory ({describe_run(path)}); {why}")
 
 
 def check_new_output_dir(path: Path, flag: str) -> None:
@@ -352,9 +376,11 @@ class RunDirectory:
 
     def record_resume(self, step: int, changes: dict[str, tuple[Any, Any]], plan_text: str) -> None:
         """Append this resume to ``resumes.jsonl``; apply accepted ``changes`` to
-        ``config.yaml`` and rewrite ``plan.txt`` if it changed, so both stay true."""
+        ``config.yaml`` and rewrite ``plan.txt`` if it changed, so both stay true; delete the
+        evaluation records of steps after ``step`` (evaluated again, as the events are purged)."""
         def write() -> None:
             try:
+                eval_records.purge_after(self.path, step)
                 entry = {"time": datetime.now().isoformat(timespec="seconds"), "step": step,
                          "changes": {key: [old, new] for key, (old, new) in changes.items()}}
                 with open(self.path / RESUMES_FILE, "a") as handle:
@@ -380,6 +406,20 @@ class RunDirectory:
             except OSError as exc:
                 raise TrainingError(f"cannot record the rollout of step {step} in {self.path / ROLLOUT_DIR}: "
                                     f"{write_error(exc, self.path)}") from exc
+
+    def record_evaluation(self, record: EvalRecord, prompts: list[str], references: list[Any]) -> None:
+        """Write an evaluation's per-prompt record (rank 0; every rank holds the same record),
+        and at the first one the held-out prompts' texts and references (a collective under
+        torchrun: a failure on rank 0 is raised on every rank)."""
+        def write() -> None:
+            try:
+                eval_records.write_prompts(self.path, record.prompt_id.tolist(), prompts, references)
+                eval_records.write_record(self.path, record)
+            except OSError as exc:
+                raise TrainingError(f"cannot write the evaluation record of step {record.step} in "
+                                    f"{self.path / RECORDS_DIR}: {write_error(exc, self.path)}") from exc
+
+        self.on_main(write)
 
     def save_checkpoint(self, step: int, models: dict[str, Any], state: dict[str, Any], keep: int) -> None:
         """Write checkpoint ``step`` (rank 0; every rank calls this, the others wait).

@@ -43,6 +43,7 @@ from rlzoo.agents.episodes import COUNT_COLUMNS
 from rlzoo.plan.hparams import matches
 from rlzoo.plan.records import RunPlan
 from rlzoo.plan.settings import CadencePlan, EvalPlan
+from rlzoo.run.eval_records import eval_metric_tags
 
 LAYOUT: list[tuple[str, list[str]]] = [
     ("reward and evaluation", ["reward/mean", "eval/greedy_accuracy", "eval/pass@1", "eval/pass@N",
@@ -67,15 +68,6 @@ class Sample:
     reference: Any
     completion: str
     score: float
-
-
-def eval_metric_tags(n: int, episodes: bool = False) -> list[str]:
-    """The ``eval/...`` tags a run with ``eval.n = n`` logs, most important first
-    (``episodes``: a run with an environment)."""
-    tags = ["eval/greedy_accuracy", "eval/greedy_score", "eval/strict_accuracy", "eval/lenient_accuracy"]
-    if n >= 1:
-        tags += ["eval/pass@1"] + ([f"eval/pass@{n}"] if n > 1 else []) + ["eval/sampled_score"]
-    return tags + (["eval/greedy_turns"] if episodes else [])
 
 
 def _eval_tags(evaluation: EvalPlan) -> list[str]:

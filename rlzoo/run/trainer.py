@@ -222,6 +222,15 @@ class Trainer:
         if distributed.all_reduce_floats({"bad": float(failure is not None)}, self.dist, "max")["bad"]:
             distributed.raise_failures(failure, self.dist)
 
+    def evaluate(self, step: int) -> dict[str, float]:
+        """Evaluate on the held-out prompts (a collective) and write the per-prompt record;
+        returns the ``eval/...`` metrics."""
+        metrics = self.evaluator.run(step)
+        examples = self.evaluator.examples
+        self.run_dir.record_evaluation(self.evaluator.record, [e.prompt for e in examples],
+                                       [e.reference for e in examples])
+        return metrics
+
     # ---------------------------------------------------------------- checkpoints
 
     def _state(self) -> dict[str, Any]:
@@ -283,7 +292,7 @@ class Trainer:
             if self.evaluator is not None:
                 print(self.evaluator.describe(), flush=True)
         if self.evaluator is not None and self.evaluator.at_start and self.step == 0:
-            start_metrics = self.evaluator.run(0)
+            start_metrics = self.evaluate(0)
             if tracker is not None:
                 tracker.log_scalars(0, start_metrics)
                 tracker.log_samples(0, self.evaluator.samples, tag="eval_samples")
@@ -300,7 +309,7 @@ class Trainer:
                 metrics = self.train_step()
                 last = self.step == cadence.total_steps
                 if self.evaluator is not None and self.evaluator.due(self.step, last):
-                    metrics.update(self.evaluator.run(self.step))
+                    metrics.update(self.evaluate(self.step))
                 failure = None
                 try:
                     self._step_end(metrics, tracker, progress, last)

@@ -44,6 +44,15 @@ class Example:
     messages: tuple[Mapping[str, str], ...] | None = field(default=None, compare=False)
 
 
+def prompt_id(prompt: str) -> int:
+    """A prompt's stable identity: the 64-bit keyed hash (BLAKE2b) of its text, the same in
+    every run, process and version; the held-out split's key is this over 2⁶⁴. Evaluation
+    records name each held-out prompt by it (:mod:`rlzoo.run.eval_records`), so runs are
+    paired prompt by prompt."""
+    digest = hashlib.blake2b(prompt.encode("utf-8"), digest_size=8, person=b"rlzoo-eval").digest()
+    return int.from_bytes(digest, "big")
+
+
 @dataclass(frozen=True)
 class Holdout:
     """The held-out share of a task's prompt space (``eval.holdout``).
@@ -60,9 +69,9 @@ class Holdout:
 
     @staticmethod
     def key(prompt: str) -> float:
-        """The prompt's position in [0, 1) (uniform over prompts, fixed for ever)."""
-        digest = hashlib.blake2b(prompt.encode("utf-8"), digest_size=8, person=b"rlzoo-eval").digest()
-        return int.from_bytes(digest, "big") / 2.0**64
+        """The prompt's position in [0, 1) (uniform over prompts, fixed for ever): its
+        :func:`prompt_id` over 2⁶⁴."""
+        return prompt_id(prompt) / 2.0**64
 
     def contains(self, prompt: str) -> bool:
         """Whether ``prompt`` belongs to the held-out (evaluation) share."""
