@@ -19,6 +19,7 @@ Which interval each number gets (:mod:`rlzoo.analysis.intervals`):
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,113 +37,13 @@ from rlzoo.analysis.intervals import (
     seeds_needed,
     unpaired_contrast,
 )
-from rlzoo.analysis.runs import Group, RunSummary
+from rlzoo.analysis.measures import SHARES, Metric, prompt_values, run_value, table_metrics, verdict_metrics
+from rlzoo.analysis.runs import Group
 from rlzoo.core.errors import ConfigError
-from rlzoo.run.eval_records import per_prompt
+from rlzoo.run.eval_records import eval_metric_tags
 
 IQM_RUNS = 4
 """Groups with at least this many runs get an interquartile mean."""
-
-SHARES = ("eval/greedy_accuracy", "eval/strict_accuracy", "eval/lenient_accuracy", "eval/pass@")
-"""Tags (prefixes) whose values are shares in [0, 1], where ``--min-effect`` is a share too."""
-
-
-@dataclass(frozen=True)
-class Metric:
-    """One compared number: ``tag`` summarised as ``final`` (at the last evaluation, or the
-    smoothed reward at the last step), ``best`` (best so far), ``auc`` (area under the
-    held-out curve over its span) or ``steps`` (steps to the reward threshold)."""
-
-    name: str
-    tag: str
-    summary: str
-
-    @property
-    def per_prompt(self) -> bool:
-        return self.tag.startswith("eval/")
-
-    @property
-    def higher_is_better(self) -> bool:
-        return self.summary != "steps"
-
-    @property
-    def share(self) -> bool:
-        return self.tag.startswith(SHARES)
-
-
-def _summaries(tag: str, short: str) -> list[Metric]:
-    return [Metric(short, tag, "final"), Metric(f"{short} best", tag, "best"), Metric(f"{short} AUC", tag, "auc")]
-
-
-REWARD = [Metric("reward final", "reward/mean", "final"), Metric("reward best", "reward/mean", "best"),
-          Metric("steps to T", "reward/mean", "steps")]
-
-
-def table_metrics(primary: str = "eval/greedy_accuracy") -> list[Metric]:
-    """The metrics of the table (the greedy accuracy at the end, its best, its AUC, the
-    other accuracies, the training reward and the steps), then the ``primary`` tag's final,
-    best and AUC when it is another one."""
-    metrics = [*_summaries("eval/greedy_accuracy", "eval acc"), Metric("eval pass@1", "eval/pass@1", "final"),
-               Metric("eval strict", "eval/strict_accuracy", "final"),
-               Metric("eval lenient", "eval/lenient_accuracy", "final"), *REWARD]
-    return metrics if primary in ("eval/greedy_accuracy", "reward/mean") else metrics + _summaries(primary, primary)
-
-
-def verdict_metrics(primary: str) -> list[Metric]:
-    """The metrics whose differences get a verdict line: the primary metric at the end, at
-    its best and over the run (AUC), and the steps to the reward threshold (without
-    evaluation: the training reward at the end and at its best, and the steps)."""
-    if primary == "reward/mean":
-        return REWARD
-    return [*_summaries(primary, "eval acc" if primary == "eval/greedy_accuracy" else primary), REWARD[-1]]
-
-
-# ----------------------------------------------------------------------------- per-run values
-
-
-def _auc(steps: np.ndarray, values: np.ndarray) -> np.ndarray:
-    """The area under ``values`` (K × ...) over ``steps`` (K) divided by the span (trapezoids):
-    the value averaged over the run; the value itself for one evaluation."""
-    if len(steps) == 1:
-        return values[0]
-    widths = np.diff(steps)
-    areas = (widths[:, None] * (values[1:] + values[:-1]) / 2).sum(0) if values.ndim > 1 else \
-        (widths * (values[1:] + values[:-1]) / 2).sum()
-    return areas / (steps[-1] - steps[0])
-
-
-def run_value(run: RunSummary, metric: Metric) -> float | None:
-    """The run's value of ``metric`` (from its per-prompt records when it has them)."""
-    if metric.tag == "reward/mean":
-        return {"final": run.reward_final, "best": run.reward_best, "steps": run.steps_to_threshold}[metric.summary]
-    prompts = prompt_values(run, metric)
-    if prompts is not None:
-        _, values = prompts
-        return float(values.mean(1).max()) if metric.summary == "best" else float(values.mean())
-    curve = run.eval_curves.get(metric.tag)
-    if curve is None or not len(curve[1]):
-        return None
-    steps, values = curve
-    return float({"final": values[-1], "best": values.max(), "auc": _auc(steps, values)}[metric.summary])
-
-
-def prompt_values(run: RunSummary, metric: Metric) -> tuple[np.ndarray, np.ndarray] | None:
-    """``(prompt ids, values)`` of a per-prompt metric, prompts in id order: values (N,) for
-    ``final`` and ``auc``, (evaluations × N) for ``best``; ``None`` without records of it."""
-    records = [r for _, r in sorted(run.records.items()) if metric.tag in r.tags()]
-    if not records or not metric.per_prompt:
-        return None
-    order = np.argsort(records[-1].prompt_id, kind="stable")
-    ids = records[-1].prompt_id[order]
-    if any(not np.array_equal(np.sort(r.prompt_id, kind="stable"), ids) for r in records):
-        return None  # the held-out set changed within the run
-    matrix = np.stack([per_prompt(r, metric.tag)[np.argsort(r.prompt_id, kind="stable")] for r in records])
-    if metric.summary == "final":
-        return ids, matrix[-1]
-    if metric.summary == "auc":
-        return ids, _auc(np.array([r.step for r in records], dtype=float), matrix)
-    return ids, matrix
-
 
 # ----------------------------------------------------------------------------- group statistics
 
@@ -245,6 +146,8 @@ class Difference:
     """P(improvement) of the group over the baseline with its bootstrap interval."""
     seeds_observed: int | None
     """Seeds per group that resolve a true difference of the observed size (80 % power)."""
+    prompts_observed: int | None
+    """Without enough seeds for it: held-out prompts that would, with the seeds there are."""
     seeds_min_effect: int | None
     prompts_min_effect: int | None
     verdict: str
@@ -269,15 +172,21 @@ def difference(group: Group, baseline: Group, metric: Metric, level: float = LEV
     contrast = contrast_of([group, baseline], [1.0, -1.0], metric, paired)
     interval = contrast.interval(level) if contrast is not None else None
     x, y = (np.array([v for v in (run_value(r, metric) for r in g.runs) if v is not None]) for g in (group, baseline))
-    observed = seeds_needed(contrast, interval.value, level) if contrast is not None and interval is not None \
-        and not interval.excludes_zero else None
-    wanted = seeds_needed(contrast, min_effect, level) if contrast is not None and min_effect else None
+    observed = observed_prompts = None
+    plannable = metric.summary != "best"  # a maximum over evaluations: no variance model to project
+    if plannable and contrast is not None and interval is not None and not interval.excludes_zero \
+            and interval.value != 0:
+        observed = seeds_needed(contrast, interval.value, level)
+        if observed is None and all(c.runs >= 2 for _, c in contrast.groups):
+            observed_prompts = prompts_needed(contrast, interval.value, min(c.runs for _, c in contrast.groups), level)
+    wanted = seeds_needed(contrast, min_effect, level) if plannable and contrast is not None and min_effect else None
     prompts = None
-    if contrast is not None and min_effect and wanted is None:
+    if plannable and contrast is not None and min_effect and wanted is None:
         prompts = prompts_needed(contrast, min_effect, max(2, min(c.runs for _, c in contrast.groups)), level)
     by_prompt = paired and interval is not None and metric.per_prompt and interval.method != "seeds only"
     diff = Difference(group=group, baseline=baseline, metric=metric, interval=interval, paired=by_prompt,
                       improvement=_improvement(x, y, metric, level), seeds_observed=observed,
+                      prompts_observed=observed_prompts,
                       seeds_min_effect=wanted, prompts_min_effect=prompts, verdict="")
     diff.verdict = verdict(diff, contrast, min_effect)
     return diff
@@ -300,11 +209,17 @@ def verdict(diff: Difference, contrast: Contrast | None, min_effect: float | Non
         text = f"not resolved{caveat}; a second seed per group is the least that lets seeds be planned"
     elif diff.interval.value == 0:
         text = "not resolved: no difference at all"
+    elif diff.metric.summary == "best":
+        text = "not resolved (seeds are planned on the final value and the AUC)"
+    elif diff.seeds_observed is None and diff.prompts_observed is not None:
+        runs = min(c.runs for _, c in contrast.groups)
+        text = (f"not resolved; no number of seeds resolves a difference this size on this held-out set, about "
+                f"{diff.prompts_observed} held-out prompts (eval.size) with {runs} seeds per group would")
     elif diff.seeds_observed is None:
-        text = "not resolved; more than 1000 seeds per group would be needed for a difference this size"
+        text = "not resolved; a difference this size is out of reach of 1000 seeds per group"
     else:
         text = f"not resolved; about {diff.seeds_observed} seeds per group would resolve a difference this size"
-    if min_effect and not single:
+    if min_effect and not single and diff.metric.summary != "best":
         if diff.seeds_min_effect is not None:
             text += f"; {diff.seeds_min_effect} seeds per group resolve a difference of {min_effect:g}"
         elif diff.prompts_min_effect is not None:
@@ -331,7 +246,8 @@ class Comparison:
     level: float
     differences: list[Difference]
     iqms: list[tuple[float, float, float] | None]
-    """Per group: the IQM of the primary metric's final values with its bootstrap interval."""
+    """Per group: the IQM of the runs' final greedy accuracy (the training reward without
+    evaluation) with its bootstrap interval."""
     notes: list[str] = field(default_factory=list)
 
 
@@ -354,13 +270,18 @@ def parse_baseline(groups: list[Group], items: list[str]) -> Group:
     return matched[0]
 
 
-def check_min_effect(min_effect: float | None, primary: str) -> None:
-    """:raises ConfigError: ``--min-effect`` ≤ 0, or ≥ 1 for a share (an accuracy)."""
+def check_options(metric: str, min_effect: float | None) -> None:
+    """:raises ConfigError: a ``--metric`` that is not recorded per prompt (nor
+    ``reward/mean``), or a ``--min-effect`` ≤ 0, or ≥ 1 for a share (an accuracy)."""
+    known = [*eval_metric_tags(2, episodes=True), "reward/mean"]
+    if metric not in known and not re.fullmatch(r"eval/pass@[1-9][0-9]*", metric):
+        raise ConfigError(f"--metric {metric!r} is not a metric rlzoo records per held-out prompt; choose one of "
+                          f"{', '.join(known).replace('pass@2', 'pass@N')}")
     if min_effect is None:
         return
-    if min_effect <= 0 or (min_effect >= 1 and primary.startswith(SHARES)) or not math.isfinite(min_effect):
-        bound = " and < 1 for a share such as an accuracy" if primary.startswith(SHARES) else ""
-        raise ConfigError(f"--min-effect must be > 0{bound} ({primary}), got {min_effect:g}")
+    if min_effect <= 0 or (min_effect >= 1 and metric.startswith(SHARES)) or not math.isfinite(min_effect):
+        bound = " and < 1 for a share such as an accuracy" if metric.startswith(SHARES) else ""
+        raise ConfigError(f"--min-effect must be > 0{bound} ({metric}), got {min_effect:g}")
 
 
 def _pairing_notes(groups: list[Group], baseline: Group, metric: Metric) -> tuple[dict[int, bool], list[str]]:
@@ -395,7 +316,7 @@ def compare_groups(groups: list[Group], primary: str = "eval/greedy_accuracy", b
 
     :raises ConfigError: a baseline that names no group or several, or a bad ``min_effect``.
     """
-    check_min_effect(min_effect, primary)
+    check_options(primary, min_effect)
     metrics = table_metrics(primary)
     if not any(primary in r.eval_curves or r.records for g in groups for r in g.runs):
         primary = "reward/mean"  # nothing evaluated: the training reward decides
@@ -408,7 +329,8 @@ def compare_groups(groups: list[Group], primary: str = "eval/greedy_accuracy", b
         notes.append(f"one run in {', '.join(singles)}: its interval covers the held-out prompts only, not seeds")
     differences = [difference(g, base, m, level, min_effect if m.share else None, pairs.get(id(g), False))
                    for g in groups if g is not base for m in verdict_metrics(primary)]
-    final = [estimate(g, first, level) for g in groups]
+    accuracy = first if primary == "reward/mean" else metrics[0]  # the table's IQM column: eval acc
+    final = [estimate(g, accuracy, level) for g in groups]
     iqms = [_iqm(e.values, level) if len(e.values) >= IQM_RUNS else None for e in final]
     return Comparison(groups=groups, estimates=estimates, metrics=metrics, baseline=base, primary=primary,
                       level=level, differences=differences, iqms=iqms, notes=notes)
@@ -442,6 +364,7 @@ def as_dict(comparison: Comparison) -> dict[str, Any]:
         "differences": [{"group": d.group.label, "baseline": d.baseline.label, "metric": d.metric.name,
                          "tag": d.metric.tag, "summary": d.metric.summary,
                          "interval": d.interval.as_dict() if d.interval else None, "paired": d.paired,
+                         "prompts_observed": d.prompts_observed,
                          "p_improvement": dict(zip(("value", "low", "high"), d.improvement)) if d.improvement
                          else None, "seeds_observed": d.seeds_observed, "seeds_min_effect": d.seeds_min_effect,
                          "prompts_min_effect": d.prompts_min_effect, "resolved": d.resolved, "verdict": d.verdict}

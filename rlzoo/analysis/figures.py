@@ -8,7 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from rlzoo.analysis.comparison import Comparison, Metric, contrast_of, estimate
+from rlzoo.analysis.comparison import Comparison, contrast_of, estimate
+from rlzoo.analysis.measures import Metric
 from rlzoo.analysis.intervals import LEVEL, t_quantile
 from rlzoo.analysis.runs import Group, RunSummary
 from rlzoo.core.errors import RlzooError

@@ -66,6 +66,11 @@ def number(value: float, digits: int = 3) -> str:
     return (text if text.strip("-0.") else text.lstrip("-")).replace("-", "−")
 
 
+def percent(level: float) -> str:
+    """A confidence level as a percentage: ``95%``, ``98.33%``."""
+    return f"{100 * level:.4g}%"
+
+
 def interval_text(interval: Interval | None, digits: int = 3) -> str:
     """``0.652 [0.581, 0.723]``; the mean alone when it has no interval; ``—`` for no value."""
     if interval is None:
@@ -126,7 +131,7 @@ def difference_line(diff: Difference) -> str:
         return f"{head}: {diff.verdict}"
     iv = diff.interval
     digits = 0 if diff.metric.summary == "steps" else 3
-    text = (f"{head} = {number(iv.value, digits)}, {iv.level:.0%} CI [{number(iv.low, digits)}, "
+    text = (f"{head} = {number(iv.value, digits)}, {percent(iv.level)} CI [{number(iv.low, digits)}, "
             f"{number(iv.high, digits)}]")
     if diff.improvement is not None:
         point, low, high = diff.improvement
@@ -141,7 +146,7 @@ def differences(comparison: Comparison) -> str:
         return f"One group ({comparison.baseline.label}): no differences to report."
     paired = any(d.paired for d in comparison.differences)
     how = "paired by held-out prompt" if paired else "unpaired"
-    head = (f"Differences to the baseline {comparison.baseline.label} ({how}; {comparison.level:.0%} intervals; "
+    head = (f"Differences to the baseline {comparison.baseline.label} ({how}; {percent(comparison.level)} intervals; "
             "P(improvement): the chance that a run of the group beats a run of the baseline, rliable's "
             "definition, with its bootstrap interval; seeds: for 80% power at this level):")
     return "\n".join([head, *(f"- {difference_line(d)}" for d in comparison.differences),

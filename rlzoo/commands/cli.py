@@ -20,6 +20,8 @@ from rlzoo.core.processes import share_cores_politely
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
+DEFAULT_MAX_SEEDS = 6
+"""rlzoo sweep --until-resolved: seeds per group at most, unless --max-seeds says otherwise."""
 QUICK_COMMANDS = frozenset({"list", "config", "explain", "diff"})
 """The commands that read the plugins and the config but run no torch code: they defer torch's
 import (:func:`rlzoo.core.deferred.defer_imports`), which loads only if something uses it."""
@@ -88,6 +90,13 @@ def _parser() -> argparse.ArgumentParser:
     sweep.add_argument("--name", help="sweep name (default: sweep-<timestamp>)")
     sweep.add_argument("--dir", metavar="DIR", help="sweep directory (default: runs/<name>)")
     sweep.add_argument("--jobs", type=int, default=1, help="runs at a time (default 1)")
+    sweep.add_argument("--until-resolved", action="store_true",
+                       help="after the first round (seed=a,b,...), add one seed per round to the baseline and to "
+                       "every group whose held-out difference to it is not resolved, until all are or --max-seeds "
+                       "is reached (repeated confidence intervals, Bonferroni over the looks: docs/compare.md)")
+    sweep.add_argument("--max-seeds", type=int, metavar="N", help="with --until-resolved: at most N seeds per "
+                       f"group (default {DEFAULT_MAX_SEEDS})")
+    with_baseline(sweep)
 
     compare = sub.add_parser("compare", help="table + reward-curve PNG + Markdown report of runs",
                              description="Compare runs (a sweep directory or run directories): "
@@ -383,12 +392,19 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     from datetime import datetime
     from pathlib import Path
 
-    from rlzoo.commands.sweep import run_sweep
+    from rlzoo.commands.sweep import run_sweep, until_resolved
 
     _, registry, _ = _resolve_registry(args)
     name = args.name or f"sweep-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
     sweep_dir = Path(args.dir) if args.dir else Path("runs") / name
-    results = run_sweep(sweep_dir, args.overrides, registry, args.config, args.jobs)
+    if args.until_resolved:
+        results = until_resolved(sweep_dir, args.overrides, registry, args.config, args.jobs,
+                                 args.max_seeds or DEFAULT_MAX_SEEDS, args.baseline, args.metric, args.min_effect)
+    elif args.max_seeds is not None or args.baseline or args.min_effect is not None:
+        raise ConfigError("--max-seeds, --baseline and --min-effect go with --until-resolved (rlzoo compare takes "
+                          "--baseline and --min-effect after a plain sweep)")
+    else:
+        results = run_sweep(sweep_dir, args.overrides, registry, args.config, args.jobs)
     failed = [run.name for run, outcome in results if outcome.startswith("failed")]
     done = sum(outcome in ("completed", "skipped") for _, outcome in results)
     print(f"sweep {sweep_dir}: {done} of {len(results)} runs done; compare "

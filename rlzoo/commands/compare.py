@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlzoo.analysis.comparison import Comparison, as_dict, check_min_effect, compare_groups
+from rlzoo.analysis.comparison import Comparison, as_dict, check_options, compare_groups
 from rlzoo.analysis.figures import forest, plot, plot_against, pyplot
 from rlzoo.analysis.intervals import LEVEL
 from rlzoo.analysis.report import differences, legend, table, write_report
@@ -55,7 +55,7 @@ def read_comparison(paths: list[str | Path], threshold: float = 0.5, window: int
     """
     if window < 1:
         raise RlzooError(f"--window must be >= 1, got {window}")
-    check_min_effect(min_effect, metric)
+    check_options(metric, min_effect)
     runs = find_runs(paths)
     groups = group_runs([summarise(run, threshold, window) for run in runs])
     return runs, compare_groups(groups, metric, baseline, level, min_effect)

@@ -31,11 +31,15 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from rlzoo.analysis.comparison import check_options
+from rlzoo.analysis.report import difference_line, percent
+from rlzoo.analysis.sequential import SequentialDesign
+from rlzoo.commands.compare import read_comparison
 from rlzoo.plan.planner import load_config
 from rlzoo.core.errors import ConfigError
 from rlzoo.contract.registry import Registry
 from rlzoo.config.resolved import ResolvedConfig
-from rlzoo.run.rundir import CONFIG_FILE, SWEEP_FILE, check_output_dir, read_status, run_files
+from rlzoo.run.rundir import CONFIG_FILE, SWEEP_FILE, check_not_a_run, check_output_dir, read_status, run_files
 from rlzoo.core.stopping import STOP_SIGNALS, die_with_parent, send_signal, write_now
 from rlzoo.plan.hparams import effective_hparams
 from rlzoo.run.tracking import ALGORITHM_KEYS, hparam_metrics, write_experiment
@@ -218,18 +222,26 @@ class _Children:
             self.running.discard(child)
 
 
+def check_sweep_dir(sweep_dir: Path, jobs: int) -> None:
+    """:raises ConfigError: ``--jobs`` below 1, or a ``--dir`` that is a file, lies under one,
+    cannot be written, or is a run directory (the sweep's runs would go inside that run)."""
+    if jobs < 1:
+        raise ConfigError(f"--jobs must be >= 1, got {jobs}")
+    check_not_a_run(sweep_dir, "--dir", "a sweep writes its runs into a directory of their own: choose another --dir")
+    check_output_dir(sweep_dir, "--dir")
+
+
 def run_sweep(sweep_dir: Path, overrides: list[str], registry: Registry, config_file: str | None = None,
-              jobs: int = 1) -> list[tuple[SweepRun, str]]:
-    """Run (or skip, or resume) every combination; returns ``(run, outcome)`` pairs.
+              jobs: int = 1, runs: list[SweepRun] | None = None) -> list[tuple[SweepRun, str]]:
+    """Run (or skip, or resume) every combination (or only ``runs``, some of them); returns
+    ``(run, outcome)`` pairs.
 
     Outcomes: ``skipped`` (already completed), ``completed``, ``interrupted`` (stopped by a
     signal after writing a checkpoint: the next sweep resumes it), ``not started`` (the
     sweep was stopped first), ``aborted`` (a second Ctrl-C), ``failed (exit N)``.
     """
-    if jobs < 1:
-        raise ConfigError(f"--jobs must be >= 1, got {jobs}")
-    check_output_dir(sweep_dir, "--dir")
-    runs = plan(sweep_dir, overrides)
+    check_sweep_dir(sweep_dir, jobs)
+    runs = plan(sweep_dir, overrides) if runs is None else runs
     for run in runs:
         check_output_dir(run.run_dir, f"the run directory of sweep run {run.name!r}")
     resolved = validate(runs, registry, config_file)
@@ -281,3 +293,94 @@ def run_sweep(sweep_dir: Path, overrides: list[str], registry: Registry, config_
             return [execute(run) for run in runs]
         with ThreadPoolExecutor(max_workers=jobs) as pool:
             return list(pool.map(execute, runs))
+
+
+# ----------------------------------------------------------------------------- --until-resolved
+
+
+def _first_seeds(overrides: list[str]) -> list[int]:
+    """The first round's seeds (``seed=0,1``).
+
+    :raises ConfigError: ``seed`` is not swept over at least two integers, or no other key is swept.
+    """
+    swept = dict(expand(overrides)[1])
+    values = swept.get("seed", [])
+    try:
+        seeds = [int(v) for v in values]
+    except ValueError:
+        raise ConfigError(f"--until-resolved adds integer seeds; seed={','.join(values)} has others") from None
+    if len(seeds) < 2:
+        raise ConfigError("--until-resolved adds seeds to a first round: give it at least two, e.g. seed=0,1")
+    if len(swept) < 2:
+        raise ConfigError("--until-resolved compares groups: sweep a key besides seed (e.g. algo=grpo,rloo)")
+    return seeds
+
+
+def _group_key(run: SweepRun) -> tuple[str, ...]:
+    """A run's combination without its seed: the group it belongs to."""
+    return tuple(item for item in run.overrides if not item.startswith("seed="))
+
+
+def _select(sweep_dir: Path, overrides: list[str], wanted: dict[tuple[str, ...], list[int]]) -> list[SweepRun]:
+    """The runs of each group's seeds, named as the sweep over all of them would name them."""
+    every = sorted({s for seeds in wanted.values() for s in seeds})
+    spread = [item if not item.startswith("seed=") else f"seed={','.join(map(str, every))}" for item in overrides]
+    return [run for run in plan(sweep_dir, spread)
+            if int(next(i for i in run.overrides if i.startswith("seed=")).split("=", 1)[1])
+            in wanted.get(_group_key(run), [])]
+
+
+def until_resolved(sweep_dir: Path, overrides: list[str], registry: Registry, config_file: str | None, jobs: int,
+                   max_seeds: int, baseline: list[str] | None, metric: str,
+                   min_effect: float | None) -> list[tuple[SweepRun, str]]:
+    """``rlzoo sweep --until-resolved``: run the first round, then add one seed to the
+    baseline and to each group whose difference to it is not resolved yet, until every
+    difference is resolved or the groups have ``max_seeds`` seeds; each look's intervals are
+    :class:`rlzoo.analysis.sequential.SequentialDesign`'s. Prints where it stands after each
+    round; returns the last round's ``(run, outcome)`` pairs.
+
+    :raises ConfigError: what :func:`run_sweep` refuses, seeds that cannot be added, a
+        ``max_seeds`` below the first round's seeds, a bad ``--baseline`` or ``--min-effect``.
+    """
+    check_sweep_dir(sweep_dir, jobs)
+    check_options(metric, min_effect)
+    seeds = _first_seeds(overrides)
+    try:
+        design = SequentialDesign(first=len(seeds), max_seeds=max_seeds)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+    wanted = {_group_key(run): list(seeds) for run in plan(sweep_dir, overrides)}
+    validate(_select(sweep_dir, overrides, {key: [*seeds, max(seeds) + 1] for key in wanted}),
+             registry, config_file)  # an added seed that would fail fails now, not after hours
+    print(f"sweep: --until-resolved: {design.describe()}", flush=True)
+    done: dict[tuple[str, ...], str] = {}
+    for look in range(1, design.looks + 1):
+        runs = _select(sweep_dir, overrides, wanted)
+        results = run_sweep(sweep_dir, overrides, registry, config_file, jobs, runs=runs)
+        if any(outcome not in ("completed", "skipped") for _, outcome in results):
+            return results
+        _, comparison = read_comparison([run.run_dir for run in runs], baseline=baseline, metric=metric,
+                                        min_effect=min_effect, level=design.level)
+        baseline = baseline or [f"{key}={value}" for key, value in comparison.baseline.values.items()]
+        key_of = {run.run_dir: _group_key(run) for run in runs}
+        base_key = key_of[comparison.baseline.runs[0].run_dir]
+        print(f"sweep: look {look} of at most {design.looks} ({len(wanted[base_key])} seeds for the baseline "
+              f"{comparison.baseline.label}; intervals at {percent(design.level)}):", flush=True)
+        for diff in (d for d in comparison.differences if d.metric.summary == "final"):
+            key = key_of[diff.group.runs[0].run_dir]
+            if diff.resolved and key not in done:
+                done[key] = f"resolved at look {look} with {len(diff.group.runs)} seeds"
+            print(f"  {difference_line(diff)}" + (f" [{done[key]}]" if key in done else ""), flush=True)
+        open_keys = [key for key in wanted if key != base_key and key not in done]
+        if not open_keys:
+            print(f"sweep: every difference to {comparison.baseline.label} is resolved", flush=True)
+            return results
+        if look == design.looks:
+            print(f"sweep: the budget of {max_seeds} seeds per group is spent; {len(open_keys)} difference(s) "
+                  "not resolved", flush=True)
+            return results
+        extra = max(s for group in wanted.values() for s in group) + 1
+        for key in [base_key, *open_keys]:
+            wanted[key].append(extra)
+        print(f"sweep: adding seed {extra} to {len(open_keys) + 1} group(s)", flush=True)
+    return results
