@@ -382,6 +382,39 @@ def test_sft_refuses_an_out_that_holds_a_run_before_training(capsys, tmp_path: P
     assert _listing(run) == before
 
 
+def test_a_sweep_refuses_a_run_directory_as_its_dir(capsys, tmp_path: Path) -> None:
+    """``rlzoo sweep --dir RUN seed=0,1`` wrote seed-0/ and seed-1/ inside a finished run
+    (issue 47, item 6); refused like ``compare --out RUN``, before anything is written."""
+    run = _fake_run(tmp_path / "run")
+    before = _listing(run)
+    for extra in ([], ["--until-resolved", "algo=grpo,rloo"]):
+        code, out, err = run_cli(capsys, "sweep", "--dir", str(run), *extra, "seed=0,1", *SHORT)
+        assert_usage_error(code, out, err, f"--dir {str(run)!r} is a run directory (completed at step 3 of 3); "
+                                           "a sweep writes its runs into a directory of their own")
+        assert _listing(run) == before
+    code, out, err = run_cli(capsys, "compare", str(tmp_path), "--out", str(run))
+    assert_usage_error(code, out, err, f"--out {str(run)!r} is a run directory (completed at step 3 of 3)")
+
+
+def test_until_resolved_and_compare_options_are_checked_before_any_run(capsys, tmp_path: Path) -> None:
+    sweep = ["sweep", "--dir", str(tmp_path / "s"), *SHORT]
+    for items, fragment in (
+            (["--until-resolved", "algo=grpo,rloo", "seed=0"], "at least two, e.g. seed=0,1"),
+            (["--until-resolved", "seed=0,1"], "sweep a key besides seed"),
+            (["--until-resolved", "algo=grpo,rloo", "seed=a,b"], "adds integer seeds"),
+            (["--until-resolved", "--max-seeds", "2", "algo=grpo,rloo", "seed=0,1,2"],
+             "--max-seeds 2 is below the first round's 3 seeds"),
+            (["--until-resolved", "--min-effect", "1.5", "algo=grpo,rloo", "seed=0,1"],
+             "--min-effect must be > 0 and < 1 for a share such as an accuracy (eval/greedy_accuracy), got 1.5"),
+            (["--max-seeds", "4", "algo=grpo,rloo", "seed=0,1"], "go with --until-resolved")):
+        assert_usage_error(*run_cli(capsys, *sweep[:3], *items, *sweep[3:]), fragment)
+    assert not (tmp_path / "s").exists()
+    for items, fragment in ((["--min-effect", "0"], "--min-effect must be > 0"),
+                            (["--metric", "eval/accuracy"], "--metric 'eval/accuracy' is not a metric rlzoo records "
+                                                            "per held-out prompt; choose one of eval/greedy_accuracy")):
+        assert_usage_error(*run_cli(capsys, "compare", str(tmp_path), "--out", str(tmp_path / "o"), *items), fragment)
+
+
 def test_export_refuses_a_negative_step(capsys, tmp_path: Path) -> None:
     run = _fake_run(tmp_path / "run")
     code, out, err = run_cli(capsys, "export", str(run), str(tmp_path / "out"), "--step", "-1")

@@ -67,7 +67,9 @@ NOT_CHECKED: dict[str, str] = {
     "rlzoo train advantage=opd teacher.path=runs/teacher/checkpoints/step_000300/policy kl.coef=0":
         "needs the checkpoint the training above it writes (teacher.path is checked at load)",
     "rlzoo train resume=runs/r trainer.lr=0.01 algo=ppo": "an error example; needs a run in runs/r",
-    "rlzoo compare runs/algos --threshold 0.5": "needs the sweep above it to have run",
+    "rlzoo compare runs/algos --threshold 0.5 --baseline algo=grpo": "needs the sweep above it to have run",
+    "rlzoo compare runs/lr --baseline trainer.lr=0.0005 --metric eval/greedy_score":
+        "needs the sweep above it to have run",
     "rlzoo compare runs/staleness --x rollout.staleness": "needs the staleness sweep above it to have run",
     "rlzoo train model.path=$GGUF task=arithmetic reward=numeric_match rollout.prompts_per_step=2 rollout.n=4 "
     "rollout.max_new_tokens=32 trainer.total_steps=2 eval.size=8 trainer.threads=1 run_dir=runs/smollm2":

@@ -141,6 +141,8 @@ def forest(comparison: Comparison, out: Path, min_effect: float | None = None) -
             ax.errorbar([iv.value], [y], xerr=[[iv.value - iv.low], [iv.high - iv.value]], fmt="o", capsize=3,
                         color="tab:blue" if diff.resolved else "tab:gray",
                         markerfacecolor="tab:blue" if diff.resolved else "white")
+        if all(d.interval is None for d in rows):
+            ax.text(0.5, 0.5, "not computed", transform=ax.transAxes, ha="center", va="center", color="tab:gray")
         ax.axvline(0, color="black", linewidth=1)
         if min_effect and rows and rows[0].metric.share:
             for edge in (-min_effect, min_effect):

@@ -149,7 +149,12 @@ def differences(comparison: Comparison) -> str:
     head = (f"Differences to the baseline {comparison.baseline.label} ({how}; {percent(comparison.level)} intervals; "
             "P(improvement): the chance that a run of the group beats a run of the baseline, rliable's "
             "definition, with its bootstrap interval; seeds: for 80% power at this level):")
-    return "\n".join([head, *(f"- {difference_line(d)}" for d in comparison.differences),
+    lines = [head]
+    if comparison.primary in comparison.estimates:     # a --metric the table's columns do not show
+        lines.append(f"{comparison.primary} at the last evaluation: " + "; ".join(
+            f"{g.label} {interval_text(e.interval)}" for g, e in zip(comparison.groups,
+                                                                    comparison.estimates[comparison.primary])))
+    return "\n".join([*lines, *(f"- {difference_line(d)}" for d in comparison.differences),
                       *(f"Note: {note}" for note in comparison.notes)])
 
 

@@ -20,8 +20,6 @@ from rlzoo.core.processes import share_cores_politely
 
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
-DEFAULT_MAX_SEEDS = 6
-"""rlzoo sweep --until-resolved: seeds per group at most, unless --max-seeds says otherwise."""
 QUICK_COMMANDS = frozenset({"list", "config", "explain", "diff"})
 """The commands that read the plugins and the config but run no torch code: they defer torch's
 import (:func:`rlzoo.core.deferred.defer_imports`), which loads only if something uses it."""
@@ -42,15 +40,12 @@ def _parser() -> argparse.ArgumentParser:
                        help="config overrides (dot-list), applied last")
 
     def with_baseline(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--baseline", action="append", metavar="KEY=VALUE",
-                       help="the group every difference is taken to (e.g. algo=grpo; repeat to name a group by "
-                       "several keys); default: the group with the best final --metric")
-        p.add_argument("--metric", default="eval/greedy_accuracy", metavar="TAG",
-                       help="the held-out metric the differences, verdicts and seeds are about (an eval/... tag "
-                       "recorded per prompt; default eval/greedy_accuracy)")
-        p.add_argument("--min-effect", type=float, metavar="DELTA",
-                       help="also say how many seeds per group resolve a difference of DELTA (95%% confidence, "
-                       "80%% power; for an accuracy 0 < DELTA < 1)")
+        p.add_argument("--baseline", action="append", metavar="KEY=VALUE", help="the group differences are taken "
+                       "to (algo=grpo; repeat for several keys); default: the best final --metric")
+        p.add_argument("--metric", default="eval/greedy_accuracy", metavar="TAG", help="the per-prompt eval/... tag "
+                       "of the differences and verdicts (default eval/greedy_accuracy)")
+        p.add_argument("--min-effect", type=float, metavar="DELTA", help="also the seeds per group that resolve a "
+                       "difference of DELTA (80%% power; for an accuracy 0 < DELTA < 1)")
 
     train = sub.add_parser("train", help="train a policy with RL (the main job)",
                            description="Train a policy with RL. With no arguments: the "
@@ -90,12 +85,9 @@ def _parser() -> argparse.ArgumentParser:
     sweep.add_argument("--name", help="sweep name (default: sweep-<timestamp>)")
     sweep.add_argument("--dir", metavar="DIR", help="sweep directory (default: runs/<name>)")
     sweep.add_argument("--jobs", type=int, default=1, help="runs at a time (default 1)")
-    sweep.add_argument("--until-resolved", action="store_true",
-                       help="after the first round (seed=a,b,...), add one seed per round to the baseline and to "
-                       "every group whose held-out difference to it is not resolved, until all are or --max-seeds "
-                       "is reached (repeated confidence intervals, Bonferroni over the looks: docs/compare.md)")
-    sweep.add_argument("--max-seeds", type=int, metavar="N", help="with --until-resolved: at most N seeds per "
-                       f"group (default {DEFAULT_MAX_SEEDS})")
+    sweep.add_argument("--until-resolved", action="store_true", help="after seed=a,b,..., add a seed per round to "
+                       "the baseline and each group whose difference to it is not resolved (docs/compare.md)")
+    sweep.add_argument("--max-seeds", type=int, metavar="N", help="--until-resolved: at most N seeds a group (6)")
     with_baseline(sweep)
 
     compare = sub.add_parser("compare", help="table + reward-curve PNG + Markdown report of runs",
@@ -111,8 +103,7 @@ def _parser() -> argparse.ArgumentParser:
     compare.add_argument("--x", metavar="KEY", help="also plot the final reward and accuracy against this "
                          "numeric key (one that separates the groups, e.g. rollout.staleness): compare_KEY.png")
     with_baseline(compare)
-    compare.add_argument("--json", action="store_true", help="print every number as JSON (compare.json) instead of "
-                         "the table")
+    compare.add_argument("--json", action="store_true", help="print compare.json (every number), not the table")
 
     doctor = sub.add_parser("doctor", help="what went wrong in runs (RUN_DIR ...), or what a config will cost "
                             "(--plan)", description="Post-mortem (rlzoo doctor RUN_DIR [RUN_DIR ...]): read each run's "
@@ -398,8 +389,8 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
     name = args.name or f"sweep-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
     sweep_dir = Path(args.dir) if args.dir else Path("runs") / name
     if args.until_resolved:
-        results = until_resolved(sweep_dir, args.overrides, registry, args.config, args.jobs,
-                                 args.max_seeds or DEFAULT_MAX_SEEDS, args.baseline, args.metric, args.min_effect)
+        results = until_resolved(sweep_dir, args.overrides, registry, args.config, args.jobs, args.max_seeds,
+                                 args.baseline, args.metric, args.min_effect)
     elif args.max_seeds is not None or args.baseline or args.min_effect is not None:
         raise ConfigError("--max-seeds, --baseline and --min-effect go with --until-resolved (rlzoo compare takes "
                           "--baseline and --min-effect after a plain sweep)")
@@ -426,11 +417,7 @@ def _cmd_compare(args: argparse.Namespace) -> int:
 
     done = compare(args.paths, args.out, args.threshold, args.window, args.x, args.baseline, args.metric,
                    args.min_effect)
-    if args.json:
-        print(done.files[-1].read_text())
-        return 0
-    print(done.text)
-    print(f"\nwrote {', '.join(str(f) for f in done.files)}")
+    print(done.files[-1].read_text() if args.json else f"{done.text}\n\nwrote {', '.join(map(str, done.files))}")
     return 0
 
 

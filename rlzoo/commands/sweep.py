@@ -33,7 +33,7 @@ from pathlib import Path
 
 from rlzoo.analysis.comparison import check_options
 from rlzoo.analysis.report import difference_line, percent
-from rlzoo.analysis.sequential import SequentialDesign
+from rlzoo.analysis.sequential import MAX_SEEDS, SequentialDesign
 from rlzoo.commands.compare import read_comparison
 from rlzoo.plan.planner import load_config
 from rlzoo.core.errors import ConfigError
@@ -331,11 +331,12 @@ def _select(sweep_dir: Path, overrides: list[str], wanted: dict[tuple[str, ...],
 
 
 def until_resolved(sweep_dir: Path, overrides: list[str], registry: Registry, config_file: str | None, jobs: int,
-                   max_seeds: int, baseline: list[str] | None, metric: str,
+                   max_seeds: int | None, baseline: list[str] | None, metric: str,
                    min_effect: float | None) -> list[tuple[SweepRun, str]]:
     """``rlzoo sweep --until-resolved``: run the first round, then add one seed to the
     baseline and to each group whose difference to it is not resolved yet, until every
-    difference is resolved or the groups have ``max_seeds`` seeds; each look's intervals are
+    difference is resolved or the groups have ``max_seeds`` seeds (default
+    :data:`rlzoo.analysis.sequential.MAX_SEEDS`); each look's intervals are
     :class:`rlzoo.analysis.sequential.SequentialDesign`'s. Prints where it stands after each
     round; returns the last round's ``(run, outcome)`` pairs.
 
@@ -346,7 +347,7 @@ def until_resolved(sweep_dir: Path, overrides: list[str], registry: Registry, co
     check_options(metric, min_effect)
     seeds = _first_seeds(overrides)
     try:
-        design = SequentialDesign(first=len(seeds), max_seeds=max_seeds)
+        design = SequentialDesign(first=len(seeds), max_seeds=max_seeds or MAX_SEEDS)
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
     wanted = {_group_key(run): list(seeds) for run in plan(sweep_dir, overrides)}
@@ -376,7 +377,7 @@ def until_resolved(sweep_dir: Path, overrides: list[str], registry: Registry, co
             print(f"sweep: every difference to {comparison.baseline.label} is resolved", flush=True)
             return results
         if look == design.looks:
-            print(f"sweep: the budget of {max_seeds} seeds per group is spent; {len(open_keys)} difference(s) "
+            print(f"sweep: the budget of {design.max_seeds} seeds per group is spent; {len(open_keys)} difference(s) "
                   "not resolved", flush=True)
             return results
         extra = max(s for group in wanted.values() for s in group) + 1
