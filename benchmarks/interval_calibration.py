@@ -165,23 +165,25 @@ def iqm_coverage(scenario: Scenario, runs: int, sims: int, seed: int) -> float:
 
 
 def pack(sweep_dir: Path, out: Path, tag: str = "eval/greedy_accuracy") -> None:
-    """Write the per-prompt values of ``tag`` at each seed's last evaluation into ``out``
-    (seeds × prompts, prompts in id order)."""
-    rows, ids, seeds, steps = [], None, [], set()
+    """Write the per-prompt values of ``tag`` at every evaluation step the seeds share into
+    ``out``: ``values`` (steps × seeds × prompts, prompts in id order) and ``steps``."""
+    tables: dict[int, list[np.ndarray]] = {}
+    ids, seeds = None, []
     for run in sorted(sweep_dir.iterdir()):
         records = read_records(run) if run.is_dir() else {}
         if not records:
             continue
-        record = records[max(records)]
-        order = np.argsort(record.prompt_id, kind="stable")
-        if ids is not None and not np.array_equal(ids, record.prompt_id[order]):
-            raise SystemExit(f"{run} evaluated another held-out set")
-        ids = record.prompt_id[order]
-        rows.append(per_prompt(record, tag)[order])
         seeds.append(run.name)
-        steps.add(record.step)
-    np.savez_compressed(out, values=np.array(rows), prompt_id=ids, seeds=np.array(seeds), step=max(steps), tag=tag)
-    print(f"wrote {out}: {len(rows)} seeds × {len(ids)} prompts of {tag} at step {max(steps)}")
+        for step, record in records.items():
+            order = np.argsort(record.prompt_id, kind="stable")
+            if ids is not None and not np.array_equal(ids, record.prompt_id[order]):
+                raise SystemExit(f"{run} evaluated another held-out set")
+            ids = record.prompt_id[order]
+            tables.setdefault(step, []).append(per_prompt(record, tag)[order])
+    steps = sorted(step for step, rows in tables.items() if len(rows) == len(seeds))
+    values = np.array([tables[step] for step in steps])
+    np.savez_compressed(out, values=values, steps=np.array(steps), prompt_id=ids, seeds=np.array(seeds), tag=tag)
+    print(f"wrote {out}: {len(seeds)} seeds × {len(ids)} prompts of {tag} at steps {steps}")
 
 
 def main() -> None:
@@ -195,10 +197,12 @@ def main() -> None:
         return
     if args.real:
         with np.load(args.real) as data:
-            table = data["values"]
-        for runs in (2, 3, 5):
-            print(f"real A/A, {runs} vs {runs} seeds of {len(table)}: coverage "
-                  f"{real_aa_coverage(table, runs, args.sims, 0):.3f}")
+            values, steps = data["values"], data["steps"]
+        for step, table in zip(steps, values):
+            accuracies = np.percentile(table.mean(1), [0, 50, 100])
+            cover = [f"{n} vs {n} seeds {real_aa_coverage(table, n, args.sims, 0):.3f}" for n in (2, 3, 5)]
+            print(f"step {step}: the seeds' accuracy min {accuracies[0]:.3f}, median {accuracies[1]:.3f}, max "
+                  f"{accuracies[2]:.3f}; A/A coverage {', '.join(cover)}")
         return
     print(f"t quantiles: df 1 {t_quantile(0.95, 1):.2f}, 2 {t_quantile(0.95, 2):.2f}, 4 {t_quantile(0.95, 4):.2f}")
     print("| scenario | n seeds | group: t | group: bootstrap | A/A difference: t | A/A difference: bootstrap |")

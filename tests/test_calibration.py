@@ -57,14 +57,21 @@ def test_the_percentile_bootstrap_over_three_seeds_is_not_what_compare_uses() ->
 
 
 @pytest.mark.parametrize("runs", [2, 3, 5])
-def test_a_a_on_real_runs_that_differ_only_in_seed(runs: int) -> None:
-    """20 default-task runs of one config (300 steps, seeds 0-19: how the file was made is in
-    docs/compare.md, "Reading a comparison"), split at random into two groups: the paired
-    interval of their held-out greedy accuracy holds 0 in 93-97% of 1,200 splits."""
+@pytest.mark.parametrize("step", [200, 300])
+def test_a_a_on_real_runs_that_differ_only_in_seed(runs: int, step: int) -> None:
+    """20 default-task runs of one config (seeds 0-19, 300 steps, evaluated at 100, 200 and
+    300; how the file was made: docs/compare.md, "Reading a comparison"), split at random
+    into two groups of n: the paired interval of their held-out greedy accuracy holds 0 in
+    96-98% of 1,200 splits. On these runs the intervals err on the wide side, up to a point
+    past the 97% of a calibrated interval: the seeds' accuracies have a long right tail (at
+    step 300: median 0.18, the two best 0.48 and 0.70; at 200: 0.03 and 0.125), and
+    Student's t is conservative for such a sample (the variance is estimated without bias:
+    0.0161 against 0.0162 over the splits). The lower bound is the one that protects a claim."""
     with np.load(REAL) as data:
-        table = data["values"]
-    assert table.shape == (20, 128) and 0.05 < table.mean() < 0.5
-    assert 0.93 <= CAL.real_aa_coverage(table, runs, SIMS, seed=15) <= 0.97
+        steps, values = list(data["steps"]), data["values"]
+    table = values[steps.index(step)]
+    assert table.shape == (20, 128) and 0.02 < table.mean() < 0.5
+    assert 0.93 <= CAL.real_aa_coverage(table, runs, SIMS, seed=15) <= 0.985
 
 
 def test_the_sequential_sweep_keeps_its_false_positive_rate_at_5_percent() -> None:

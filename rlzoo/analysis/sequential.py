@@ -21,6 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rlzoo.analysis.report import percent
+
 ALPHA = 0.05
 MAX_SEEDS = 6
 """``--max-seeds``'s default: the budget of seeds per group."""
@@ -57,5 +59,5 @@ class SequentialDesign:
 
     def describe(self) -> str:
         return (f"{self.looks} looks at most ({self.first} to {self.max_seeds} seeds per group), each interval at "
-                f"{self.level:.2%}: {self.alpha:.0%} split over the looks (Bonferroni), so each difference's "
-                f"false-positive rate stays at or below {self.alpha:.0%}")
+                f"{percent(self.level)}: {percent(self.alpha)} split over the looks (Bonferroni), so each "
+                f"difference's false-positive rate stays at or below {percent(self.alpha)}")
