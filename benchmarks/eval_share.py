@@ -19,7 +19,7 @@ import argparse
 from dataclasses import dataclass
 from pathlib import Path
 
-from rlzoo.commands.compare import find_runs
+from rlzoo.analysis.runs import find_runs
 from rlzoo.core.events import read_scalars
 
 

@@ -1,5 +1,5 @@
 """Curves of single runs from TensorBoard logs as a PNG (benchmarks/learning_curves.py).
-``rlzoo compare`` draws groups of runs itself (:mod:`rlzoo.commands.compare`)."""
+``rlzoo compare`` draws groups of runs itself (:mod:`rlzoo.analysis.figures`)."""
 
 from __future__ import annotations
 

@@ -185,3 +185,19 @@ def test_min_effect_and_metric_are_checked() -> None:
             compare_groups(_groups(a, b), min_effect=bad)
     with pytest.raises(ConfigError, match="--metric 'eval/acc' is not a metric"):
         compare_groups(_groups(a, b), primary="eval/acc")
+
+
+def test_runs_without_evaluation_are_compared_on_their_training_reward() -> None:
+    runs = [_run(f"a{s}", "a", s, None, reward=0.6 + 0.01 * s) for s in range(3)]
+    runs += [_run(f"b{s}", "b", s, None, reward=0.3 + 0.01 * s) for s in range(3)]
+    for run in runs:
+        run.eval_curves.clear()
+    comparison = compare_groups(group_runs(runs))
+    assert comparison.primary == "reward/mean" and comparison.baseline.label == "algo=a"
+    assert [d.metric.name for d in comparison.differences] == ["reward final", "reward best", "steps to T"]
+    final = comparison.differences[0]
+    assert final.interval.method == "seeds only" and final.interval.value == pytest.approx(-0.3)
+    assert final.verdict == "worse"
+    assert comparison.estimates["eval acc"][0].interval is None
+    row = table(comparison, 0.5).splitlines()[2].split(" | ")
+    assert row[2:8] == ["—"] * 6 and row[9].startswith("0.610 [")

@@ -230,10 +230,16 @@ def seeds_needed(contrast: Contrast, effect: float, level: float = LEVEL, power:
     """
     if any(c.runs < 2 for _, c in contrast.groups) or effect == 0:
         return None
-    for n in range(2, MAX_SEEDS + 1):
-        if _resolves(contrast, effect, n, prompts, level, power):
-            return n
-    return None
+    if not _resolves(contrast, effect, MAX_SEEDS, prompts, level, power):
+        return None
+    low, high = 2, MAX_SEEDS
+    while low < high:  # more seeds: less variance and more degrees of freedom, so it resolves from some n on
+        middle = (low + high) // 2
+        if _resolves(contrast, effect, middle, prompts, level, power):
+            high = middle
+        else:
+            low = middle + 1
+    return low
 
 
 def prompts_needed(contrast: Contrast, effect: float, runs: int, level: float = LEVEL, power: float = POWER,

@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 
 from rlzoo.core.errors import ConfigError
+from rlzoo.run.recording import json_safe
 
 RECORDS_DIR = "eval_records"
 PROMPTS_FILE = "prompts.json"
@@ -157,19 +158,11 @@ def write_prompts(run_dir: Path, ids: list[int], prompts: list[str], references:
     if path.exists():
         return None
     path.parent.mkdir(exist_ok=True)
-    rows = [{"id": int(i), "prompt": p, "reference": _json_safe(r)} for i, p, r in zip(ids, prompts, references)]
+    rows = [{"id": int(i), "prompt": p, "reference": json_safe(r)} for i, p, r in zip(ids, prompts, references)]
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(rows))
     os.replace(tmp, path)
     return path
-
-
-def _json_safe(value: Any) -> Any:
-    try:
-        json.dumps(value)
-        return value
-    except TypeError:
-        return repr(value)
 
 
 def recorded_steps(run_dir: Path) -> list[int]:

@@ -31,7 +31,8 @@ RECORDED = ("prompt_ids", "prompt_mask", "response_ids", "response_mask", "group
 _STEP_FILE = re.compile(r"^step_(\d+)\.safetensors$")
 
 
-def _json_safe(value: Any) -> Any:
+def json_safe(value: Any) -> Any:
+    """``value`` when JSON can hold it, else its ``repr`` (a reference answer of any type)."""
     try:
         json.dumps(value)
         return value
@@ -48,7 +49,7 @@ def record(run_dir: Path, step: int, batch: RolloutBatch) -> Path:
                if getattr(batch, name) is not None}
     tensors["truncated"] = tensors["truncated"].to(torch.uint8)
     text = {"prompts": batch.prompts, "completions": batch.completions,
-            "references": [_json_safe(r) for r in batch.references]}
+            "references": [json_safe(r) for r in batch.references]}
     for path, write in ((stem.with_suffix(".json"), lambda p: p.write_text(json.dumps(text))),
                         (stem.with_suffix(".safetensors"), lambda p: save_file(tensors, str(p)))):
         tmp = path.with_name(f".{path.name}.tmp")
