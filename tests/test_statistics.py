@@ -9,7 +9,13 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from rlzoo.analysis.aggregates import iqm, probability_of_improvement, stratified_bootstrap
+from rlzoo.analysis.aggregates import (
+    improvement_last_axis,
+    iqm,
+    iqm_last_axis,
+    probability_of_improvement,
+    stratified_bootstrap,
+)
 from rlzoo.analysis.intervals import (
     Contrast,
     components,
@@ -165,9 +171,12 @@ def test_the_stratified_bootstrap_equals_scipy_s_with_the_same_resamples() -> No
         ref = stats.bootstrap((x, y), improvement, n_resamples=500, method="percentile", confidence_level=0.9,
                               rng=np.random.default_rng(seed), vectorized=True)
         assert np.array_equal(distribution, ref.bootstrap_distribution)          # the same resamples
+        batched = stratified_bootstrap([x, y], improvement_last_axis, 0.9, 500, seed, vectorized=True)
+        assert np.array_equal(batched[2], distribution) and batched[:2] == (low, high)
         assert (low, high) == (pytest.approx(ref.confidence_interval.low, abs=1e-12),
                                pytest.approx(ref.confidence_interval.high, abs=1e-12))
         low, high, _ = stratified_bootstrap([x], iqm, 0.95, 500, seed)
+        assert (low, high) == stratified_bootstrap([x], iqm_last_axis, 0.95, 500, seed, vectorized=True)[:2]
         ref = stats.bootstrap((x,), lambda a, axis=-1: stats.trim_mean(a, 0.25, axis=axis), n_resamples=500,
                               method="percentile", rng=np.random.default_rng(seed))
         assert (low, high) == (pytest.approx(ref.confidence_interval.low), pytest.approx(ref.confidence_interval.high))

@@ -19,6 +19,7 @@ same seed gives scipy's interval exactly (tested) and a report repeats.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -30,9 +31,14 @@ SEED = 0
 def iqm(scores: np.ndarray) -> float:
     """The interquartile mean of ``scores`` (flattened): the mean of the sorted scores
     without the ⌊0.25·n⌋ lowest and ⌊0.25·n⌋ highest."""
-    flat = np.sort(np.asarray(scores, dtype=np.float64).ravel())
-    cut = int(0.25 * len(flat))
-    return float(flat[cut:len(flat) - cut].mean())
+    return float(iqm_last_axis(np.asarray(scores, dtype=np.float64).ravel()))
+
+
+def iqm_last_axis(scores: np.ndarray) -> np.ndarray:
+    """:func:`iqm` along the last axis (a batch of resamples at once)."""
+    ordered = np.sort(np.asarray(scores, dtype=np.float64), axis=-1)
+    cut = int(0.25 * ordered.shape[-1])
+    return ordered[..., cut:ordered.shape[-1] - cut].mean(-1)
 
 
 def probability_of_improvement(x: np.ndarray, y: np.ndarray) -> float:
@@ -41,17 +47,26 @@ def probability_of_improvement(x: np.ndarray, y: np.ndarray) -> float:
     averaged over tasks."""
     x = np.asarray(x, dtype=np.float64)
     y = np.asarray(y, dtype=np.float64)
-    x, y = (x[:, None], y[:, None]) if x.ndim == 1 else (x, y)
-    greater = (x[:, None, :] > y[None, :, :]).mean((0, 1))
-    ties = (x[:, None, :] == y[None, :, :]).mean((0, 1))
-    return float((greater + 0.5 * ties).mean())
+    if x.ndim == 1:
+        return float(improvement_last_axis(x, y))
+    return float(np.mean([improvement_last_axis(x[:, k], y[:, k]) for k in range(x.shape[1])]))
 
 
-def stratified_bootstrap(samples: list[np.ndarray], statistic: Callable[..., float], level: float = 0.95,
-                         resamples: int = RESAMPLES, seed: int = SEED) -> tuple[float, float, np.ndarray]:
+def improvement_last_axis(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """P(X > Y) of one task's runs along the last axis (a batch of resamples at once)."""
+    greater = (x[..., :, None] > y[..., None, :]).mean((-2, -1))
+    ties = (x[..., :, None] == y[..., None, :]).mean((-2, -1))
+    return greater + 0.5 * ties
+
+
+def stratified_bootstrap(samples: list[np.ndarray], statistic: Callable[..., Any], level: float = 0.95,
+                         resamples: int = RESAMPLES, seed: int = SEED,
+                         vectorized: bool = False) -> tuple[float, float, np.ndarray]:
     """The percentile interval of ``statistic(*samples)`` under resampling each sample's
     runs (first axis) with replacement, independently.
 
+    :param vectorized: ``statistic`` takes every resample at once (arrays B × n, the
+        resamples along the first axis) and returns B values; else it is called per resample.
     :returns: ``(low, high, distribution)``: the interval at ``level`` (linear
         interpolation between order statistics, numpy's and scipy's default) and the
         ``resamples`` bootstrap values.
@@ -59,7 +74,10 @@ def stratified_bootstrap(samples: list[np.ndarray], statistic: Callable[..., flo
     rng = np.random.default_rng(seed)
     samples = [np.asarray(s, dtype=np.float64) for s in samples]
     indices = [rng.integers(0, len(s), (resamples, len(s))) for s in samples]
-    distribution = np.array([statistic(*(s[i[b]] for s, i in zip(samples, indices))) for b in range(resamples)])
+    if vectorized:
+        distribution = np.asarray(statistic(*(s[i] for s, i in zip(samples, indices))), dtype=np.float64)
+    else:
+        distribution = np.array([statistic(*(s[i[b]] for s, i in zip(samples, indices))) for b in range(resamples)])
     alpha = (1 - level) / 2
     low, high = np.quantile(distribution, [alpha, 1 - alpha])
     return float(low), float(high), distribution

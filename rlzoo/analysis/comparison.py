@@ -25,7 +25,15 @@ from typing import Any
 
 import numpy as np
 
-from rlzoo.analysis.aggregates import RESAMPLES, SEED, iqm, probability_of_improvement, stratified_bootstrap
+from rlzoo.analysis.aggregates import (
+    RESAMPLES,
+    SEED,
+    improvement_last_axis,
+    iqm,
+    iqm_last_axis,
+    probability_of_improvement,
+    stratified_bootstrap,
+)
 from rlzoo.analysis.intervals import (
     LEVEL,
     Contrast,
@@ -162,7 +170,7 @@ def _improvement(x: np.ndarray, y: np.ndarray, metric: Metric, level: float) -> 
         return None
     sign = 1.0 if metric.higher_is_better else -1.0
     point = probability_of_improvement(sign * x, sign * y)
-    low, high, _ = stratified_bootstrap([sign * x, sign * y], probability_of_improvement, level)
+    low, high, _ = stratified_bootstrap([sign * x, sign * y], improvement_last_axis, level, vectorized=True)
     return point, low, high
 
 
@@ -337,7 +345,7 @@ def compare_groups(groups: list[Group], primary: str = "eval/greedy_accuracy", b
 
 
 def _iqm(values: np.ndarray, level: float) -> tuple[float, float, float]:
-    low, high, _ = stratified_bootstrap([values], iqm, level)
+    low, high, _ = stratified_bootstrap([values], iqm_last_axis, level, vectorized=True)
     return iqm(values), low, high
 
 
