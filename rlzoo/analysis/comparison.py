@@ -134,7 +134,10 @@ def estimate(group: Group, metric: Metric, level: float = LEVEL) -> Estimate:
     """One group's ``metric``: the mean with its interval at ``level``."""
     values = np.array([v for v in (run_value(run, metric) for run in group.runs) if v is not None])
     contrast = contrast_of([group], [1.0], metric)
-    return Estimate(interval=contrast.interval(level) if contrast is not None else None, runs=len(group.runs),
+    interval = contrast.interval(level) if contrast is not None else None
+    if interval is not None and metric.share:
+        interval = interval.within(0.0, 1.0)
+    return Estimate(interval=interval, runs=len(group.runs),
                     values=values, reached=len(values) if metric.summary == "steps" else None)
 
 
@@ -179,6 +182,8 @@ def difference(group: Group, baseline: Group, metric: Metric, level: float = LEV
     """``group`` − ``baseline`` in ``metric``, with its verdict (see :func:`verdict`)."""
     contrast = contrast_of([group, baseline], [1.0, -1.0], metric, paired)
     interval = contrast.interval(level) if contrast is not None else None
+    if interval is not None and metric.share:
+        interval = interval.within(-1.0, 1.0)
     x, y = (np.array([v for v in (run_value(r, metric) for r in g.runs) if v is not None]) for g in (group, baseline))
     observed = observed_prompts = None
     plannable = metric.summary != "best"  # a maximum over evaluations: no variance model to project

@@ -26,6 +26,7 @@ the seed part alone, from their logged values (:func:`seed_interval`).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -60,6 +61,11 @@ class Interval:
     seeds_var: float
     prompts_var: float
     method: str
+
+    def within(self, low: float, high: float) -> "Interval":
+        """The interval cut to the values the quantity can take (a share: [0, 1]; a
+        difference of shares: [−1, 1]); its coverage is unchanged."""
+        return dataclasses.replace(self, low=max(self.low, low), high=min(self.high, high))
 
     @property
     def excludes_zero(self) -> bool:

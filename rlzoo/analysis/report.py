@@ -17,10 +17,11 @@ COLUMNS: list[tuple[str, str]] = [
               "where they differ for the same component; keys an algorithm preset sets are folded into `algo=`); "
               "the baseline of the differences is marked"),
     ("seeds", "runs in the group. Every cell from `eval acc` to `steps to T` is the group's mean with its 95% "
-              "confidence interval `[low, high]`; for a metric of the held-out prompts it counts both the seeds "
-              "and the finite held-out set (Student's t on the seeds × prompts variance components), for a "
-              "value per run (the training reward, steps) the seeds (Welch's t). `(prompts only)`: one run, "
-              "whose intervals cover the held-out prompts only (no seed noise can be estimated from one run)"),
+              "confidence interval `[low, high]` (an accuracy's kept within [0, 1]); for a metric of the held-out "
+              "prompts it counts both the seeds and the finite held-out set (Student's t on the seeds × prompts "
+              "variance components), for a value per run (the training reward, steps) the seeds (Welch's t). "
+              "`(prompts only)`: one run, whose intervals cover the held-out prompts only (no seed noise can be "
+              "estimated from one run)"),
     ("eval acc", "`eval/greedy_accuracy` at the last evaluation (after the last step): share of the held-out "
                  "prompts whose greedy completion scores at least `eval.threshold`"),
     ("eval acc best", "the highest `eval/greedy_accuracy` over a run's evaluations (best so far; its interval "
