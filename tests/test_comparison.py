@@ -14,7 +14,7 @@ import pytest
 from rlzoo.analysis.comparison import as_dict, compare_groups, parse_baseline
 from rlzoo.analysis.figures import forest, plot
 from rlzoo.analysis.intervals import paired_contrast, unpaired_contrast
-from rlzoo.analysis.measures import Metric, _auc, prompt_values, run_value
+from rlzoo.analysis.measures import Metric, area_under, prompt_values, run_value
 from rlzoo.analysis.report import differences, interval_text, table
 from rlzoo.analysis.runs import RunSummary, group_runs
 from rlzoo.core.errors import ConfigError
@@ -145,8 +145,8 @@ def test_steps_to_the_threshold_are_not_differenced_when_a_run_never_reached_it(
 
 def test_the_auc_and_the_best_so_far_read_every_evaluation() -> None:
     """AUC: trapezoids over the steps divided by the span; best: the highest accuracy of a run."""
-    assert _auc(np.array([0.0, 10.0, 30.0]), np.array([0.0, 1.0, 0.5])) == pytest.approx((5 + 15) / 30)
-    assert _auc(np.array([7.0]), np.array([0.25])) == 0.25
+    assert area_under(np.array([0.0, 10.0, 30.0]), np.array([0.0, 1.0, 0.5])) == pytest.approx((5 + 15) / 30)
+    assert area_under(np.array([7.0]), np.array([0.25])) == 0.25
     early = np.zeros(40, dtype=bool)
     early[:30] = True
     late = np.zeros(40, dtype=bool)

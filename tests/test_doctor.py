@@ -343,7 +343,7 @@ def test_doctor_during_and_after_a_short_run(tmp_path: Path, capsys) -> None:
     assert "fix: trainer.warmup_steps=4" in out               # a tenth of the run's 40 steps
     assert main(["doctor", "--strict", str(run)]) == 2
     capsys.readouterr()
-    text, _, _ = compare([run], tmp_path / "compare")
+    text = compare([run], tmp_path / "compare").text
     row = [line for line in text.splitlines() if line.startswith("| run ")][0]
     assert row.rstrip(" |").endswith(f"| {out.count('  evidence:')}")     # the doctor column: its finding count
 

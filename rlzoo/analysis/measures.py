@@ -67,7 +67,7 @@ def verdict_metrics(primary: str) -> list[Metric]:
 # ----------------------------------------------------------------------------- per-run values
 
 
-def _auc(steps: np.ndarray, values: np.ndarray) -> np.ndarray:
+def area_under(steps: np.ndarray, values: np.ndarray) -> np.ndarray:
     """The area under ``values`` (K × ...) over ``steps`` (K) divided by the span (trapezoids):
     the value averaged over the run; the value itself for one evaluation."""
     if len(steps) == 1:
@@ -90,7 +90,7 @@ def run_value(run: RunSummary, metric: Metric) -> float | None:
     if curve is None or not len(curve[1]):
         return None
     steps, values = curve
-    return float({"final": values[-1], "best": values.max(), "auc": _auc(steps, values)}[metric.summary])
+    return float({"final": values[-1], "best": values.max(), "auc": area_under(steps, values)}[metric.summary])
 
 
 def prompt_values(run: RunSummary, metric: Metric) -> tuple[np.ndarray, np.ndarray] | None:
@@ -107,5 +107,5 @@ def prompt_values(run: RunSummary, metric: Metric) -> tuple[np.ndarray, np.ndarr
     if metric.summary == "final":
         return ids, matrix[-1]
     if metric.summary == "auc":
-        return ids, _auc(np.array([r.step for r in records], dtype=float), matrix)
+        return ids, area_under(np.array([r.step for r in records], dtype=float), matrix)
     return ids, matrix
