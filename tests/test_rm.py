@@ -1,4 +1,5 @@
-"""``rlzoo rm`` (rlzoo/commands/rm.py): the Bradley–Terry loss by hand, the data checks, and a run
+"""``rlzoo rm`` (rlzoo/run/rm_trainer.py; its pairs in rlzoo/tasks/pairs.py, its loss in
+rlzoo/learn/bradley_terry.py): the Bradley–Terry loss by hand, the data checks, and a run
 that learns held-out preferences, resumes exactly and writes a directory reward_model loads."""
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from safetensors.torch import load_file
 
 import zoo
 from rlzoo.commands.cli import main
-from rlzoo.commands.rm import batch_rows, bradley_terry, load_pairs, split_pairs
+from rlzoo.learn.bradley_terry import bradley_terry
+from rlzoo.tasks.pairs import batch_rows, load_pairs, split_pairs
 from zoo import REGISTRY
 
 TINY = [*zoo.TINY, "rm.batch_size=16", "rm.eval_every=0", "trainer.lr=0.003"]
@@ -208,7 +210,7 @@ def test_some_tied_pairs_are_a_warning(tmp_path: Path, capsys) -> None:
                  f"run_dir={tmp_path / 'run'}"]) == 0
     assert "rlzoo: warning: rm.data" in capsys.readouterr().err
     # the message itself, by hand
-    from rlzoo.commands.rm import load_pairs, tie_warning
+    from rlzoo.tasks.pairs import load_pairs, tie_warning
 
     assert tie_warning(load_pairs(data), "p") == ("rm.data 'p': chosen == rejected in 1 of 3 pairs (rows 2): they add "
                                                   "a constant to the loss and teach nothing")
@@ -224,7 +226,7 @@ def test_fit_context_keeps_the_last_tokens() -> None:
 def test_a_text_past_the_context_keeps_its_end_and_allocates_nothing_big(tmp_path: Path, capsys) -> None:
     """A 200,000-character response: the tiny backbone's context stops at TINY_CONTEXT (1024)
     and the text keeps its last 1024 tokens, with one warning; a second of CPU, not 40 GB."""
-    from rlzoo.commands.rm import TINY_CONTEXT
+    from rlzoo.run.rm_trainer import TINY_CONTEXT
 
     data = _pairs_file(tmp_path / "prefs.jsonl", [("1=", "12" * 100_000, "2"), ("2=", "2", "1")])
     run = tmp_path / "run"

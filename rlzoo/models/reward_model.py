@@ -1,7 +1,7 @@
 """Reward models: a frozen network that reads prompt + response and returns one score.
 
 One module holds what the scorer (the ``reward_model`` reward function) and the trainer
-(``rlzoo rm``, :mod:`rlzoo.commands.rm`) must agree on, so a directory ``rlzoo rm`` writes scores
+(``rlzoo rm``, :mod:`rlzoo.run.rm_trainer`) must agree on, so a directory ``rlzoo rm`` writes scores
 exactly as it was trained:
 
 - **the text** (:func:`reward_text`): with a chat template (``chat_template`` true, or
@@ -43,6 +43,7 @@ from rlzoo.core.errors import ConfigError
 from rlzoo.core.dtypes import DTYPES
 from rlzoo.models.build import ValueModel, check_tokenizer_fits, load_tokenizer, unreadable_model
 from rlzoo.core.tokens import left_pad
+from rlzoo.tasks.prompts import Text, plain_text
 
 VALUE_HEAD_FILE = "value_head.safetensors"
 """Marks an rlzoo critic directory (:class:`rlzoo.models.build.ValueModel`): scored by its value head."""
@@ -57,17 +58,8 @@ the policy's, which the checkpoint keeps in this directory beside it."""
 PROBE_TEXT = "Hello, world! 0123456789"
 """Encoded at load: a tokenizer that gives it no token has lost its vocabulary files."""
 
-Text = str | list[dict[str, str]]
-"""A prompt or response: plain text, or chat messages (``[{"role": ..., "content": ...}]``)."""
-
-
 def _messages(value: Text, role: str) -> list[dict[str, str]]:
     return list(value) if isinstance(value, list) else [{"role": role, "content": value}]
-
-
-def plain_text(value: Text) -> str:
-    """The text of a prompt or response: itself, or its messages' contents joined."""
-    return value if isinstance(value, str) else "".join(str(m.get("content", "")) for m in value)
 
 
 def uses_chat_template(tokenizer: PreTrainedTokenizerBase, chat_template: bool | None) -> bool:

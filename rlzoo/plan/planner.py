@@ -27,7 +27,7 @@ from rlzoo.plan.consistency import (LORA_INSTALL, check_async, check_consistency
 from rlzoo.plan.episode_rules import episode_plan
 from rlzoo.plan.learning import CorrectionStep, KLPlan, LossTerm, OptimizerPlan, UpdatePlan
 from rlzoo.plan.records import LoraPlan, RolloutPlan, RunPlan
-from rlzoo.plan.settings import CadencePlan, ComputePlan, EvalPlan, ModelPlan, PromptPlan, TinyModel
+from rlzoo.plan.settings import CadencePlan, ComputePlan, EvalPlan, ModelPlan, PromptPlan, RewardModelPlan, TinyModel
 
 __all__ = ["LORA_INSTALL", "CorrectionStep", "KLPlan", "LoraPlan", "LossTerm", "PlannedConfig", "RolloutPlan",
            "RunPlan", "UpdatePlan", "build_plan", "load_config", "peft_problem"]
@@ -216,6 +216,16 @@ def _optimizer_plan(cfg: Any) -> OptimizerPlan:
                          max_grad_norm=None if t.max_grad_norm is None else float(t.max_grad_norm),
                          schedule=str(t.lr_schedule), warmup_steps=int(t.warmup_steps),
                          schedule_steps=int(t.total_steps))
+
+
+def reward_model_plan(cfg: Any) -> RewardModelPlan:
+    """``rlzoo rm``'s record, from the resolved config's ``rm`` section (its values checked by the schema)."""
+    rm = cfg.rm
+    return RewardModelPlan(data=None if rm.data is None else str(rm.data), steps=int(rm.steps),
+                           batch_size=int(rm.batch_size), eval_fraction=float(rm.eval_fraction),
+                           eval_every=int(rm.eval_every),
+                           chat_template=None if rm.chat_template is None else bool(rm.chat_template),
+                           task_pairs=int(rm.task_pairs))
 
 
 def _eval_plan(cfg: Any) -> EvalPlan:
