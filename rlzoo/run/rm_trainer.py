@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForSequenceClassification
 
 from rlzoo.core import distributed
 from rlzoo.core.dtypes import DTYPES
@@ -43,7 +42,7 @@ from rlzoo.core.rng import global_rng_state, set_global_rng_state
 from rlzoo.learn.bradley_terry import PairScorer, bradley_terry, evaluate_pairs
 from rlzoo.learn.learner import adamw
 from rlzoo.models.build import build_char_tokenizer, build_tiny_model, load_pretrained, load_tokenizer, unreadable_model
-from rlzoo.models.reward_model import from_causal_lm
+from rlzoo.models.reward_model import from_causal_lm, read_scorer
 from rlzoo.plan.records import RunPlan
 from rlzoo.plan.run_input import RunInput
 from rlzoo.plan.settings import RewardModelPlan
@@ -177,7 +176,7 @@ def _train(rm: RewardModelPlan, parts: RunParts, run_dir: RunDirectory, pairs: l
         state = run_dir.load_state()
         path = run_dir.resume_from / RM_MODEL_DIR
         with unreadable_model(path):  # as rlzoo train reads a checkpoint's policy: a pickle is refused
-            model = AutoModelForSequenceClassification.from_pretrained(str(path), dtype=DTYPES[plan.model.dtype])
+            model = read_scorer(path, plan.model.dtype)
             tokenizer = load_tokenizer(path)
     else:
         model, tokenizer = _initial_model(parts, pairs)
