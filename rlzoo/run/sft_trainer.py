@@ -73,7 +73,8 @@ def run_sft(run: RunInput, model_dir: Path, steps: int = 100, target: str = "ans
     parts = RunParts(run, torch.device("cpu"))  # seeded, as a run builds its parts
     task = parts.task
     reads = target == "answer" and run.components.environment is None  # its targets are the references
-    for warning in check_references(task, task_name, "rlzoo sft trains on them (the text 'None')" if reads else None):
+    use = "rlzoo sft trains on them (the text 'None', or nothing)" if reads else None
+    for warning in check_references(task, task_name, use):
         say(f"rlzoo: warning: {warning}")
     rng = random.Random(seed)
     model, tokenizer = parts.models.policy, parts.models.tokenizer
