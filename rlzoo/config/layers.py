@@ -29,10 +29,10 @@ from omegaconf.errors import (
 )
 
 from rlzoo.config.choices import CHOICE_PATHS, choose_components, take_choices, task_default_reward
-from rlzoo.config.keys import renamed_keys, run_schema
+from rlzoo.config.keys import key_records, renamed_keys, run_schema
 from rlzoo.config.preset_cards import Preset, card_problems, load_preset, preset_label, read_preset
 from rlzoo.config.resolved import ResolvedConfig
-from rlzoo.config.schema import check_values, schema_keys, type_message
+from rlzoo.config.schema import check_booleans, check_values, schema_keys, type_message
 from rlzoo.config.yamlfile import read_yaml
 from rlzoo.contract.kinds import COMPONENT_FIELDS
 from rlzoo.contract.registry import Registry
@@ -364,8 +364,10 @@ def merge_into_schema(layers: Layers, sources: dict[str, str]) -> DictConfig:
         OmegaConf.update(schema, path, None if path in COMPONENT_FIELDS else [], force_add=True)
     OmegaConf.set_struct(schema, True)
     cfg = schema
+    types = {path: key.type for path, key in key_records().items()}
     for label, layer in layers.labelled:
         try:
+            check_booleans(layer, types, "value for")
             cfg = _merge_checked(cfg, layer)
         except ConfigError as exc:
             raise ConfigError(f"{layers.preset_label}: {exc}" if label.startswith("preset ") else str(exc)) from exc
