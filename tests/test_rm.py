@@ -351,3 +351,13 @@ def test_a_value_head_reward_model_resumes_exactly(tmp_path: Path) -> None:
     for name in ("model.safetensors", "value_head.safetensors"):
         a, b = load_file(straight / "reward_model" / name), load_file(split / "reward_model" / name)
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_held_out_share_that_leaves_less_than_a_batch_is_a_warning(tmp_path: Path, capsys) -> None:
+    data = sorting_pairs(tmp_path / "prefs.jsonl", count=40)
+    assert main(["rm", *TINY, f"rm.data={data}", "rm.steps=1", "rm.batch_size=4", "rm.eval_fraction=0.999",
+                 f"run_dir={tmp_path / 'run'}"]) == 0
+    assert ("rlzoo: warning: rm.eval_fraction=0.999 leaves 1 of 40 pairs for training, fewer than rm.batch_size=4: "
+            "each step repeats them") in capsys.readouterr().err
+    assert main(["rm", *TINY, f"rm.data={data}", "rm.steps=1", "rm.batch_size=4", f"run_dir={tmp_path / 'ok'}"]) == 0
+    assert "warning" not in capsys.readouterr().err

@@ -357,4 +357,28 @@ def _inert_choices(resolved: ResolvedConfig, plan: RunPlan) -> list[str]:
                             f"{', '.join(set_lora)} has no effect; set model.lora.rank > 0 for LoRA")
     if "critic" not in plan.needs and resolved.sources.get("value_loss.name") == "command line":
         warnings.append("value_loss is set but no component needs a critic: it has no effect")
-    return warnings
+    o = plan.optimizer
+    if o.warmup_steps > plan.cadence.total_steps:
+        warnings.append(f"trainer.warmup_steps={o.warmup_steps} > trainer.total_steps={plan.cadence.total_steps}: the "
+                        f"learning rate never reaches trainer.lr={o.lr:g} (the last step's is "
+                        f"{plan.cadence.total_steps / o.warmup_steps:.2g} of it)")
+    return warnings + _parameter_warnings(resolved)
+
+
+def _parameter_warnings(resolved: ResolvedConfig) -> list[str]:
+    """What the chosen components' parameters say of themselves: a parameter dataclass may
+    define ``warnings() -> list[str]`` for values it accepts but that likely mislead (docs/plugins.md)."""
+    chosen = [(path, component, resolved.params.get(path)) for path, component in resolved.components.items()]
+    chosen += [(f"rollout_correction[{i}]" if len(resolved.corrections) > 1 else "rollout_correction", component,
+                params) for i, (component, params) in enumerate(resolved.corrections)]
+    chosen += [(f"reward[{i}]" if len(resolved.rewards) > 1 else "reward", component, params)
+               for i, (component, params, _) in enumerate(resolved.rewards)]
+    chosen += [(f"extensions[{i}]", component, params) for i, (component, params) in enumerate(resolved.extensions)]
+    seen: set[int] = set()
+    out = []
+    for where, component, params in chosen:
+        said = getattr(params, "warnings", None)
+        if callable(said) and id(params) not in seen:
+            seen.add(id(params))
+            out += [f"{where} {component.name!r}: {line}" for line in said()]
+    return out

@@ -135,6 +135,10 @@ def run_rm(run: RunInput, rm: RewardModelPlan, overwrite: bool = False) -> Path:
     if len(pairs) < 2 and rm.eval_fraction > 0:
         raise ConfigError(f"rm.data {rm.data!r} holds {len(pairs)} pair: hold none out with rm.eval_fraction=0")
     train_rows, held_rows = split_pairs(len(pairs), rm.eval_fraction, seed)
+    if len(train_rows) < rm.batch_size and dist.is_main:
+        say(f"rlzoo: warning: rm.eval_fraction={rm.eval_fraction:g} leaves {len(train_rows)} of {len(pairs)} pairs "
+            f"for training, fewer than rm.batch_size={rm.batch_size}: each step repeats them; lower "
+            "rm.eval_fraction (or rm.batch_size)")
     run_dir = RunDirectory(run.setup.run_dir, run.setup.resume, dist, overwrite, trained=RM_MODEL_DIR)
     try:
         out = _train(rm, parts, run_dir, pairs, train_rows, held_rows, dist)
