@@ -280,3 +280,17 @@ def test_a_boolean_component_parameter_takes_true_or_false_only() -> None:
     with pytest.raises(ConfigError, match=r"^invalid parameter for rollout.backend 'vllm': sleep=2; a boolean is "
                                           r"true or false$"):
         load_config(REGISTRY, ["rollout.backend={name: vllm, sleep: 2}"])
+
+
+@pytest.mark.parametrize("override, message", [
+    ("rollout=vllm", "rollout='vllm': rollout is a section of keys, not a value; did you mean rollout.backend=vllm?"),
+    ("model=/m/dir", "model='/m/dir': model is a section of keys, not a value; did you mean model.path=/m/dir?"),
+    ("trainer=bf16", "trainer='bf16': trainer is a section of keys, not a value; did you mean trainer.precision=bf16?"),
+    ("kl=k3", "kl='k3': kl is a section of keys, not a value; did you mean kl.estimator=k3?"),
+    ("eval=0", "eval=0: eval is a section of keys, not a value; set its keys, e.g. eval.every=..., eval.size=..."),
+])
+def test_a_section_given_one_value_names_the_key_it_belongs_to(override: str, message: str) -> None:
+    """``rollout=vllm`` looks like ``algo=grpo``; it said "Merge error: str is not a subclass of RolloutConfig"."""
+    with pytest.raises(ConfigError) as error:
+        load_config(REGISTRY, [override])
+    assert str(error.value).startswith(message)
