@@ -60,6 +60,9 @@ class Trainer:
         self.dist = distributed.init(compute.backend, device_kind, compute.timeout_s)
         self.device = (torch.device(device_kind, self.dist.local_rank) if device_kind == "cuda"
                        and self.dist.enabled else torch.device(device_kind))
+        # other programs' load before this run computes (its own ranks would count as other work under torchrun)
+        busy = (processes.busy_cores() if self.device.type == "cpu" and torch.get_num_threads() > 1
+                and not self.dist.enabled else None)
         self.run_dir = RunDirectory(run.setup.run_dir, run.setup.resume, self.dist, overwrite)
         try:
             self._build(pm)
@@ -70,6 +73,8 @@ class Trainer:
         if self.device.type == "cpu":
             self.thread_record = processes.register(torch.get_num_threads())
             warning = processes.oversubscription(torch.get_num_threads())
+            if warning is None:
+                warning = processes.machine_busy(torch.get_num_threads(), busy)
             if warning and self.dist.is_main:
                 say(f"rlzoo: warning: {warning}")
 
