@@ -198,7 +198,7 @@ def test_a_sweep_resumes_its_started_runs_with_their_overrides(tmp_path: Path) -
 STEPS_PLUGIN = """
 import os, signal, time
 from pathlib import Path
-from rlzoo import hookimpl
+from rlzoo.api import hookimpl
 @hookimpl
 def rlzoo_step_end(step, metrics, ctx):
     markers = os.environ.get("RLZOO_TEST_MARKERS")
@@ -355,7 +355,7 @@ def test_a_run_resumes_with_the_plugins_it_started_with(capsys, tmp_path: Path, 
     from rlzoo.run.resume import plugin_modules
 
     name = plugin_module("""
-        from rlzoo import hookimpl
+        from rlzoo.api import hookimpl
         def half(prompts, completions, references):
             return [0.5] * len(completions)
 
@@ -375,7 +375,7 @@ def test_a_run_resumes_with_the_plugins_it_started_with(capsys, tmp_path: Path, 
 def test_a_sweep_resumes_a_failed_run_that_uses_plugins(tmp_path: Path) -> None:
     (tmp_path / "rlzoo_test_flaky.py").write_text(textwrap.dedent("""
         import os
-        from rlzoo import hookimpl
+        from rlzoo.api import hookimpl
         from rlzoo.core.errors import TrainingError
 
         @hookimpl
@@ -686,7 +686,7 @@ def test_torchrun_group_kill_and_rank_death_resume_to_the_uninterrupted_result(t
 
 ASYNC_PLUGIN = """
 import os, signal, time
-from rlzoo import hookimpl
+from rlzoo.api import hookimpl
 from rlzoo_plugins.rewards import sorted_digits
 
 CALLS = [0]
