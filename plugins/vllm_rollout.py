@@ -100,6 +100,13 @@ class VLLMParams:
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
 
+    def warnings(self) -> list[str]:
+        cores = len(usable())
+        if self.threads <= cores:
+            return []
+        return [f"threads={self.threads} is more than the {cores} core(s) this process may use: on a CPU the engine "
+                f"runs {cores} OpenMP thread(s), one per core (threads=0: all of them)"]
+
 
 # ------------------------------------------------------------------ the config check
 

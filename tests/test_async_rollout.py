@@ -13,7 +13,7 @@ from collections import deque
 
 import torch
 
-from rlzoo.rollout.async_generator import AsyncRollout, _failure
+from rlzoo.run.async_generator import AsyncRollout, _failure
 from rlzoo.core.batch import RolloutBatch
 from rlzoo.plan.planner import load_config
 from rlzoo.core.errors import ConfigError

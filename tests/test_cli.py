@@ -174,7 +174,7 @@ def test_unknown_key_in_config_file(capsys, tmp_path: Path) -> None:
 def test_two_plugins_registering_one_name_names_both(capsys, plugin_module) -> None:
     name = plugin_module(
         """
-        from rlzoo import hookimpl
+        from rlzoo.api import hookimpl
         def token_mean(loss, mask, counts=None):
             return (loss * mask).sum()
 

@@ -234,7 +234,7 @@ def test_a_killed_rank_ends_the_job_with_the_rank_named(tmp_path: Path) -> None:
 FAULT_PLUGIN = '''
 import atexit, math, os, time
 from pathlib import Path
-from rlzoo import hookimpl
+from rlzoo.api import hookimpl
 from rlzoo.core.errors import TrainingError
 
 if os.environ.get("RANK") == "0":

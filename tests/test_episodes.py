@@ -357,7 +357,7 @@ def test_the_calculator_demonstrates_a_call_then_the_answer_and_sft_trains_on_it
         tmp_path: Path, capsys) -> None:
     from rlzoo.commands.cli import main
     from rlzoo.agents.episodes import replay
-    from rlzoo.commands.sft import _demonstrations
+    from rlzoo.run.sft_trainer import _demonstrations
 
     tools = registered_tools(REGISTRY)
     plain, hermes = CalculatorEnv(CalculatorEnvParams(), tools, "plain"), CalculatorEnv(CalculatorEnvParams(), tools,

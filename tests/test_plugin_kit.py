@@ -20,7 +20,7 @@ from rlzoo.tasks.task import Example, Task
 from rlzoo.testing import CHECKED_KINDS, check_component, check_reward, check_task
 
 REWARD = """
-from rlzoo import hookimpl
+from rlzoo.api import hookimpl
 def shouty(completions):
     return [float(c.isupper()) for c in completions]
 
@@ -89,7 +89,7 @@ def _fake_distribution(root: Path, dist: str, module: str, source: str) -> None:
 def test_a_name_collision_in_an_installed_package_is_listed_and_refuses_runs(
         capsys, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _fake_distribution(tmp_path, "clashing-rlzoo-pkg", "clashing_rlzoo_mod", """
-        from rlzoo import hookimpl
+        from rlzoo.api import hookimpl
         def mine(loss, mask, counts=None):
             return (loss * mask).sum()
 

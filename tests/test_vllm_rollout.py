@@ -146,7 +146,7 @@ def test_the_backend_is_told_its_role() -> None:
     """A sync run's trainer generates its batches; under rollout.mode=async the generator
     process does, and the trainer's backend only evaluates."""
     from rlzoo.plan.run_input import engine_input
-    from rlzoo.rollout.parts import RunParts
+    from rlzoo.run.parts import RunParts
 
     sync = engine_input(load_config(REGISTRY, []))
     assert RunParts(sync, torch.device("cpu")).role == "trainer"

@@ -12,6 +12,7 @@ import os
 import sys
 import textwrap
 from collections.abc import Sequence
+from pathlib import Path
 
 from rlzoo.contract.hookspecs import KIND_TITLES, REGISTRATION_HOOKS
 from rlzoo.core.deferred import defer_imports
@@ -351,29 +352,35 @@ def _launch_torchrun(args: argparse.Namespace, resolved, nproc: int, subcommand:
 
 
 def _cmd_sft(args: argparse.Namespace) -> int:
-    from rlzoo.commands.sft import run_sft
+    from rlzoo.plan.run_input import engine_input
+    from rlzoo.run.sft_trainer import default_out, run_sft
 
     _, registry, resolved = _resolve(args)
     _quiet_transformers()
-    out = run_sft(resolved, steps=args.steps, out_dir=args.out, target=args.target,
-                  batch_size=args.batch_size)
+    run = engine_input(resolved)
+    out_dir = Path(args.out) if args.out else default_out(resolved.cfg.run_name, run.components.task.name)
+    out = run_sft(run, out_dir, steps=args.steps, target=args.target, batch_size=args.batch_size,
+                  out_flag="--out" if args.out else "the default --out")
     print(f"saved the SFT model to {out}; train from it with model.path={out}")
     return 0
 
 
 def _cmd_rm(args: argparse.Namespace) -> int:
     from rlzoo.core.distributed import launched_by_torchrun
-    from rlzoo.commands.rm import check_world, run_rm
+    from rlzoo.plan.planner import reward_model_plan
+    from rlzoo.plan.run_input import engine_input
+    from rlzoo.run.rm_trainer import check_world, run_rm
 
     _, _, resolved = _resolve(args)
+    rm = reward_model_plan(resolved.cfg)
     if args.overwrite and resolved.cfg.resume:
         raise ConfigError("--overwrite starts a new run in place of another; it does not go with resume=")
     nproc = int(resolved.cfg.launcher.nproc)
     if nproc > 1 and not launched_by_torchrun():
-        check_world(resolved.cfg, nproc)
+        check_world(rm.batch_size, nproc)
         return _launch_torchrun(args, resolved, nproc, "rm")
     _quiet_transformers()
-    out = run_rm(resolved, overwrite=args.overwrite)
+    out = run_rm(engine_input(resolved), rm, overwrite=args.overwrite)
     if int(os.environ.get("RANK", "0")) == 0:
         print(f"saved the reward model to {out}; score with reward={{name: reward_model, path: {out}}}")
     return 0
@@ -381,7 +388,6 @@ def _cmd_rm(args: argparse.Namespace) -> int:
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
     from datetime import datetime
-    from pathlib import Path
 
     from rlzoo.commands.sweep import run_sweep, until_resolved
 

@@ -15,7 +15,9 @@ A registration hook receives a ``register`` callback and calls it once per compo
                  description="...", paper="arXiv:2501.00000")
 
 ``register(name, fn, *, params=None, needs=(), description="", paper=None, aliases=(),
-retired_aliases=None, **meta)``: see :meth:`rlzoo.contract.registry.Registry.add`. Two plugins
+retired_aliases=None, **meta)``: see :meth:`rlzoo.contract.registry.Registry.add`. A ``params``
+dataclass may define ``warnings(self) -> list[str]``: lines the run plan lists as warnings
+for values it accepts but that likely mislead. Two plugins
 registering one name (or alias) of the same kind is an error that names both plugins.
 
 **Inputs are passed by name.** The engine calls every component with keyword arguments

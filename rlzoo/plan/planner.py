@@ -27,7 +27,7 @@ from rlzoo.plan.consistency import (LORA_INSTALL, check_async, check_consistency
 from rlzoo.plan.episode_rules import episode_plan
 from rlzoo.plan.learning import CorrectionStep, KLPlan, LossTerm, OptimizerPlan, UpdatePlan
 from rlzoo.plan.records import LoraPlan, RolloutPlan, RunPlan
-from rlzoo.plan.settings import CadencePlan, ComputePlan, EvalPlan, ModelPlan, PromptPlan, TinyModel
+from rlzoo.plan.settings import CadencePlan, ComputePlan, EvalPlan, ModelPlan, PromptPlan, RewardModelPlan, TinyModel
 
 __all__ = ["LORA_INSTALL", "CorrectionStep", "KLPlan", "LoraPlan", "LossTerm", "PlannedConfig", "RolloutPlan",
            "RunPlan", "UpdatePlan", "build_plan", "load_config", "peft_problem"]
@@ -218,6 +218,16 @@ def _optimizer_plan(cfg: Any) -> OptimizerPlan:
                          schedule_steps=int(t.total_steps))
 
 
+def reward_model_plan(cfg: Any) -> RewardModelPlan:
+    """``rlzoo rm``'s record, from the resolved config's ``rm`` section (its values checked by the schema)."""
+    rm = cfg.rm
+    return RewardModelPlan(data=None if rm.data is None else str(rm.data), steps=int(rm.steps),
+                           batch_size=int(rm.batch_size), eval_fraction=float(rm.eval_fraction),
+                           eval_every=int(rm.eval_every),
+                           chat_template=None if rm.chat_template is None else bool(rm.chat_template),
+                           task_pairs=int(rm.task_pairs))
+
+
 def _eval_plan(cfg: Any) -> EvalPlan:
     e = cfg.eval
     return EvalPlan(size=int(e.size), n=int(e.n), every=int(e.every), threshold=float(e.threshold),
@@ -347,4 +357,28 @@ def _inert_choices(resolved: ResolvedConfig, plan: RunPlan) -> list[str]:
                             f"{', '.join(set_lora)} has no effect; set model.lora.rank > 0 for LoRA")
     if "critic" not in plan.needs and resolved.sources.get("value_loss.name") == "command line":
         warnings.append("value_loss is set but no component needs a critic: it has no effect")
-    return warnings
+    o = plan.optimizer
+    if o.warmup_steps > plan.cadence.total_steps:
+        warnings.append(f"trainer.warmup_steps={o.warmup_steps} > trainer.total_steps={plan.cadence.total_steps}: the "
+                        f"learning rate never reaches trainer.lr={o.lr:g} (the last step's is "
+                        f"{plan.cadence.total_steps / o.warmup_steps:.2g} of it)")
+    return warnings + _parameter_warnings(resolved)
+
+
+def _parameter_warnings(resolved: ResolvedConfig) -> list[str]:
+    """What the chosen components' parameters say of themselves: a parameter dataclass may
+    define ``warnings() -> list[str]`` for values it accepts but that likely mislead (docs/plugins.md)."""
+    chosen = [(path, component, resolved.params.get(path)) for path, component in resolved.components.items()]
+    chosen += [(f"rollout_correction[{i}]" if len(resolved.corrections) > 1 else "rollout_correction", component,
+                params) for i, (component, params) in enumerate(resolved.corrections)]
+    chosen += [(f"reward[{i}]" if len(resolved.rewards) > 1 else "reward", component, params)
+               for i, (component, params, _) in enumerate(resolved.rewards)]
+    chosen += [(f"extensions[{i}]", component, params) for i, (component, params) in enumerate(resolved.extensions)]
+    seen: set[int] = set()
+    out = []
+    for where, component, params in chosen:
+        said = getattr(params, "warnings", None)
+        if callable(said) and id(params) not in seen:
+            seen.add(id(params))
+            out += [f"{where} {component.name!r}: {line}" for line in said()]
+    return out

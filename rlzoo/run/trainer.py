@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from rlzoo.core import distributed, processes
-from rlzoo.rollout.async_generator import AsyncRollout, GeneratorSpec, to_bytes
+from rlzoo.run.async_generator import AsyncRollout, GeneratorSpec, to_bytes
 from rlzoo.core.batch import RolloutBatch
 from rlzoo.run.checkpoint import CHECKPOINT_DIR, STATE_FILE, check_optimizer_fits, checkpoint_name, first_non_finite
 from rlzoo.run.context import RunContext
@@ -39,7 +39,7 @@ from rlzoo.rollout.staleness import RolloutQueue
 from rlzoo.core.rng import global_rng_state, set_global_rng_state
 from rlzoo.run.rundir import RunDirectory, in_sweep, summary_line
 from rlzoo.plan.run_input import RunInput
-from rlzoo.rollout.parts import RunParts, device_type
+from rlzoo.run.parts import RunParts, device_type
 from rlzoo.core.stopping import StopRequest
 from rlzoo.tasks.task import check_encodable, check_references
 from rlzoo.run.tracking import Progress, Sample, Tracker, batch_metrics, group_samples
@@ -60,6 +60,9 @@ class Trainer:
         self.dist = distributed.init(compute.backend, device_kind, compute.timeout_s)
         self.device = (torch.device(device_kind, self.dist.local_rank) if device_kind == "cuda"
                        and self.dist.enabled else torch.device(device_kind))
+        # other programs' load before this run computes (its own ranks would count as other work under torchrun)
+        busy = (processes.busy_cores() if self.device.type == "cpu" and torch.get_num_threads() > 1
+                and not self.dist.enabled else None)
         self.run_dir = RunDirectory(run.setup.run_dir, run.setup.resume, self.dist, overwrite)
         try:
             self._build(pm)
@@ -70,12 +73,14 @@ class Trainer:
         if self.device.type == "cpu":
             self.thread_record = processes.register(torch.get_num_threads())
             warning = processes.oversubscription(torch.get_num_threads())
+            if warning is None:
+                warning = processes.machine_busy(torch.get_num_threads(), busy)
             if warning and self.dist.is_main:
                 say(f"rlzoo: warning: {warning}")
 
     def _build(self, pm: PluginManager) -> None:
         """Everything after the run directory is claimed: models, sampler, learner, state
-        (the parts in :class:`rlzoo.rollout.parts.RunParts`' order)."""
+        (the parts in :class:`rlzoo.run.parts.RunParts`' order)."""
         resume_state = self.run_dir.load_state() if self.run_dir.resume_from is not None else None
         if resume_state is not None and int(resume_state["world_size"]) != self.dist.world:
             raise ConfigError(f"{self.run_dir.resume_from} was written by {resume_state['world_size']} "

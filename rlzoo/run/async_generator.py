@@ -3,7 +3,7 @@
 With ``rollout.mode=async`` the trainer starts one generator process
 (``torch.multiprocessing``, spawn) that plans the run again from its saved config
 (:func:`rlzoo.plan.run_input.replan`), builds the task, its own copy of the policy, the
-rollout backend and the rewards as every run does (:class:`rlzoo.rollout.parts.RunParts`),
+rollout backend and the rewards as every run does (:class:`rlzoo.run.parts.RunParts`),
 and then loops: take the
 newest published weights, generate and score one batch (:meth:`rlzoo.rollout.sampler.Sampler.sample`),
 put it, with the policy version that generated it, into a bounded queue
@@ -51,7 +51,7 @@ from rlzoo.core.errors import RlzooError, TrainingError
 from rlzoo.models.head import FastPaths, set_fast_paths
 from rlzoo.plan.records import RolloutPlan
 from rlzoo.plan.run_input import replan
-from rlzoo.rollout.parts import RunParts
+from rlzoo.run.parts import RunParts
 from rlzoo.rollout.staleness import plain_batch
 from rlzoo.core.stopping import STOP_SIGNALS, die_with_parent
 
