@@ -43,10 +43,9 @@ def _parser() -> argparse.ArgumentParser:
     def with_baseline(p: argparse.ArgumentParser) -> None:
         p.add_argument("--baseline", action="append", metavar="KEY=VALUE", help="the group differences are taken "
                        "to (algo=grpo; repeat for several keys); default: the best final --metric")
-        p.add_argument("--metric", default="eval/greedy_accuracy", metavar="TAG", help="the per-prompt eval/... tag "
-                       "of the differences and verdicts (default eval/greedy_accuracy)")
-        p.add_argument("--min-effect", type=float, metavar="DELTA", help="also the seeds per group that resolve a "
-                       "difference of DELTA (80%% power; for an accuracy 0 < DELTA < 1)")
+        p.add_argument("--metric", default="eval/greedy_accuracy", metavar="TAG", help="the per-prompt eval/ tag "
+                       "of the differences (eval/greedy_accuracy)")
+        p.add_argument("--min-effect", type=float, metavar="DELTA", help="the seeds that resolve DELTA (0..1)")
 
     train = sub.add_parser("train", help="train a policy with RL (the main job)",
                            description="Train a policy with RL. With no arguments: the "
@@ -91,18 +90,16 @@ def _parser() -> argparse.ArgumentParser:
     sweep.add_argument("--max-seeds", type=int, metavar="N", help="--until-resolved: at most N seeds a group (6)")
     with_baseline(sweep)
 
-    compare = sub.add_parser("compare", help="table + reward-curve PNG + Markdown report of runs",
-                             description="Compare runs (a sweep directory or run directories): "
-                             "runs differing only in seed form a group; prints a table and "
-                             "writes compare.png and compare.md.")
+    compare = sub.add_parser("compare", help="table with 95%% intervals, differences to a baseline, PNGs, reports",
+                             description="Compare runs (sweep or run directories): runs differing only in seed "
+                             "form a group; prints a table with 95%% intervals and each group's difference to the "
+                             "baseline; writes compare.png, compare_differences.png, compare.md and compare.json.")
     compare.add_argument("paths", nargs="+", metavar="DIR", help="sweep or run directories")
-    compare.add_argument("--threshold", type=float, default=0.5,
-                         help="reward level for 'steps to threshold' (default 0.5)")
+    compare.add_argument("--threshold", type=float, default=0.5, help="reward level for 'steps to T' (0.5)")
     compare.add_argument("--window", type=int, default=25, help="moving-average window (steps)")
-    compare.add_argument("--out", metavar="DIR", help="where to write compare.png/.md "
-                         "(default: the first path)")
-    compare.add_argument("--x", metavar="KEY", help="also plot the final reward and accuracy against this "
-                         "numeric key (one that separates the groups, e.g. rollout.staleness): compare_KEY.png")
+    compare.add_argument("--out", metavar="DIR", help="where to write its files (default: the first path)")
+    compare.add_argument("--x", metavar="KEY", help="also compare_KEY.png: the final reward and accuracy against a "
+                         "numeric key that separates the groups (e.g. rollout.staleness)")
     with_baseline(compare)
     compare.add_argument("--json", action="store_true", help="print compare.json (every number), not the table")
 
