@@ -118,8 +118,9 @@ def test_until_resolved_adds_seeds_and_stops_at_its_budget(tmp_path: Path) -> No
     """Two presets 3 steps long cannot be told apart: the first round (2 seeds), one added
     seed per group, then the budget of 3 is spent; every look prints its differences at the
     Bonferroni level (2 looks: 97.5%). Run again, it skips every run and decides the same."""
-    cmd = [sys.executable, "-m", "rlzoo", "sweep", "--dir", str(tmp_path / "u"), "--until-resolved", "--max-seeds",
-           "3", "--baseline", "algo=grpo", "algo=grpo,rloo", "seed=0,1", *TINY, "eval.size=16", "eval.n=0"]
+    cmd = [sys.executable, "-m", "rlzoo", "sweep", "--dir", str(tmp_path / "u"), "--jobs", "2", "--until-resolved",
+           "--max-seeds", "3", "--baseline", "algo=grpo", "algo=grpo,rloo", "seed=0,1", *TINY, "eval.size=16",
+           "eval.n=0"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     out = done.stdout
