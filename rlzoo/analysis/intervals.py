@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -236,16 +237,8 @@ def seeds_needed(contrast: Contrast, effect: float, level: float = LEVEL, power:
     """
     if any(c.runs < 2 for _, c in contrast.groups) or effect == 0:
         return None
-    if not _resolves(contrast, effect, MAX_SEEDS, prompts, level, power):
-        return None
-    low, high = 2, MAX_SEEDS
-    while low < high:  # more seeds: less variance and more degrees of freedom, so it resolves from some n on
-        middle = (low + high) // 2
-        if _resolves(contrast, effect, middle, prompts, level, power):
-            high = middle
-        else:
-            low = middle + 1
-    return low
+    # more seeds: less variance and more degrees of freedom, so it resolves from some n on
+    return _smallest(lambda n: _resolves(contrast, effect, n, prompts, level, power), MAX_SEEDS)
 
 
 def prompts_needed(contrast: Contrast, effect: float, runs: int, level: float = LEVEL, power: float = POWER,
@@ -255,12 +248,18 @@ def prompts_needed(contrast: Contrast, effect: float, runs: int, level: float = 
     do not, or there are no per-prompt values."""
     if not (contrast.prompts or contrast.unpaired) or any(c.runs < 2 for _, c in contrast.groups):
         return None
-    low, high = 2, limit
-    if not _resolves(contrast, effect, runs, high, level, power):
+    return _smallest(lambda n: _resolves(contrast, effect, runs, n, level, power), limit)  # variance falls with N
+
+
+def _smallest(resolves: Callable[[int], bool], limit: int) -> int | None:
+    """The smallest n in [2, ``limit``] for which ``resolves(n)`` holds (it holds from some n
+    on), by bisection; ``None`` when it does not hold at ``limit``."""
+    if not resolves(limit):
         return None
-    while low < high:  # the variance falls as N grows
+    low, high = 2, limit
+    while low < high:
         middle = (low + high) // 2
-        if _resolves(contrast, effect, runs, middle, level, power):
+        if resolves(middle):
             high = middle
         else:
             low = middle + 1
