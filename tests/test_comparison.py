@@ -201,3 +201,17 @@ def test_runs_without_evaluation_are_compared_on_their_training_reward() -> None
     assert comparison.estimates["eval acc"][0].interval is None
     row = table(comparison, 0.5).splitlines()[2].split(" | ")
     assert row[2:8] == ["—"] * 6 and row[9].startswith("0.610 [")
+
+
+def test_min_effect_applies_to_the_chosen_metric() -> None:
+    """``--metric eval/greedy_score --min-effect 0.2``: the seeds for 0.2 are said for the
+    greedy score (not a share, so any positive DELTA), not for the table's accuracy."""
+    rng = np.random.default_rng(3)
+    easy = rng.random(40) < 0.5
+    a = np.stack([easy ^ (rng.random(40) < 0.15) for _ in range(3)])
+    b = np.stack([easy ^ (rng.random(40) < 0.15) for _ in range(3)])
+    comparison = compare_groups(_groups(a, b), primary="eval/greedy_score", baseline=["algo=b"], min_effect=0.2)
+    score = next(d for d in comparison.differences if d.metric.name == "eval/greedy_score")
+    assert score.seeds_min_effect is not None and "resolve a difference of 0.2" in score.verdict
+    assert [d.metric.name for d in comparison.differences] == [
+        "eval/greedy_score", "eval/greedy_score best", "eval/greedy_score AUC", "steps to T"]

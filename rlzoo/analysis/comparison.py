@@ -340,7 +340,7 @@ def compare_groups(groups: list[Group], primary: str = "eval/greedy_accuracy", b
     singles = [g.label for g in groups if len(g.runs) == 1]
     if singles:
         notes.append(f"one run in {', '.join(singles)}: its interval covers the held-out prompts only, not seeds")
-    differences = [difference(g, base, m, level, min_effect if m.share else None, pairs.get(id(g), False))
+    differences = [difference(g, base, m, level, min_effect if m.tag == primary else None, pairs.get(id(g), False))
                    for g in groups if g is not base for m in verdict_metrics(primary)]
     accuracy = first if primary == "reward/mean" else metrics[0]  # the table's IQM column: eval acc
     final = [estimate(g, accuracy, level) for g in groups]

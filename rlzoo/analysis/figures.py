@@ -144,7 +144,7 @@ def forest(comparison: Comparison, out: Path, min_effect: float | None = None) -
         if all(d.interval is None for d in rows):
             ax.text(0.5, 0.5, "not computed", transform=ax.transAxes, ha="center", va="center", color="tab:gray")
         ax.axvline(0, color="black", linewidth=1)
-        if min_effect and rows and rows[0].metric.share:
+        if min_effect and rows and rows[0].metric.tag == comparison.primary:
             for edge in (-min_effect, min_effect):
                 ax.axvline(edge, color="tab:red", linewidth=0.8, linestyle="--")
         ax.set_yticks(range(len(rows)))
