@@ -119,7 +119,8 @@ def _parser() -> argparse.ArgumentParser:
 
     explain = sub.add_parser("explain", help="the run's knobs with their sources, and its run plan",
                              description="Resolve the config as `rlzoo train` would and print every "
-                             "algorithmic knob with its value, the layer that set it and, for a preset's "
+                             "knob that changes what the run computes with its value, the layer that set it and, "
+                             "for a preset's "
                              "knobs, the preset card's source and deviation; then the run plan (models, "
                              "passes, KL placement and units, aggregation, update structure) and warnings "
                              "for choices that cannot act.")
