@@ -180,10 +180,12 @@ class Trainer:
         """rollout.mode=async: the generator's next batch within the version bound, through
         the rollout lifecycle hooks here (the extensions and their state live in the
         trainer); the sampler mirrors the generator's prompt position, for checkpoints."""
-        batch, staleness, dropped, sampler_state = self.generator.next(self.step)
-        self.sampler.load_state_dict(sampler_state)
-        self.ctx.metrics["rollout/dropped"] = float(dropped)
+        received = self.generator.next(self.step)
+        batch, staleness = received.batch, received.staleness
+        self.sampler.load_state_dict(received.sampler_state)
+        self.ctx.metrics["rollout/dropped"] = float(received.dropped)
         self.ctx.metrics["rollout/beyond_bound"] = float(staleness > self.plan.rollout.max_staleness)
+        self.ctx.metrics["timing/generator_reload_s"] = received.reload_s
         self.pm.hook.rlzoo_after_rollout(batch=batch, ctx=self.ctx)
         self.pm.hook.rlzoo_shape_rewards(batch=batch, ctx=self.ctx)
         return batch, staleness
