@@ -12,6 +12,7 @@ import pytest
 from collections import deque
 
 import torch
+from omegaconf import OmegaConf
 
 from rlzoo.run.async_generator import AsyncRollout, _failure
 from rlzoo.core.batch import RolloutBatch
@@ -154,3 +155,22 @@ def test_the_generator_settles_the_reward_model_statistics_after_each_batch(tmp_
     moments = state["ranks"][0]["sampler"]["rewards"]["0:reward_model"]["moments"]
     assert moments["pending"] == [0.0, 0.0, 0.0] and moments["m2"] > 0
     assert moments["count"] >= 3 * 16 and moments["count"] % 16 == 0, moments
+
+
+@pytest.mark.slow
+def test_the_generator_prints_what_the_trainer_prints(tmp_path: Path) -> None:
+    """The spawned generator takes the trainer's transformers output settings: loading a
+    model.path printed transformers' 'Loading weights' progress bar there on every start,
+    which the CLI hides in the trainer (issue 47 item 17c)."""
+    from rlzoo.models.build import build_char_tokenizer, build_tiny_model
+
+    tokenizer = build_char_tokenizer("0123456789=")
+    shape = OmegaConf.create(dict(arch="qwen2", hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2,
+                                  num_kv_heads=1))
+    build_tiny_model(shape, tokenizer, 256).save_pretrained(str(tmp_path / "model"))
+    tokenizer.save_pretrained(str(tmp_path / "model"))
+    done = _cli(tmp_path / "run", f"run_dir={tmp_path / 'run'}", *ASYNC, f"model.path={tmp_path / 'model'}",
+                "trainer.total_steps=2")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "rlzoo: rollout generator process started" in done.stdout
+    assert "Loading weights" not in done.stderr + done.stdout, done.stderr[-2000:]

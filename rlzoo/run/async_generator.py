@@ -48,6 +48,7 @@ import torch.multiprocessing as mp
 from rlzoo.core import processes
 from rlzoo.core.batch import RolloutBatch
 from rlzoo.core.errors import RlzooError, TrainingError
+from rlzoo.models.build import set_transformers_output
 from rlzoo.models.head import FastPaths, set_fast_paths
 from rlzoo.plan.records import RolloutPlan
 from rlzoo.plan.run_input import replan
@@ -73,6 +74,9 @@ class GeneratorSpec:
     :ivar parent: the trainer's pid (the generator exits when it is gone).
     :ivar paths: the policy's fast paths as the trainer's load-time check decided them
         (:mod:`rlzoo.models.model_check`): the generator's copy runs the same (e.g. the cache mode).
+    :ivar transformers_output: what transformers prints in the trainer
+        (:func:`rlzoo.models.build.transformers_output`), which the generator's fresh interpreter
+        takes (it printed a ``Loading weights`` progress bar the trainer's CLI hides).
     """
 
     config_yaml: str
@@ -82,6 +86,7 @@ class GeneratorSpec:
     sampler_state: bytes
     parent: int
     paths: FastPaths
+    transformers_output: tuple[int, bool] | None = None
 
 
 def to_bytes(value: Any) -> bytes:
@@ -258,6 +263,8 @@ class _Generator:
 
     def __init__(self, spec: GeneratorSpec, weights: dict[str, torch.Tensor], version: Any, lock: Any) -> None:
         self.spec, self.shared, self.version, self.lock = spec, weights, version, lock
+        if spec.transformers_output is not None:
+            set_transformers_output(spec.transformers_output)
         torch.set_num_threads(max(1, spec.threads))
         run = replan(spec.config_yaml)
         device = torch.device(spec.device)

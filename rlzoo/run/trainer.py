@@ -31,7 +31,7 @@ from rlzoo.core.errors import ConfigError, TrainingError, say
 from rlzoo.run.evaluation import Evaluator, eval_only
 from rlzoo.core.events import read_scalars
 from rlzoo.learn.learner import Learner
-from rlzoo.models.build import build_run_models
+from rlzoo.models.build import build_run_models, transformers_output
 from rlzoo.models.head import fast_paths
 from rlzoo.models.model_check import report
 from rlzoo.contract.loading import PluginManager
@@ -201,7 +201,7 @@ class Trainer:
         spec = GeneratorSpec(config_yaml=self.run_input.setup.config_yaml, device=str(self.device),
                              threads=torch.get_num_threads(), seed=self.run_input.setup.seed + 7919 * (self.step + 1),
                              sampler_state=to_bytes(self.sampler.state_dict()), parent=os.getpid(),
-                             paths=fast_paths(self.models.policy))
+                             paths=fast_paths(self.models.policy), transformers_output=transformers_output())
         self.generator = AsyncRollout(self.plan.rollout, spec, self.models.policy_weights(), self.step)
         if self.dist.is_main:
             print(f"rlzoo: rollout generator process started (pid {self.generator.pid}, rollout.mode=async)",
