@@ -717,6 +717,23 @@ def test_an_async_run_generates_on_the_generators_engine_apart_from_the_trainer_
 
 @_vllm
 @pytest.mark.slow
+@pytest.mark.skipif(len(vllm_cores.usable()) < 2, reason="rollout.mode=async splits the cores: needs 2")
+def test_an_async_run_evaluates_without_a_second_engine_and_logs_the_generators_reload(
+        tmp_path, capfd: pytest.CaptureFixture) -> None:
+    """Evaluation in the trainer of an async run started an engine of its own on the
+    trainer's cores; now the generator's is the only one, evaluation runs on rlzoo's loop,
+    and the generator's reload of published weights into its engine is logged."""
+    cores = vllm_cores.usable()
+    curves = _train(tmp_path, "async_eval", "rollout.mode=async", "trainer.total_steps=3", "eval.size=4",
+                    "eval.every=2", "eval.n=2")
+    assert READY.findall(capfd.readouterr().out) == [("0", str(cores[-1]))]   # the generator's engine alone
+    assert [step for step, _ in curves["eval/greedy_accuracy"]] == [2, 3]
+    reloads = dict(curves["timing/generator_reload_s"])
+    assert sorted(reloads) == [1, 2, 3] and reloads[1] > 0 and all(value >= 0 for value in reloads.values())
+
+
+@_vllm
+@pytest.mark.slow
 def test_two_ranks_each_generate_on_an_engine_of_their_own_and_resume(tmp_path) -> None:
     """launcher.nproc=2: each rank starts its engine on its slice of the cores (one each on
     2 cores) and generates its half of the prompts; the job resumes with the same world."""
