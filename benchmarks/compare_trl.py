@@ -72,9 +72,11 @@ from datetime import date
 from pathlib import Path
 from typing import Callable
 
-from peak_rss import peak_rss_mb  # the workers' reader, shared with the other benchmarks
 from rlzoo.diagnostics.roofline import (DTYPE_BYTES, ModelShapes, StepWork, machine, matmul_rates, memory_bandwidth,
                                         roofline, step_flops)
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling, also when it is imported by path
+from peak_rss import peak_rss_mb  # noqa: E402  (the workers' reader, shared with the other benchmarks)
 
 SETTINGS = {
     # micro_batch: rlzoo's sequences per forward/backward (all 64 at once where memory is no

@@ -33,12 +33,9 @@ instead of rlzoo's own KV-cache loop. The engine runs in a process of its own
 - **Episodes** (``env``): each turn is ``generate(prompt ids + the episode's ids so far)``,
   token ids in and out, so nothing is re-tokenised.
 - **Roles** (the ``role`` input): ``trainer`` and ``generator`` start the engine when the
-  backend is built; ``evaluator`` (the trainer of an async run, which generates only to
-  evaluate) starts none: a second engine would take the trainer's cores, a second copy of
-  the weights and a KV cache, and a minute's start, for a few evaluations. It evaluates
-  with rlzoo's own KV-cache loop (the ``hf`` backend, :class:`rlzoo_plugins.rollout_backends.HFRollout`)
-  on the trainer's checked policy, on the trainer's cores: the same policy and sampling
-  distribution as the engine's, drawn by another sampler.
+  backend is built; ``evaluator`` (an async run's trainer, which only evaluates) starts none
+  (a second engine on the trainer's cores, with a copy of the weights and a KV cache, for a
+  few evaluations) and evaluates with the ``hf`` backend's loop on the trainer's policy.
 """
 
 from __future__ import annotations
@@ -348,15 +345,12 @@ class VLLMRollout:
     :param dtype: ``rollout.dtype``: the engine computes in it.
     :param params: :class:`VLLMParams`.
     :param role: ``trainer``, ``generator`` or ``evaluator`` (the ``role`` input): the first
-        two start the engine now; ``evaluator`` never starts one and generates with rlzoo's
-        own loop (:attr:`local`); under ``rollout.mode=async`` (the last two) the cores are
-        split apart (:func:`core_split`) and the evaluator pins the trainer to its share
-        until :meth:`close`.
-    :param generation_context: makes the policy's weights whole while the evaluator
-        generates (the ``hf`` backend's input).
+        two start the engine now; ``evaluator`` generates with :attr:`local`; under
+        ``rollout.mode=async`` (the last two) the cores are split apart (:func:`core_split`)
+        and the evaluator pins the trainer to its share until :meth:`close`.
+    :param generation_context: the ``hf`` backend's input, for :attr:`local`.
     :raises ValueError: the engine failed to build (its error, one line).
-    :ivar local: the evaluator's generator, an :class:`HFRollout` over the trainer's policy
-        (``None`` for the other roles).
+    :ivar local: the evaluator's :class:`HFRollout` over the trainer's policy (``None`` otherwise).
     """
 
     def __init__(self, policy: torch.nn.Module, tokenizer: Any, device: torch.device, dtype: str,
@@ -455,8 +449,7 @@ class VLLMRollout:
                  temperature: float, top_p: float, greedy: bool = False) -> Generation:
         """``num_samples`` completions of each prompt, prompt-major; see
         :func:`rlzoo.contract.hookspecs.rlzoo_register_rollout_backends` for the shapes.
-        ``logp`` is vLLM's processed log-prob of each sampled token (0 for greedy); the
-        evaluator's are its loop's (the same distribution's)."""
+        ``logp`` is vLLM's processed log-prob of each sampled token (0 for greedy; the evaluator's: its loop's)."""
         if self.local is not None:
             return self.local.generate(prompt_ids, num_samples=num_samples, max_new_tokens=max_new_tokens,
                                        temperature=temperature, top_p=top_p, greedy=greedy)
@@ -471,8 +464,7 @@ class VLLMRollout:
     @no_grad
     def sync_weights(self, named_weights: Callable[[], Iterable[tuple[str, torch.Tensor]]]) -> None:
         """Copy the policy's weights (LoRA merged) into the shared buffers and have the
-        engine reload them; the evaluator generates with the policy itself (a copy in
-        ``rollout.dtype`` is refreshed)."""
+        engine reload them (the evaluator: its loop's, a no-op without a ``rollout.dtype`` copy)."""
         if self.local is not None:
             self.local.sync_weights(named_weights)
             return

@@ -295,10 +295,9 @@ def _cmd_ab(args: argparse.Namespace) -> int:
 
 
 def _quiet_transformers() -> None:
-    from transformers.utils import logging as hf_logging
+    from rlzoo.models.hf_output import quiet_transformers
 
-    hf_logging.disable_progress_bar()
-    hf_logging.set_verbosity_error()
+    quiet_transformers()
 
 
 def _cmd_train(args: argparse.Namespace) -> int:

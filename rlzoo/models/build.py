@@ -33,8 +33,6 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
-from transformers.utils import logging as hf_logging
-
 from rlzoo.core import distributed
 from rlzoo.core.dtypes import DTYPES
 from rlzoo.models import lora
@@ -93,24 +91,6 @@ def build_tiny_model(shape: TinyModel, tokenizer: PreTrainedTokenizerBase,
     else:
         model = LlamaForCausalLM(LlamaConfig(**common))
     return model
-
-
-def transformers_output() -> tuple[int, bool]:
-    """What transformers prints in this process: its logging verbosity and whether its
-    progress bars (``Loading weights: ...`` on every model load) show."""
-    return hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
-
-
-def set_transformers_output(output: tuple[int, bool]) -> None:
-    """Print what :func:`transformers_output` read, in another process: a process rlzoo spawns
-    (the asynchronous generator) starts a fresh interpreter with transformers' defaults, so
-    it takes its parent's settings (the CLI's: errors only, no progress bars)."""
-    verbosity, progress = output
-    hf_logging.set_verbosity(verbosity)
-    if progress:
-        hf_logging.enable_progress_bar()
-    else:
-        hf_logging.disable_progress_bar()
 
 
 def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:

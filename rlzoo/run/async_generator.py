@@ -48,7 +48,7 @@ import torch.multiprocessing as mp
 from rlzoo.core import processes
 from rlzoo.core.batch import RolloutBatch
 from rlzoo.core.errors import RlzooError, TrainingError
-from rlzoo.models.build import set_transformers_output
+from rlzoo.models.hf_output import set_transformers_output
 from rlzoo.models.head import FastPaths, set_fast_paths
 from rlzoo.plan.records import RolloutPlan
 from rlzoo.plan.run_input import replan
@@ -75,7 +75,7 @@ class GeneratorSpec:
     :ivar paths: the policy's fast paths as the trainer's load-time check decided them
         (:mod:`rlzoo.models.model_check`): the generator's copy runs the same (e.g. the cache mode).
     :ivar transformers_output: what transformers prints in the trainer
-        (:func:`rlzoo.models.build.transformers_output`), which the generator's fresh interpreter
+        (:func:`rlzoo.models.hf_output.transformers_output`), which the generator's fresh interpreter
         takes (it printed a ``Loading weights`` progress bar the trainer's CLI hides).
     """
 

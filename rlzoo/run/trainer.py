@@ -31,7 +31,8 @@ from rlzoo.core.errors import ConfigError, TrainingError, say
 from rlzoo.run.evaluation import Evaluator, eval_only
 from rlzoo.core.events import read_scalars
 from rlzoo.learn.learner import Learner
-from rlzoo.models.build import build_run_models, transformers_output
+from rlzoo.models.build import build_run_models
+from rlzoo.models.hf_output import transformers_output
 from rlzoo.models.head import fast_paths
 from rlzoo.models.model_check import report
 from rlzoo.contract.loading import PluginManager
