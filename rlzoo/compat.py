@@ -70,6 +70,7 @@ OLD_MODULES: dict[str, tuple[str, ...]] = {
     "rlzoo.rm": ("rlzoo.run.rm_trainer", "rlzoo.tasks.pairs", "rlzoo.learn.bradley_terry"),
     "rlzoo.golden": ("rlzoo.commands.golden",), "rlzoo.launcher": ("rlzoo.commands.launcher",),
     "rlzoo.tool_checks": ("rlzoo.testing.tool_checks",), "rlzoo.env_checks": ("rlzoo.testing.env_checks",),
+    "rlzoo.testing": ("rlzoo.testing.component_checks", "rlzoo.testing.tool_checks", "rlzoo.testing.env_checks"),
 }
 """Old module (API 2.0) -> the modules its names live in now, searched in order."""
 

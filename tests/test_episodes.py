@@ -258,7 +258,7 @@ def test_a_run_trains_and_evaluates_on_episodes(tmp_path: Path) -> None:
 
 
 def test_the_kit_checks_environments() -> None:
-    from rlzoo.testing import check_component, check_environment
+    from rlzoo.api import check_component, check_environment
 
     for name in ("calculator", "feedback_test"):
         check_component(REGISTRY.get("environment", name), registry=REGISTRY)

@@ -129,10 +129,40 @@ def test_explain_lists_the_keys_whose_record_says_so() -> None:
     shown = {k.key for k in explain_cmd.knobs(load_config(REGISTRY, ["rollout_correction=[tis]"]), None)}
     assert {"algo", "seed", "model.path", "trainer.lr", "kl.coef", "kl.estimator.name", "eval.holdout",
             "rollout_correction[0].cap", "advantage.name", "task.num_digits"} <= shown
-    assert not shown & {"trainer.threads", "trainer.device", "trainer.micro_batch_size", "model.dtype",
-                        "logging.log_every", "checkpoint.every", "rm.steps", "teacher.path"}
+    # what a run computes, which explain left out (issue 47 item 17d): the answer a reward reads, a teacher,
+    # the weights' dtype, the embedded model's shape, a plugin module's hooks
+    assert {"answer_format.name", "teacher.path", "model.dtype", "model.hidden_size", "model.arch", "plugins",
+            "model.system_prompt", "model.lora.rank"} <= shown
+    assert not shown & {"trainer.threads", "trainer.device", "trainer.micro_batch_size", "run_dir", "resume",
+                        "model.gradient_checkpointing", "logging.log_every", "checkpoint.every", "rm.steps",
+                        "launcher.nproc"}
     for path, key in keys.key_records().items():
         assert any(k == path or k.startswith((path + ".", path + "[")) for k in shown) == key.explain, path
+
+
+def test_every_key_is_explained_or_its_record_says_why_not() -> None:
+    """A key changes what a run computes (``rlzoo explain`` lists it) or its record says why not
+    (how, where or when a run computes, what it records): a new key cannot be left out by default."""
+    for path, key in keys.key_records().items():
+        assert key.explain != bool(key.not_explained), (
+            f"{path}: explain={key.explain}, not_explained={key.not_explained!r}: set explain=True, or say in "
+            "not_explained why it changes nothing a run computes")
+
+
+def test_a_new_key_with_neither_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    forgotten = Key("forgotten", int, 1, "a key whose author decided nothing")
+    run = next(s for s in keys.TABLE if s.entries and getattr(s.entries[0], "name", "") == "algo")
+    monkeypatch.setattr(keys, "TABLE", tuple(Section(None, (*run.entries, forgotten)) if s is run else s
+                                             for s in keys.TABLE))
+    record = keys.key_records()["forgotten"]
+    assert record.explain is False and record.not_explained == ""  # what the test above fails on
+
+
+def test_explain_marks_the_tiny_models_shape_unused_under_a_model_path(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text("{}")
+    rows = {k.key: k for k in explain_cmd.knobs(load_config(REGISTRY, [f"model.path={tmp_path}"]), None)}
+    assert rows["model.hidden_size"].unused == "model.path is set: the embedded model is not built"
+    assert rows["model.dtype"].unused == ""
 
 
 def test_records_are_well_formed() -> None:

@@ -15,6 +15,7 @@ from safetensors.torch import load_file
 
 import zoo
 from rlzoo.commands.cli import main
+from rlzoo.core.errors import ConfigError
 from rlzoo.learn.bradley_terry import bradley_terry
 from rlzoo.tasks.pairs import batch_rows, load_pairs, split_pairs
 from zoo import REGISTRY
@@ -361,3 +362,20 @@ def test_a_held_out_share_that_leaves_less_than_a_batch_is_a_warning(tmp_path: P
             "each step repeats them") in capsys.readouterr().err
     assert main(["rm", *TINY, f"rm.data={data}", "rm.steps=1", "rm.batch_size=4", f"run_dir={tmp_path / 'ok'}"]) == 0
     assert "warning" not in capsys.readouterr().err
+
+
+def test_rm_is_checked_as_an_rm_run_not_as_rl_training(capsys, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`rlzoo rm launcher.nproc=N` was refused for rollout.prompts_per_step (16, not divisible by
+    3), a key rm never reads; now rm's own split of rm.batch_size is what is checked, before any
+    process starts, and on a rank (WORLD_SIZE set) no RL check refuses the rm config either."""
+    from rlzoo.run.resume import load_run_config
+
+    assert main(["rm", "launcher.nproc=3", "rm.data=task", "rm.batch_size=7", "rm.steps=1"]) == 2
+    assert capsys.readouterr().err == ("rlzoo: error: rm.batch_size=7 does not split over 3 processes: each trains on "
+                                       "an equal share of a step's pairs; use a multiple of 3\n")
+    monkeypatch.setenv("WORLD_SIZE", "2")  # as torchrun sets it for each rank
+    rl_only = ["rm.data=task", "rollout.prompts_per_step=3", "rollout.n=1", "advantage=grpo"]
+    with pytest.raises(ConfigError, match="need groups of completions"):
+        load_run_config(REGISTRY, rl_only)  # an RL run with these keys is still refused
+    plan = load_run_config(REGISTRY, rl_only, reward_model=True).plan
+    assert plan.world == 1 and plan.episodes is None

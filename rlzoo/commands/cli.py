@@ -16,7 +16,7 @@ from pathlib import Path
 
 from rlzoo.contract.hookspecs import KIND_TITLES, REGISTRATION_HOOKS
 from rlzoo.core.deferred import defer_imports
-from rlzoo.core.errors import ConfigError, DuplicateComponentError, RlzooError, say
+from rlzoo.core.errors import ConfigError, DuplicateComponentError, RefusedComponentError, RlzooError, say
 from rlzoo.core.processes import share_cores_politely
 
 EXIT_USAGE = 2
@@ -130,7 +130,8 @@ def _parser() -> argparse.ArgumentParser:
 
     explain = sub.add_parser("explain", help="the run's knobs with their sources, and its run plan",
                              description="Resolve the config as `rlzoo train` would and print every "
-                             "algorithmic knob with its value, the layer that set it and, for a preset's "
+                             "knob that changes what the run computes with its value, the layer that set it and, "
+                             "for a preset's "
                              "knobs, the preset card's source and deviation; then the run plan (models, "
                              "passes, KL placement and units, aggregation, update structure) and warnings "
                              "for choices that cannot act.")
@@ -207,11 +208,11 @@ def _resolve_registry(args: argparse.Namespace):
     return pm, registry, None
 
 
-def _resolve(args: argparse.Namespace):
+def _resolve(args: argparse.Namespace, reward_model: bool = False):
     from rlzoo.run.resume import load_run_config
 
     pm, registry, _ = _resolve_registry(args)
-    resolved = load_run_config(registry, args.overrides, args.config)
+    resolved = load_run_config(registry, args.overrides, args.config, reward_model)
     return pm, registry, resolved
 
 
@@ -305,10 +306,9 @@ def _cmd_ab(args: argparse.Namespace) -> int:
 
 
 def _quiet_transformers() -> None:
-    from transformers.utils import logging as hf_logging
+    from rlzoo.models.hf_output import quiet_transformers
 
-    hf_logging.disable_progress_bar()
-    hf_logging.set_verbosity_error()
+    quiet_transformers()
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
@@ -368,7 +368,7 @@ def _cmd_rm(args: argparse.Namespace) -> int:
     from rlzoo.plan.run_input import engine_input
     from rlzoo.run.rm_trainer import check_world, run_rm
 
-    _, _, resolved = _resolve(args)
+    _, _, resolved = _resolve(args, reward_model=True)  # rm trains no policy: the RL plan's checks do not apply
     rm = reward_model_plan(resolved.cfg)
     if args.overwrite and resolved.cfg.resume:
         raise ConfigError("--overwrite starts a new run in place of another; it does not go with resume=")
@@ -459,9 +459,10 @@ def _cmd_list(args: argparse.Namespace) -> int:
         for c in registry.components(kind)
     ]
     # a plugin that failed to load is an error of the whole listing; with --kind only a name
-    # collision in that kind is (the kind is listed, the broken plugin reported as a warning)
+    # collision or a refused component in that kind is (the kind is listed, the rest reported as a warning)
     fatal = [e for e in registry.load_errors
-             if not args.kind or (isinstance(e, DuplicateComponentError) and e.kind == args.kind)]
+             if not args.kind or (isinstance(e, (DuplicateComponentError, RefusedComponentError))
+                                  and e.kind == args.kind)]
     errors = [str(e) for e in registry.load_errors]
     if args.json:
         print(json.dumps({"components": entries, "errors": errors}, indent=2))

@@ -50,25 +50,32 @@ def _world(cfg: Any) -> int:
 
 
 def load_config(registry: Registry, overrides: list[str] | None = None, config_file: str | Path | None = None,
-                base: dict[str, Any] | None = None, base_label: str = "base") -> PlannedConfig:
+                base: dict[str, Any] | None = None, base_label: str = "base",
+                reward_model: bool = False) -> PlannedConfig:
     """The resolved config of a run with its plan decided (``resolved.plan``): the layers
     merged and the components chosen (:func:`rlzoo.config.layers.resolve_config`, which
-    documents the parameters), then :func:`build_plan`. Raises
-    :class:`~rlzoo.core.errors.ConfigError` on any bad input or inconsistent combination,
-    before anything is built or written."""
+    documents the parameters), then :func:`build_plan` (``reward_model``: for ``rlzoo rm``).
+    Raises :class:`~rlzoo.core.errors.ConfigError` on any bad input or inconsistent
+    combination, before anything is built or written."""
     resolved = resolve_config(registry, overrides, config_file, base, base_label)
     fields = {f.name: getattr(resolved, f.name) for f in dataclasses.fields(resolved)}
-    return PlannedConfig(**fields, plan=build_plan(resolved))
+    return PlannedConfig(**fields, plan=build_plan(resolved, reward_model))
 
 
-def build_plan(resolved: ResolvedConfig) -> RunPlan:
+def build_plan(resolved: ResolvedConfig, reward_model: bool = False) -> RunPlan:
     """Decide the run plan of ``resolved``; every consistency check of a run lives here.
 
+    :param reward_model: the plan of an ``rlzoo rm`` run, which reads the model, optimizer,
+        compute, cadence and held-out share of the plan (and the task and its rewards), and
+        trains no policy: the checks of RL training (groups, prompts split over the
+        processes, KL, a teacher, the asynchronous rollout, episodes, the rollout backend's)
+        do not apply, and the RL records are those of one process. Its own checks are
+        :func:`reward_model_plan`'s and :func:`rlzoo.run.rm_trainer.check_world`.
     :raises ConfigError: one line naming the conflicting keys and how to resolve them.
     """
     cfg = resolved.cfg
     comps = resolved.components
-    world = _world(cfg)
+    world = 1 if reward_model else _world(cfg)
     kl_on = float(cfg.kl.coef) > 0
     to_teacher = kl_on and cfg.kl.target == "teacher"
     acting = [c for path, c in comps.items()
@@ -81,9 +88,11 @@ def build_plan(resolved: ResolvedConfig) -> RunPlan:
         needs |= target_needs(component.needs) if is_kl_to_teacher else component.needs
     if "critic" in needs and "value_loss" in comps:
         needs |= comps["value_loss"].needs
-    check_consistency(resolved, needs, kl_on, world)
-    check_async(resolved, world)
-    episodes = episode_plan(resolved, needs, kl_on, world)
+    episodes = None
+    if not reward_model:
+        check_consistency(resolved, needs, kl_on, world)
+        check_async(resolved, world)
+        episodes = episode_plan(resolved, needs, kl_on, world)
 
     lora = _lora_plan(cfg)
     models = {"policy": "trained" if lora is None else f"base weights frozen, rank-{lora.rank} LoRA adapters trained"}
@@ -149,7 +158,7 @@ def build_plan(resolved: ResolvedConfig) -> RunPlan:
     if cfg.rollout.dtype and cfg.rollout.dtype != cfg.model.dtype:
         models["rollout"] = (f"a {cfg.rollout.dtype} copy of the policy for generation, synced after each "
                              "update (rollout.dtype)")
-    describe = comps["rollout.backend"].meta.get("plan")
+    describe = None if reward_model else comps["rollout.backend"].meta.get("plan")
     if describe is not None:  # a backend that says what it runs beside the trainer, refusing what it cannot run
         models["rollout"] = describe(cfg, resolved.params["rollout.backend"], world)
 

@@ -32,6 +32,7 @@ from rlzoo.run.evaluation import Evaluator, eval_only
 from rlzoo.core.events import read_scalars
 from rlzoo.learn.learner import Learner
 from rlzoo.models.build import build_run_models
+from rlzoo.models.hf_output import transformers_output
 from rlzoo.models.head import fast_paths
 from rlzoo.models.model_check import report
 from rlzoo.contract.loading import PluginManager
@@ -180,10 +181,12 @@ class Trainer:
         """rollout.mode=async: the generator's next batch within the version bound, through
         the rollout lifecycle hooks here (the extensions and their state live in the
         trainer); the sampler mirrors the generator's prompt position, for checkpoints."""
-        batch, staleness, dropped, sampler_state = self.generator.next(self.step)
-        self.sampler.load_state_dict(sampler_state)
-        self.ctx.metrics["rollout/dropped"] = float(dropped)
+        received = self.generator.next(self.step)
+        batch, staleness = received.batch, received.staleness
+        self.sampler.load_state_dict(received.sampler_state)
+        self.ctx.metrics["rollout/dropped"] = float(received.dropped)
         self.ctx.metrics["rollout/beyond_bound"] = float(staleness > self.plan.rollout.max_staleness)
+        self.ctx.metrics["timing/generator_reload_s"] = received.reload_s
         self.pm.hook.rlzoo_after_rollout(batch=batch, ctx=self.ctx)
         self.pm.hook.rlzoo_shape_rewards(batch=batch, ctx=self.ctx)
         return batch, staleness
@@ -199,7 +202,7 @@ class Trainer:
         spec = GeneratorSpec(config_yaml=self.run_input.setup.config_yaml, device=str(self.device),
                              threads=torch.get_num_threads(), seed=self.run_input.setup.seed + 7919 * (self.step + 1),
                              sampler_state=to_bytes(self.sampler.state_dict()), parent=os.getpid(),
-                             paths=fast_paths(self.models.policy))
+                             paths=fast_paths(self.models.policy), transformers_output=transformers_output())
         self.generator = AsyncRollout(self.plan.rollout, spec, self.models.policy_weights(), self.step)
         if self.dist.is_main:
             print(f"rlzoo: rollout generator process started (pid {self.generator.pid}, rollout.mode=async)",
