@@ -395,8 +395,7 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
         results = until_resolved(sweep_dir, args.overrides, registry, args.config, args.jobs, args.max_seeds,
                                  args.baseline, args.metric, args.min_effect)
     elif args.max_seeds is not None or args.baseline or args.min_effect is not None:
-        raise ConfigError("--max-seeds, --baseline and --min-effect go with --until-resolved (rlzoo compare takes "
-                          "--baseline and --min-effect after a plain sweep)")
+        raise ConfigError("--max-seeds, --baseline and --min-effect go with --until-resolved (or: rlzoo compare)")
     else:
         results = run_sweep(sweep_dir, args.overrides, registry, args.config, args.jobs)
     failed = [run.name for run, outcome in results if outcome.startswith("failed")]
