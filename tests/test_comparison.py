@@ -16,9 +16,10 @@ from rlzoo.analysis.figures import forest, plot
 from rlzoo.analysis.intervals import paired_contrast, unpaired_contrast
 from rlzoo.analysis.measures import Metric, area_under, prompt_values, run_value
 from rlzoo.analysis.report import differences, interval_text, table
-from rlzoo.analysis.runs import RunSummary, group_runs
+from rlzoo.analysis.runs import RunSummary, group_runs, stopped_early
 from rlzoo.core.errors import ConfigError
 from rlzoo.run.eval_records import EvalRecord
+from rlzoo.run.rundir import write_status
 from rlzoo.tasks.task import prompt_id
 
 PROMPTS = [f"{i:04d}=" for i in range(40)]
@@ -215,3 +216,25 @@ def test_min_effect_applies_to_the_chosen_metric() -> None:
     assert score.seeds_min_effect is not None and "resolve a difference of 0.2" in score.verdict
     assert [d.metric.name for d in comparison.differences] == [
         "eval/greedy_score", "eval/greedy_score best", "eval/greedy_score AUC", "steps to T"]
+
+
+def test_a_run_that_did_not_finish_is_said_so(tmp_path: Path) -> None:
+    """An interrupted run's last evaluation is not its end's: status.json says how it stands;
+    without one, a last logged step short of trainer.total_steps does; a completed one (also
+    one whose last logged step is short of it: logging.log_every > 1) says nothing."""
+    assert stopped_early(tmp_path, 40, 28) == "not finished at step 28 of 40"
+    assert stopped_early(tmp_path, 40, 40) is None and stopped_early(tmp_path, None, 28) is None
+    write_status(tmp_path, "interrupted", 31, 40)
+    assert stopped_early(tmp_path, 40, 28) == "interrupted at step 31 of 40"
+    write_status(tmp_path, "completed", 40, 40)
+    assert stopped_early(tmp_path, 40, 30) is None
+    a, b = _tables()
+    runs = [_run(f"a{s}", "a", s, a[s]) for s in range(3)] + [_run(f"b{s}", "b", s, b[s]) for s in range(3)]
+    runs[1].stopped = "interrupted at step 31 of 40"
+    comparison = compare_groups(group_runs(runs), baseline=["algo=b"])
+    assert comparison.notes == ["1 run(s) did not finish (a1 interrupted at step 31 of 40): their values are "
+                                "those of their last logged step and evaluation, not of the end of training"]
+    assert differences(comparison).endswith(f"Note: {comparison.notes[0]}")
+    alone = compare_groups(group_runs(runs[:3]))     # one group: no differences, the note still printed
+    assert differences(alone).splitlines() == [f"One group ({alone.baseline.label}): no differences to report.",
+                                               f"Note: {comparison.notes[0]}"]

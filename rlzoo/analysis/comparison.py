@@ -337,6 +337,10 @@ def compare_groups(groups: list[Group], primary: str = "eval/greedy_accuracy", b
     first = Metric(primary, primary, "final")
     base = parse_baseline(groups, baseline) if baseline else _best_group(groups, first)
     pairs, notes = _pairing_notes(groups, base, first)
+    stopped = [f"{r.run_dir.name} {r.stopped}" for g in groups for r in g.runs if r.stopped]
+    if stopped:
+        notes.append(f"{len(stopped)} run(s) did not finish ({'; '.join(stopped)}): their values are those of their "
+                     "last logged step and evaluation, not of the end of training")
     singles = [g.label for g in groups if len(g.runs) == 1]
     if singles:
         notes.append(f"one run in {', '.join(singles)}: its interval covers the held-out prompts only, not seeds")

@@ -143,8 +143,9 @@ def difference_line(diff: Difference) -> str:
 def differences(comparison: Comparison) -> str:
     """The differences to the baseline in words, one line each, after a heading that says
     what they are."""
+    notes = [f"Note: {note}" for note in comparison.notes]
     if not comparison.differences:
-        return f"One group ({comparison.baseline.label}): no differences to report."
+        return "\n".join([f"One group ({comparison.baseline.label}): no differences to report.", *notes])
     paired = any(d.paired for d in comparison.differences)
     how = "paired by held-out prompt" if paired else "unpaired"
     head = (f"Differences to the baseline {comparison.baseline.label} ({how}; {percent(comparison.level)} intervals; "
@@ -155,8 +156,7 @@ def differences(comparison: Comparison) -> str:
         lines.append(f"{comparison.primary} at the last evaluation: " + "; ".join(
             f"{g.label} {interval_text(e.interval)}" for g, e in zip(comparison.groups,
                                                                     comparison.estimates[comparison.primary])))
-    return "\n".join([*lines, *(f"- {difference_line(d)}" for d in comparison.differences),
-                      *(f"Note: {note}" for note in comparison.notes)])
+    return "\n".join([*lines, *(f"- {difference_line(d)}" for d in comparison.differences), *notes])
 
 
 def write_report(out: Path, comparison: Comparison, text: str, figures: list[str], runs: list[Path]) -> Path:

@@ -22,7 +22,7 @@ from rlzoo.diagnostics.detectors import diagnose
 from rlzoo.diagnostics.run_record import RunRecord
 from rlzoo.plan.hparams import NOT_HPARAMS, flatten_config, matches
 from rlzoo.run.eval_records import EvalRecord, read_records
-from rlzoo.run.rundir import is_run
+from rlzoo.run.rundir import is_run, read_status
 
 GROUPING_IGNORES = ("seed", "trainer.threads", "eval.every")
 """Hyperparameters that do not separate groups: the seed, and keys that change how fast a
@@ -49,6 +49,9 @@ class RunSummary:
     records: dict[int, EvalRecord] = field(default_factory=dict)
     """Its per-prompt evaluation records by step (:mod:`rlzoo.run.eval_records`); empty for a
     run written before they existed."""
+    stopped: str | None = None
+    """How a run that has not finished stands (``interrupted at step 31 of 40``), else ``None``:
+    its values are those of its last logged step and evaluation, not its end's."""
 
     def final_eval(self, tag: str) -> float | None:
         """The value of ``tag`` at the run's last evaluation, or ``None``."""
@@ -90,6 +93,20 @@ def _plain(value: Any) -> Any:
     return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
+def stopped_early(run_dir: Path, total_steps: Any, last_step: int) -> str | None:
+    """How a run stands when it has not finished (``interrupted at step 31 of 40``; ``not
+    finished at step 12 of 40`` when running or killed before writing its status), or ``None``
+    when its ``status.json`` says completed or it logged its last step (``total_steps``)."""
+    status = read_status(run_dir) or {}
+    if status.get("status") == "completed":
+        return None
+    if status.get("status") and status.get("step") is not None:
+        return f"{status['status']} at step {status['step']} of {status.get('total_steps', total_steps)}"
+    if isinstance(total_steps, int) and last_step < total_steps:
+        return f"not finished at step {last_step} of {total_steps}"
+    return None
+
+
 def summarise(run_dir: Path, threshold: float, window: int, tag: str = "reward/mean") -> RunSummary:
     """Reduce one run to :class:`RunSummary` (its curves, the table's numbers)."""
     events = read_events(run_dir)
@@ -116,6 +133,7 @@ def summarise(run_dir: Path, threshold: float, window: int, tag: str = "reward/m
                      for t, c in curves.items() if t.startswith("eval/")},
         findings=[finding.code for finding in diagnose(RunRecord(curves, config))],
         records=read_records(run_dir),
+        stopped=stopped_early(run_dir, (config.get("trainer") or {}).get("total_steps"), int(steps[-1])),
     )
 
 
