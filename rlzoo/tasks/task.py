@@ -193,6 +193,18 @@ def check_references(task: Task, task_name: str, use: str | None) -> list[str]:
     return []
 
 
+def checked_examples(task: Task, holdout: Holdout, limit: int | None = None) -> list[Example]:
+    """The examples the start-of-run checks read: every example of a task that lists them
+    (at most ``limit``, a fixed sample of them), else 16 of the evaluation set plus
+    :data:`PROBE_DRAWS` draws with a fixed RNG."""
+    examples = task.examples()
+    if examples is None:
+        return task.eval_set(16, holdout) + task.sample(PROBE_DRAWS, random.Random("rlzoo-probe"))
+    if limit is not None and len(examples) > limit:
+        return random.Random("rlzoo-probe").sample(examples, limit)
+    return examples
+
+
 def check_encodable(task: Task, task_name: str, tokenizer: Any, holdout: Holdout) -> list[str]:
     """Check that the tokenizer can encode the task's prompts and answers.
 
@@ -205,9 +217,7 @@ def check_encodable(task: Task, task_name: str, tokenizer: Any, holdout: Holdout
     :raises ConfigError: an answer is not encodable (naming the count, an example and the
         characters).
     """
-    examples = task.examples()
-    if examples is None:
-        examples = task.eval_set(16, holdout) + task.sample(PROBE_DRAWS, random.Random("rlzoo-probe"))
+    examples = checked_examples(task, holdout)
     bad_answers = _unencodable([task.answer_text(e) for e in examples], tokenizer)
     bad_prompts = _unencodable([e.prompt for e in examples], tokenizer)
     where = f"task {task_name!r}"
