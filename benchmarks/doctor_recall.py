@@ -257,12 +257,17 @@ def split_text(runs: list[Run]) -> str:
 def train(run: Run, out: Path) -> str:
     """Train ``run`` into ``out/<name>`` (skipped when it completed before); returns a line."""
     run_dir = out / run.name
-    if (run_dir / "status.json").is_file() and '"completed"' in (run_dir / "status.json").read_text():
+    if '"completed"' in _status(run_dir):
         return f"{run.name}: done before"
     command = [sys.executable, "-m", "rlzoo", "train", *run.overrides, *COMMON, f"run_dir={run_dir}", "--overwrite"]
     with open(out / f"{run.name}.log", "w") as log:
         code = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT).returncode
     return f"{run.name}: exit {code}"
+
+
+def _status(run_dir: Path) -> str:
+    path = run_dir / "status.json"
+    return path.read_text() if path.is_file() else ""
 
 
 def evaluate(out: Path, which: str, markdown: bool) -> None:
@@ -272,9 +277,12 @@ def evaluate(out: Path, which: str, markdown: bool) -> None:
 
     runs = build()
     chosen = [run for run in runs if which == "all" or half(run, runs) == which]
+    done = [run for run in chosen if '"completed"' in _status(out / run.name)]
+    if len(done) < len(chosen):
+        print(f"({len(chosen) - len(done)} of the {len(chosen)} runs have not completed: left out)")
     rows: dict[str, list[int]] = {}
     misses = []
-    for run in chosen:
+    for run in done:
         (result,) = examine([out / run.name])
         warnings = [f for f in result.findings if f.level == "warning"]
         first = result.findings[0] if result.findings else None
@@ -317,6 +325,8 @@ def main() -> None:
     run.add_argument("out", type=Path)
     run.add_argument("--jobs", type=int, default=2)
     run.add_argument("--only", help="a regular expression the run names must match")
+    run.add_argument("--half", choices=("tuning", "held-out", "all"), default="all",
+                     help="these runs only (all: the tuning half first)")
     ev = sub.add_parser("evaluate", help="doctor's recall and false alarms on a half")
     ev.add_argument("out", type=Path)
     ev.add_argument("--half", choices=("tuning", "held-out", "all"), default="tuning")
@@ -327,7 +337,9 @@ def main() -> None:
         sys.stdout.write(split_text(runs))
     elif args.command == "run":
         args.out.mkdir(parents=True, exist_ok=True)
-        chosen = [r for r in runs if not args.only or re.search(args.only, r.name)]
+        chosen = [r for r in runs if (not args.only or re.search(args.only, r.name))
+                  and args.half in ("all", half(r, runs))]
+        chosen.sort(key=lambda r: half(r, runs) != "tuning")
         with ThreadPoolExecutor(max_workers=max(1, min(args.jobs, 2))) as pool:
             for line in pool.map(lambda r: train(r, args.out), chosen):
                 print(line, flush=True)

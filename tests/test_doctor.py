@@ -272,7 +272,7 @@ def test_watch_reports_each_finding_once_at_due_steps() -> None:
     lines = []
     for step in range(1, STEPS + 1):
         watch.add(step, {tag: points[step - 1][1] for tag, points in run.scalars.items()})
-        lines += [(step, line) for line in watch.check(step, last=step == STEPS)]
+        lines += [(step, Watch.line(step, finding)) for finding in watch.check(step, last=step == STEPS)]
     assert [step for step, _ in lines] == [50]
     assert lines[0][1].startswith("rlzoo: doctor: step 50: update step too big")
 
@@ -282,8 +282,9 @@ def test_the_threshold_table_is_the_docs_table() -> None:
     assert thresholds.markdown() in page
     kinds = (thresholds.PAPER, thresholds.DOCS, thresholds.MEASURED, thresholds.DEFINITION, thresholds.CHOSEN)
     assert all(t.kind in kinds and t.source for t in thresholds.TABLE)
-    used = set(re.findall(r"""limit\(["'](\w+)["']\)""", (ROOT / "rlzoo/diagnostics/detectors.py").read_text()
-                          + (ROOT / "rlzoo/diagnostics/run_record.py").read_text()))
+    used = set(re.findall(r"""limit\(["'](\w+)["']\)""", "".join(
+        (ROOT / "rlzoo/diagnostics" / name).read_text() for name in ("detectors.py", "run_record.py", "flat_start.py",
+                                                                      "watch.py"))))
     assert used == set(thresholds.BY_NAME)          # every threshold is used, every used one is in the table
 
 

@@ -235,6 +235,8 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
 
     results = examine(args.items)
     sys.stdout.write(report(results))
+    if any(result.unreadable for result in results):
+        return EXIT_USAGE  # a path with no run in it, or logs with nothing readable: named above
     return EXIT_USAGE if args.strict and any(result.findings for result in results) else 0
 
 
@@ -301,12 +303,15 @@ def _quiet_transformers() -> None:
 
 def _cmd_train(args: argparse.Namespace) -> int:
     from rlzoo.core.distributed import launched_by_torchrun
+    from rlzoo.diagnostics.preflight import check_fits
     from rlzoo.plan.run_input import engine_input
     from rlzoo.run.trainer import train
 
     pm, registry, resolved = _resolve(args)
     if args.overwrite and resolved.cfg.resume:
         raise ConfigError("--overwrite starts a new run in place of another; it does not go with resume=")
+    if int(os.environ.get("RANK", "0")) == 0:
+        check_fits(resolved)  # a run that cannot fit is refused before its directory exists
     nproc = int(resolved.cfg.launcher.nproc)
     if nproc > 1 and not launched_by_torchrun():
         return _launch_torchrun(args, resolved, nproc)

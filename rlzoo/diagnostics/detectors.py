@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
+from rlzoo.diagnostics.flat_start import logged_once, nothing_learning, partial_credit
 from rlzoo.diagnostics.run_record import Curve, Finding, RunRecord
 from rlzoo.diagnostics.thresholds import limit
 from rlzoo.core.tags import Tag
@@ -33,17 +35,6 @@ def _g(x: float) -> str:
 def _scaled(setting: Any, factor: float) -> str:
     """``setting × factor`` as an override value."""
     return f"{float(setting) * factor:g}"
-
-
-def _partial_credit(run: RunRecord) -> tuple[str, str]:
-    """An override that adds a partial-credit term to the run's reward (``length_match``, weight
-    0.1), so that groups whose answers all fail still differ."""
-    reward = run.setting("reward")
-    name = reward.get("name") if isinstance(reward, dict) else reward if isinstance(reward, str) else None
-    why = "a partial-credit term gives failing answers something to differ in"
-    if name is None:
-        return "reward=[exact_match, {name: length_match, weight: 0.1}]", why + " (an exact-match task's reward)"
-    return f"reward=[{name}, {{name: length_match, weight: 0.1}}]", why
 
 
 # ----------------------------------------------------------------------------- the detectors
@@ -211,7 +202,7 @@ def zero_variance_groups(run: RunRecord) -> list[Finding]:
         fixes = (refill, ("task.num_digits=6", "for sort_digits: a harder task"))
     elif not learned and level <= (1 - limit("success_share")) * success:
         why = "the task is too hard for the policy: whole groups fail alike"
-        fixes = (_partial_credit(run), sample_more, refill)
+        fixes = (partial_credit(run), sample_more, refill)
     elif collapsed:
         why = (f"the policy collapsed (entropy {_g(entropy.start)} -> {_g(entropy.end)}): its {n} samples of a "
                "prompt are mostly one completion")
@@ -247,15 +238,20 @@ def response_length(run: RunRecord) -> list[Finding]:
             middle = reward.at(int(reward.steps[len(reward.steps) // 2]))
             capped = reward.end - middle < limit("stall_share") * success
             evidence = f"reward/mean flat at {_g(reward.end)}"
-        if capped:
+        longest = logged_once(run, Tag.ANSWER_TOKENS_MAX)
+        short = budget is not None and longest is not None and int(budget) < longest
+        if capped and (longest is None or short):
+            room = int(longest) if short else 2 * int(budget or 0)
             found.append(Finding(
                 "truncation", "responses cut at max_new_tokens", (int(truncated.steps[0]), int(truncated.steps[-1])),
                 f"response_length/truncated_frac {truncated.end:.2f} at the end (> {limit('truncation_high'):g})"
                 + (f", response_length/mean {_g(length.end)} of {budget} tokens" if length is not None else "")
+                + (f"; the longest reference answers take {int(longest)} tokens" if short else "")
                 + f"; {evidence}",
                 f"the response budget (rollout.max_new_tokens={budget}) is too small for a whole answer, or the "
                 "policy never learnt to stop: cut responses are scored unfinished",
-                ((f"rollout.max_new_tokens={2 * int(budget)}", "room for a whole answer"),) if budget else ()))
+                ((f"rollout.max_new_tokens={room}", "room for every reference answer" if short else
+                  "room for a whole answer"),) if budget else ()))
     if length is not None and length.start > 0 and length.end < limit("length_collapse_ratio") * length.start:
         found.append(Finding(
             "length_collapse", "response length collapsed", (int(length.steps[0]), int(length.steps[-1])),
@@ -342,7 +338,7 @@ def loss_at_zero(run: RunRecord) -> list[Finding]:
         f"{np.mean(dead):.0%} of the last half",
         "every advantage is 0: each group's completions score the same (too easy or too hard a task, or a "
         "reward that cannot tell them apart)",
-        (_partial_credit(run), (f"rollout.n={2 * int(run.setting('rollout.n', 1))}", "larger groups"),
+        (partial_credit(run), (f"rollout.n={2 * int(run.setting('rollout.n', 1))}", "larger groups"),
          ("extensions=[dynamic_sampling]", "train only on groups that disagree")))]
 
 
@@ -454,11 +450,29 @@ def lr_schedule_inert(run: RunRecord) -> list[Finding]:
 
 
 DETECTORS: tuple[Callable[[RunRecord], list[Finding]], ...] = (
-    non_finite, entropy_collapse, step_too_big, kl_blowup, rollout_mismatch, zero_variance_groups, loss_at_zero,
-    response_length, grad_norm_spikes, critic_lagging, heldout_fall, proxy_over_optimised, lr_schedule_inert)
-"""Every detector, in the order findings are reported."""
+    non_finite, nothing_learning, lr_schedule_inert, rollout_mismatch, critic_lagging, kl_blowup,
+    proxy_over_optimised, entropy_collapse, step_too_big, zero_variance_groups, loss_at_zero, response_length,
+    grad_norm_spikes, heldout_fall)
+"""Every detector, in the order findings are reported: a setting that explains a run (its
+schedule, its rollouts, its critic, its KL, its reward) before the symptoms it causes."""
+
+SYMPTOMS = frozenset({"entropy_collapse", "step_too_big", "kl_blowup", "zero_variance_groups", "loss_at_zero",
+                      "truncation", "length_collapse", "grad_norm_spikes", "heldout_fall"})
+"""Findings that follow from a run that never learnt (:func:`rlzoo.diagnostics.flat_start.nothing_learning`):
+beside its finding they are named, not reported with fixes of their own."""
 
 
 def diagnose(run: RunRecord) -> list[Finding]:
-    """Every detector's findings for ``run``, in :data:`DETECTORS` order."""
-    return [finding for detector in DETECTORS for finding in detector(run)]
+    """Every detector's findings for ``run``, in :data:`DETECTORS` order; when nothing is learning,
+    its finding names the :data:`SYMPTOMS` findings it explains instead of reporting them."""
+    root = nothing_learning(run)
+    findings = [finding for detector in DETECTORS if detector is not nothing_learning for finding in detector(run)]
+    if not root:
+        return findings
+    explained = [f for f in findings if f.code in SYMPTOMS and f.code != root[0].code]
+    kept = [f for f in findings if f not in explained and f.code != root[0].code]
+    if explained:
+        names = ", ".join(dict.fromkeys(f.title for f in explained))
+        root = [replace(root[0], cause=f"{root[0].cause} (it also explains what the other checks see: {names})")]
+    first = [f for f in kept if f.code == "non_finite"]
+    return first + root + [f for f in kept if f.code != "non_finite"]

@@ -46,6 +46,21 @@ TABLE: tuple[Threshold, ...] = (
     Threshold("success_share", 0.9, "a reward at or above this share of the task's success score "
               "(`eval.threshold`) counts as solved; at or below 1 minus it, as failing", CHOSEN,
               "not tuned (the default run's last half averages 0.89-0.92 of it)"),
+    # ---- nothing is learning (rlzoo/diagnostics/flat_start.py)
+    Threshold("first_steps", 5, "the *first steps* a run is judged on from its start (a run broken from step 1 "
+              "shows it there, with no persistence asked)", CHOSEN, "not tuned"),
+    Threshold("entropy_floor", 0.1, "an entropy (nats per token) below this on the first steps: the samples "
+              "of a prompt are one completion", CHOSEN, "TUNE"),
+    Threshold("same_samples", 0.95, "`reward/zero_std_frac` at or above this on the first steps: every group's "
+              "completions score alike", CHOSEN, "TUNE"),
+    Threshold("early_kl_high", 0.1, "`policy/approx_kl` above this on any of the first steps: the first updates "
+              "are far too big", CHOSEN, "TUNE"),
+    Threshold("early_clip_high", 0.2, "`policy/clipfrac` above this on any of the first steps", CHOSEN, "TUNE"),
+    Threshold("early_entropy_drop", 0.5, "an entropy that loses more than this share of its first step's value "
+              "within the first steps", CHOSEN, "TUNE"),
+    Threshold("kl_share_high", 0.25, "`kl/grad_share` (the KL term's share of the pull on the sampled tokens' "
+              "log-probs) above this (median over the run): the KL penalty holds the policy", CHOSEN, "TUNE"),
+    Threshold("kl_share_target", 0.03, "the share a suggested `kl.coef` aims at", CHOSEN, "TUNE"),
     # ---- entropy
     Threshold("entropy_collapse_ratio", 0.25, "entropy has *collapsed* once its smoothed value is below this "
               "share of its first window's", MEASURED,

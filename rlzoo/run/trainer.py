@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -24,7 +23,7 @@ import torch
 from rlzoo.core import distributed, processes
 from rlzoo.rollout.async_generator import AsyncRollout, GeneratorSpec, to_bytes
 from rlzoo.core.batch import RolloutBatch
-from rlzoo.run.checkpoint import CHECKPOINT_DIR, STATE_FILE, check_optimizer_fits, checkpoint_name, first_non_finite
+from rlzoo.run.checkpoint import STATE_FILE, check_optimizer_fits, first_non_finite
 from rlzoo.run.context import RunContext
 from rlzoo.diagnostics.watch import Watch
 from rlzoo.core.errors import ConfigError, TrainingError, say
@@ -38,7 +37,8 @@ from rlzoo.models.model_check import report
 from rlzoo.contract.loading import PluginManager
 from rlzoo.rollout.staleness import RolloutQueue
 from rlzoo.core.rng import global_rng_state, set_global_rng_state
-from rlzoo.run.rundir import RunDirectory, in_sweep, summary_line
+from rlzoo.run.rundir import RunDirectory, in_sweep
+from rlzoo.run.summary import next_steps, summary_line
 from rlzoo.plan.run_input import RunInput
 from rlzoo.rollout.parts import RunParts, device_type
 from rlzoo.core.stopping import StopRequest
@@ -364,7 +364,11 @@ class Trainer:
             tracker.log_scalars(self.step, logged)
         if self.watch is not None:
             self.watch.add(self.step, logged)
-            for line in self.watch.check(self.step, last):
+            lines = [line for line in [self.watch.check_start(self.step, metrics)] if line]
+            for finding in self.watch.check(self.step, last):
+                lines.append(Watch.line(self.step, finding))
+                self.run_dir.record_finding(self.step, finding.code, finding.title, lines[-1])
+            for line in lines:
                 if progress is not None and progress.bar is not None:
                     progress.bar.write(line, file=sys.stderr)  # above the bar, not through it
                 else:
@@ -412,13 +416,6 @@ def _no_resample(n_prompts: int) -> RolloutBatch:
     raise TrainingError(f"ctx.resample({n_prompts}) cannot generate with rollout.mode=async: the generator process "
                         "owns generation (an extension that refills batches, such as dynamic_sampling, needs "
                         "rollout.mode=sync)")
-
-
-def next_steps(run_dir: Path, step: int) -> str:
-    """What a finished run prints last: where its checkpoints are and what to run next."""
-    return (f"rlzoo: checkpoints in {run_dir / CHECKPOINT_DIR} (the newest, {checkpoint_name(step)}/policy, is a model "
-            f"directory: model.path=); next: `rlzoo compare {run_dir}` (table and curves), or train on with "
-            f"`rlzoo train resume={run_dir} trainer.total_steps={2 * step}`")
 
 
 def train(run: RunInput, pm: PluginManager, overwrite: bool = False) -> dict[str, float]:
