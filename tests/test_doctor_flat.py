@@ -283,7 +283,8 @@ def test_largest_budget_is_the_edge_of_what_fits(registry) -> None:
 
 @pytest.mark.parametrize("kind", ["missing", "gguf", "run"])
 def test_bad_model_paths_give_the_train_line_in_plan(tmp_path: Path, capsys, kind: str) -> None:
-    from rlzoo.models.build import load_model_config, load_pretrained
+    from rlzoo.diagnostics.preflight import load_model_config
+    from rlzoo.models.build import load_pretrained
 
     path = {"missing": tmp_path / "nothing", "gguf": tmp_path / "random.gguf", "run": tmp_path / "run"}[kind]
     if kind == "gguf":
@@ -314,3 +315,34 @@ def test_plan_of_an_absurd_shape_is_not_timed(registry) -> None:
     assert "DOES NOT FIT" in lines[0] and any(line.startswith("  step time: not estimated") for line in lines)
     assert any("no response budget fits" in line for line in lines)
     assert not any(math.isnan(part.bytes) for part in found.parts)
+
+
+def test_the_stand_in_is_timed_at_bounded_shapes(registry) -> None:
+    from rlzoo.diagnostics.steptime import TimedShapes
+    from rlzoo.plan.planner import load_config
+
+    plan = load_config(registry, []).plan                  # 16 prompts x 8: 128 sequences, 7 new tokens
+    assert TimedShapes.of(plan, 6, 32) == TimedShapes(16, 8, 32, 7, 1.0, 1.0)
+    plan = load_config(registry, ["rollout.n=1000", "rollout.max_new_tokens=100000"]).plan
+    timed = TimedShapes.of(plan, 6, 32)
+    # 512 of 16 x 1000 sequences; one micro-batch row of 6 + 8192 tokens for 32 rows of 6 + 100,000
+    assert (timed.groups, timed.n, timed.micro, timed.new) == (1, 512, 1, 8192)
+    assert timed.decode_scale == pytest.approx(16000 / 512)
+    assert timed.train_scale == pytest.approx(32 * 100006 / 8198)
+
+
+def test_a_layer_timed_below_the_timer_is_half_the_one_layer_time_not_zero(registry, monkeypatch) -> None:
+    from rlzoo.diagnostics import steptime
+    from rlzoo.diagnostics.roofline import ModelShapes
+    from rlzoo.plan.planner import load_config
+
+    times = iter([[1.0, 0.2, 3.0, 4.0, 0.5], [1.5, 0.1, 3.0, 5.0, 0.5]])   # one layer, two layers
+    monkeypatch.setattr(steptime, "_time_layers", lambda *args: next(times))
+    monkeypatch.setattr(steptime, "stand_in", lambda *args: None)
+    shapes = ModelShapes(hidden=64, layers=2, heads=4, kv_heads=2, intermediate=256, vocab=15)
+    costs = steptime.measure(None, shapes, "qwen2", load_config(registry, []).plan, "float32", 6, 32, 1)
+    assert (costs.prefill_call, costs.prefill_layer) == (0.5, 0.5)          # 1.5 - 1.0 a layer
+    assert (costs.decode_call, costs.decode_layer) == (0.1, 0.1)            # 0.1 < 0.2: half of 0.2 each
+    assert (costs.forward_call, costs.forward_layer) == (1.5, 1.5)          # equal: half of 3.0
+    assert (costs.train_call, costs.train_layer) == (3.0, 1.0)
+    assert costs.scaled == ""

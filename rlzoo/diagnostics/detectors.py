@@ -40,9 +40,10 @@ def _scaled(setting: Any, factor: float) -> str:
 # ----------------------------------------------------------------------------- the detectors
 
 def entropy_collapse(run: RunRecord) -> list[Finding]:
-    """The policy's entropy fell below ``entropy_collapse_ratio`` of its start, and from there
-    to the end the reward rose at under ``stall_rate`` of its rate before (or not at all, if it
-    had not risen), ending short of the task's success score (``success_share`` of
+    """The policy's entropy fell below ``entropy_collapse_ratio`` of its start, and either from
+    there to the end the reward rose at under ``stall_rate`` of its rate before (or not at all,
+    if it had not risen) or the reward was below ``collapse_early_share`` of the success score
+    when it fell; the reward ends short of the task's success score (``success_share`` of
     ``eval.threshold``): exploration stopped before the task was learnt. Judged once four
     windows have passed since the collapse."""
     entropy, reward = run.curve(Tag.ENTROPY), run.curve(Tag.REWARD)
@@ -59,7 +60,8 @@ def entropy_collapse(run: RunRecord) -> list[Finding]:
     at_collapse, final = reward.at(step), reward.end
     before, after = (at_collapse - reward.start) / (step - first), (final - at_collapse) / (last - step)
     stalled = after < limit("stall_rate") * before if before > 0 else after <= 0
-    if not stalled or final >= limit("success_share") * success:
+    early = at_collapse < limit("collapse_early_share") * success
+    if not (stalled or early) or final >= limit("success_share") * success:
         return []
     lr = run.setting("trainer.lr", 0.0)
     return [Finding(
@@ -67,7 +69,8 @@ def entropy_collapse(run: RunRecord) -> list[Finding]:
         f"entropy {_g(entropy.start)} at the start, {_g(entropy.at(step))} by step {step} "
         f"(< {limit('entropy_collapse_ratio'):g} of the start); reward/mean {_g(reward.start)} -> {_g(at_collapse)} "
         f"up to then, {_g(final)} at the end: {after / before if before > 0 else 0:.0%} of its rate before "
-        f"(success is {success:g})",
+        f"(success is {success:g})" + (f"; it fell before the reward reached {limit('collapse_early_share'):g} of "
+                                       "success" if early and not stalled else ""),
         "the policy turned near-deterministic before it solved the task, so its samples stopped exploring "
         "(updates too large for the reward's guidance sharpen it fastest)",
         ((f"trainer.lr={_scaled(lr, 0.25)}", "smaller steps sharpen the policy more slowly"),
@@ -184,7 +187,8 @@ def zero_variance_groups(run: RunRecord) -> list[Finding]:
     named: groups solved (reward at ``success_share`` of the success score or above), groups
     failing alike (at ``1 - success_share`` or below), or a collapsed policy whose samples of a
     prompt are the same completion (entropy below ``entropy_collapse_ratio`` of its start);
-    with a learned reward (``reward/proxy``) the reward's level says nothing of success."""
+    with a learned reward (``reward/proxy``) the reward's level says nothing of success. Solved
+    groups are a note: the run learnt the task."""
     curve, reward, entropy = run.curve(Tag.ZERO_STD_GROUPS), run.curve(Tag.REWARD), run.curve(Tag.ENTROPY)
     if curve is None or reward is None:
         return []
@@ -197,7 +201,8 @@ def zero_variance_groups(run: RunRecord) -> list[Finding]:
     collapsed = entropy is not None and entropy.end < limit("entropy_collapse_ratio") * entropy.start
     sample_more = (f"rollout.n={2 * n}", "larger groups disagree more often")
     refill = ("extensions=[dynamic_sampling]", "refill the batch with groups that disagree (DAPO)")
-    if not learned and level >= limit("success_share") * success:
+    solved = not learned and level >= limit("success_share") * success
+    if solved:
         why = "the groups are solved: all their completions score the same (the task is easy for the policy now)"
         fixes = (refill, ("task.num_digits=6", "for sort_digits: a harder task"))
     elif not learned and level <= (1 - limit("success_share")) * success:
@@ -214,7 +219,8 @@ def zero_variance_groups(run: RunRecord) -> list[Finding]:
         "zero_variance_groups", "most groups have zero reward variance",
         (int(curve.steps[len(curve.steps) // 2]), int(curve.steps[-1])),
         f"reward/zero_std_frac {late:.2f} over the last half (> {limit('zero_std_high'):g}); reward/mean "
-        f"{_g(level)} there" + ("" if learned else f" (success {success:g})"), why, fixes)]
+        f"{_g(level)} there" + ("" if learned else f" (success {success:g})"), why, fixes,
+        "note" if solved else "warning")]
 
 
 def response_length(run: RunRecord) -> list[Finding]:

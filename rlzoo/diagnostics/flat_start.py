@@ -93,16 +93,28 @@ def budget_too_small(run: RunRecord) -> Finding | None:
         + (f"; the best completion of any step scored {_g(top)} (success is {run.success():g})" if top is not None
            else ""),
         "no completion can hold a whole answer, so none is ever correct: the reward can only credit fragments",
-        ((f"rollout.max_new_tokens={longest}", f"room for every reference answer ({longest} tokens)"),))
+        ((f"rollout.max_new_tokens={longest}", f"room for every reference answer, {longest} tokens"),))
+
+
+def sampling_knobs(run: RunRecord) -> list[tuple[str, float]]:
+    """The sampling settings below 1 (``rollout.temperature``, ``rollout.top_p``) with their values."""
+    return [(key, float(run.setting(key, 1.0))) for key in ("rollout.temperature", "rollout.top_p")
+            if float(run.setting(key, 1.0)) < 1.0]
+
+
+def samples_alike(run: RunRecord) -> tuple[bool, bool]:
+    """``(tiny, alike)`` on the first steps: an entropy below ``entropy_floor``; a
+    ``reward/zero_std_frac`` at ``same_samples`` or more."""
+    entropy, same = first_values(run, Tag.ENTROPY), first_values(run, Tag.ZERO_STD_GROUPS)
+    return (bool(len(entropy)) and float(entropy.mean()) < limit("entropy_floor"),
+            bool(len(same)) and float(same.mean()) >= limit("same_samples"))
 
 
 def no_variety(run: RunRecord) -> Finding | None:
     """Check 2 of the module docstring."""
-    knobs = [(key, float(run.setting(key, 1.0))) for key in ("rollout.temperature", "rollout.top_p")
-             if float(run.setting(key, 1.0)) < 1.0]
+    knobs = sampling_knobs(run)
     entropy, same = first_values(run, Tag.ENTROPY), first_values(run, Tag.ZERO_STD_GROUPS)
-    tiny = len(entropy) and float(entropy.mean()) < limit("entropy_floor")
-    alike = len(same) and float(same.mean()) >= limit("same_samples")
+    tiny, alike = samples_alike(run)
     flat = reward_flat(run)
     if not knobs or not (tiny or alike) or flat is None:
         return None
@@ -243,8 +255,14 @@ def constant_at_start(run: RunRecord) -> str | None:
     if len(std) < int(limit("first_steps")) or float(np.abs(std).max()) > limit("zero_abs"):
         return None
     level = float(mean.mean())
-    why = ("no completion scores: nothing gives partial credit" if level <= (1 - limit("success_share"))
-           * run.success() else "the reward does not tell completions apart, and a random policy already "
-                                 "scores this (a held-out accuracy it gets is no achievement)")
+    knobs = sampling_knobs(run)
+    if knobs and any(samples_alike(run)):
+        settings = " and ".join(f"{key}={value:g}" for key, value in knobs)
+        why = f"{settings} makes the samples of a prompt one completion"
+    elif level <= (1 - limit("success_share")) * run.success():
+        why = "no completion scores: nothing gives partial credit"
+    else:
+        why = ("the reward does not tell completions apart, and a random policy already scores this (a held-out "
+               "accuracy it gets is no achievement)")
     return (f"every scored completion of steps 1-{len(std)} scored {_g(level)} (reward/std 0): {why}; nothing "
             "can be learnt from it (rlzoo doctor names the fix)")

@@ -33,11 +33,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerBase
 
 from rlzoo.diagnostics.roofline import DTYPE_BYTES, ModelShapes, StepWork, machine, matmul_rates, memory_bandwidth
 from rlzoo.diagnostics.steptime import measure, step_seconds
 from rlzoo.core.errors import ConfigError
-from rlzoo.models.build import build_char_tokenizer, load_model_config
+from rlzoo.models.build import (GGUF_SUFFIX, build_char_tokenizer, check_gguf_path, check_model_dir, load_tokenizer,
+                               unreadable_model)
 from rlzoo.plan.records import RunPlan
 from rlzoo.tasks.prompts import PromptFormat
 from rlzoo.config.resolved import ResolvedConfig
@@ -108,6 +110,26 @@ class Estimate:
         return lines
 
 
+def load_model_config(path: str | Path) -> tuple[Any, PreTrainedTokenizerBase]:
+    """The transformers config and the tokenizer of a local model directory or ``.gguf`` file,
+    without its weights, checked as :func:`rlzoo.models.build.load_pretrained` checks them (the same errors), and
+    never from the network.
+
+    :raises ConfigError: see :func:`rlzoo.models.build.load_pretrained` and
+        :func:`rlzoo.models.build.check_gguf_path`.
+    """
+    path = Path(path)
+    if path.suffix.lower() == GGUF_SUFFIX:
+        check_gguf_path(path)
+        with unreadable_model(path):
+            config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
+            tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
+        return config, tokenizer
+    check_model_dir(path)
+    with unreadable_model(path):
+        return AutoConfig.from_pretrained(str(path), local_files_only=True), load_tokenizer(path)
+
+
 def model_shapes(resolved: ResolvedConfig, task: Any) -> tuple[ModelShapes, Any, Any]:
     """``(shapes, tokenizer, model config or None)`` of the policy: the embedded tiny model's
     from ``model.*`` and the task's alphabet, a model directory's from its ``config.json``, a
@@ -159,17 +181,27 @@ def baseline_rss(lora: bool) -> float:
     return float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
-def available_memory(device: str) -> float:
-    """Bytes free now: the GPU's for ``cuda``, else ``MemAvailable`` of /proc/meminfo (the
-    physical memory when that file does not exist)."""
+def _memory(device: str, free: bool) -> float:
+    """Bytes free now (``free``) or in all: the GPU's for ``cuda``, else ``MemAvailable`` /
+    ``MemTotal`` of /proc/meminfo (the physical memory when that file does not exist)."""
     if device == "cuda":
-        return float(torch.cuda.mem_get_info()[0])
-    meminfo = Path("/proc/meminfo")
+        return float(torch.cuda.mem_get_info()[0 if free else 1])
+    meminfo, field = Path("/proc/meminfo"), "MemAvailable:" if free else "MemTotal:"
     if meminfo.is_file():
         for line in meminfo.read_text().splitlines():
-            if line.startswith("MemAvailable:"):
+            if line.startswith(field):
                 return float(line.split()[1]) * 1024
     return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+
+
+def available_memory(device: str) -> float:
+    """Bytes free now on ``device`` (:func:`_memory`)."""
+    return _memory(device, free=True)
+
+
+def total_memory(device: str) -> float:
+    """Bytes ``device`` has in all (:func:`_memory`)."""
+    return _memory(device, free=False)
 
 
 def memory_parts(resolved: ResolvedConfig, shapes: ModelShapes, prompt_max: int, baseline: float,
@@ -277,19 +309,6 @@ def largest_budget(resolved: ResolvedConfig, size: Sizing, capacity: float) -> i
         middle = (low + high + 1) // 2
         low, high = (middle, high) if fits(middle) else (low, middle - 1)
     return low
-
-
-def total_memory(device: str) -> float:
-    """Bytes the device has in all: the GPU's for ``cuda``, else ``MemTotal`` of /proc/meminfo
-    (the physical memory when that file does not exist)."""
-    if device == "cuda":
-        return float(torch.cuda.mem_get_info()[1])
-    meminfo = Path("/proc/meminfo")
-    if meminfo.is_file():
-        for line in meminfo.read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                return float(line.split()[1]) * 1024
-    return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
 
 
 def what_fits(resolved: ResolvedConfig, size: Sizing, capacity: float) -> str:

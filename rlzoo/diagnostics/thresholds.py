@@ -72,6 +72,8 @@ TABLE: tuple[Threshold, ...] = (
               "after their entropy collapses `trainer.lr=2e-3` rises at 0.04 of its rate before (0.468 at step 147 "
               "-> 0.514 at 600), `trainer.lr=1e-3` (300 steps) at 0.28, the default run at 0.23 (0.635 at step 323 "
               "-> 0.896; re-run on 2026-11-27 at main 5e882cc, an earlier run gave 0.29 and 0.24)"),
+    Threshold("collapse_early_share", 0.5, "an entropy collapse while `reward/mean` is below this share of the "
+              "success score came before the task was half learnt", CHOSEN, "TUNE"),
     Threshold("stall_share", 0.05, "a reward gain below this share of the success score counts as none", CHOSEN,
               "not tuned (the KL, held-out and truncation checks)"),
     # ---- step size

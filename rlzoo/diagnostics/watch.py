@@ -48,7 +48,7 @@ class Watch:
         then, once, the warning line of :func:`constant_at_start` (or ``None``)."""
         if self.started:
             return None
-        for tag in (Tag.REWARD, Tag.REWARD_STD):
+        for tag in (Tag.REWARD, Tag.REWARD_STD, Tag.ENTROPY, Tag.ZERO_STD_GROUPS):
             if tag in metrics:
                 self.start.scalars.setdefault(tag, []).append((step, float(metrics[tag])))
         if step < limit("first_steps"):

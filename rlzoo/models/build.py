@@ -148,25 +148,6 @@ def check_model_dir(path: Path) -> None:
         )
 
 
-def load_model_config(path: str | Path) -> tuple[Any, PreTrainedTokenizerBase]:
-    """The transformers config and the tokenizer of a local model directory or ``.gguf`` file,
-    without its weights, checked as :func:`load_pretrained` checks them (the same errors), and
-    never from the network.
-
-    :raises ConfigError: see :func:`load_pretrained` and :func:`check_gguf_path`.
-    """
-    path = Path(path)
-    if path.suffix.lower() == GGUF_SUFFIX:
-        check_gguf_path(path)
-        with unreadable_model(path):
-            config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
-            tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
-        return config, tokenizer
-    check_model_dir(path)
-    with unreadable_model(path):
-        return AutoConfig.from_pretrained(str(path), local_files_only=True), load_tokenizer(path)
-
-
 def check_tokenizer_fits(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, what: str) -> None:
     """Refuse a tokenizer that is not ``model``'s; warn of added tokens without an embedding row.
 
