@@ -231,11 +231,17 @@ def test_a_damaged_or_python_tagged_config_is_one_line_for_doctor_and_compare(tm
 
 def test_findings_printed_during_the_run_are_accounted_for(tmp_path: Path, capsys) -> None:
     run = write_run(tmp_path / "run", FLAT)
-    (run / "doctor.jsonl").write_text(json.dumps({"step": 20, "code": "heldout_fall", "line": "...",
+    writer = SummaryWriter(str(run))
+    for step, value in ((10, 0.2), (20, 0.8), (40, 0.5), (60, 0.9)):    # fell by step 40, then recovered
+        writer.add_scalar(Tag.EVAL_ACCURACY, value, step)
+    writer.close()
+    (run / "doctor.jsonl").write_text(json.dumps({"step": 40, "code": "heldout_fall", "line": "...",
                                                   "title": "held-out accuracy fell"}) + "\n{broken\n")
     assert main(["doctor", str(run)]) == 0
-    assert "printed during the run at step 20, no longer holds on all 60 steps: held-out accuracy fell" in \
-        capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "; 0 findings" in out
+    assert ("printed during the run at step 40, no longer holds on all 60 steps: held-out accuracy fell while the "
+            "training reward held: eval/greedy_accuracy peaked at 0.800 (step 20) and ends at 0.500 (step 40)") in out
 
 
 def test_the_summary_line_names_the_heldout_accuracy_and_the_findings(tmp_path: Path) -> None:

@@ -67,13 +67,22 @@ def examine_run(run_dir: Path) -> Examined:
 
 def gone_findings(run_dir: Path, record: RunRecord, findings: list[Finding]) -> list[tuple[int, str]]:
     """The findings the run printed while it trained (``doctor.jsonl``) that the post-mortem no
-    longer reports, as ``(step first printed, title)``: their condition held on the curves up to
-    that step and not on the whole run."""
+    longer reports, as ``(step first printed, what it said then)``: their condition held on the
+    curves up to that step (the detectors on those curves say what they saw) and not on the
+    whole run."""
     now = {finding.code for finding in findings}
     first: dict[str, tuple[int, str]] = {}
     for entry in read_findings_log(run_dir):
         first.setdefault(str(entry["code"]), (int(entry["step"]), str(entry["title"])))
-    return [seen for code, seen in first.items() if code not in now and record.scalars]
+    gone = []
+    for code, (step, title) in first.items():
+        if code in now or not record.scalars:
+            continue
+        then = RunRecord({tag: [(s, v) for s, v in points if s <= step] for tag, points in record.scalars.items()},
+                         record.config)
+        said = [f"{f.title}: {f.evidence}" for f in diagnose(then) if f.code == code]
+        gone.append((step, said[0] if said else title))
+    return gone
 
 
 def examine(paths: list[str | Path]) -> list[Examined]:
@@ -112,8 +121,8 @@ def report(results: list[Examined]) -> str:
         lines = [head] + [f"  logs: {problem}; the findings are on what could be read (up to step {result.steps})"
                           for problem in result.problems]
         lines += [f.render() for f in result.findings] if result.findings else ["  no findings"]
-        lines += [f"  printed during the run at step {step}, no longer holds on all {result.steps} steps: {title}"
-                  for step, title in result.gone]
+        lines += [f"  printed during the run at step {step}, no longer holds on all {result.steps} steps: {said}"
+                  for step, said in result.gone]
         blocks.append("\n".join(lines))
     return "\n\n".join(blocks) + "\n"
 

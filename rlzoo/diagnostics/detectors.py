@@ -21,7 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from rlzoo.diagnostics.flat_start import logged_once, nothing_learning, partial_credit
+from rlzoo.diagnostics.flat_start import (clip_fraction_reads, logged_once, nothing_learning, partial_credit,
+                                          reward_flat)
 from rlzoo.diagnostics.run_record import Curve, Finding, RunRecord
 from rlzoo.diagnostics.thresholds import limit
 from rlzoo.core.tags import Tag
@@ -81,9 +82,15 @@ def entropy_collapse(run: RunRecord) -> list[Finding]:
 def step_too_big(run: RunRecord) -> list[Finding]:
     """``policy/clipfrac`` above ``clipfrac_high`` or ``policy/approx_kl`` above
     ``approx_kl_high`` on ``persist_share`` of the steps: each rollout's optimizer steps move
-    the policy further than the clip range (or a KL target) allows."""
+    the policy further than the clip range (or a KL target) allows. The clip fraction of a clip
+    range below ``clip_range_min`` (GSPO's) is not judged. A note while the reward rises (many
+    optimizer steps a rollout can learn faster: DAPO's 16), a warning when it is flat
+    (:func:`rlzoo.diagnostics.flat_start.reward_flat`; an entropy collapse it causes is a finding
+    of its own)."""
     found = []
     for tag, high in ((Tag.CLIPFRAC, limit("clipfrac_high")), (Tag.APPROX_KL, limit("approx_kl_high"))):
+        if tag == Tag.CLIPFRAC and not clip_fraction_reads(run):
+            continue
         curve = run.curve(tag)
         if curve is not None and np.mean(curve.values > high) >= limit("persist_share"):
             found.append((tag, curve, high))
@@ -95,21 +102,23 @@ def step_too_big(run: RunRecord) -> list[Finding]:
                          f"{_g(float(np.median(c.values)))})" for tag, c, high in found)
     fixes = [(f"trainer.lr={_scaled(lr, 0.2)}", "a smaller step per optimizer step")]
     if epochs * minis > 4:
-        fixes.insert(0, ("trainer.update_epochs=1", f"{epochs} x {minis} optimizer steps on each rollout "
-                                                    "drift far from the policy that sampled it"))
-    curve = found[0][1]
+        fewer = ("trainer.update_epochs=1" if epochs > 1 else f"trainer.num_mini_batches={max(1, minis // 4)}")
+        fixes.insert(0, (fewer, f"{epochs} x {minis} optimizer steps on each rollout drift far from the policy "
+                                "that sampled it"))
+    curve, costly = found[0][1], reward_flat(run) is not None
     return [Finding("step_too_big", "update step too big (clip fraction / approx-KL high)",
-                    (int(curve.steps[0]), int(curve.steps[-1])), evidence,
+                    (int(curve.steps[0]), int(curve.steps[-1])), evidence + ("" if costly else
+                                                                             "; the reward rises all the same"),
                     f"the learning rate ({lr:g}) or the optimizer steps per rollout ({epochs} epoch(s) x "
                     f"{minis} mini-batch(es)) move the policy past the clip range within one update",
-                    tuple(fixes))]
+                    tuple(fixes), "warning" if costly else "note")]
 
 
 def kl_blowup(run: RunRecord) -> list[Finding]:
     """KL to the reference above ``kl_blowup`` nats per token at the end, still rising (by more
     than ``kl_rise`` of itself over the last half) while the reward gained less than
     ``stall_share`` over that half: the policy moves away without getting better; or, with the adaptive controller,
-    the sequence KL held within ``kl_pin_band`` of its target on ``persist_share`` of the last
+    the sequence KL at its target or above (no more than ``kl_pin_band`` below it) on ``persist_share`` of the last
     half while β grew by ``kl_coef_rise``: the KL budget, not the reward, sets the pace."""
     if float(run.setting("kl.coef", 0.0) or 0.0) <= 0:
         return []
@@ -133,14 +142,15 @@ def kl_blowup(run: RunRecord) -> list[Finding]:
     sequence, coef_curve = run.curve(Tag.KL_SEQUENCE), run.curve(Tag.KL_COEF)
     if run.setting("kl.controller.name") == "adaptive" and target and sequence is not None and coef_curve is not None:
         late = sequence.after(0.5)
-        pinned = np.mean(np.abs(late / float(target) - 1) <= limit("kl_pin_band"))
+        pinned = np.mean(late / float(target) - 1 >= -limit("kl_pin_band"))
         rise = coef_curve.end / max(coef_curve.start, 1e-12)
         if pinned >= limit("persist_share") and rise >= limit("kl_coef_rise"):
             found.append(Finding(
                 "kl_pinned", "KL pinned at the controller's target", (int(sequence.steps[len(sequence.steps) // 2]),
                                                                        int(sequence.steps[-1])),
-                f"kl/sequence_sum within {limit('kl_pin_band'):.0%} of the target {float(target):g} on {pinned:.0%} "
-                f"of the last half, while kl/coef grew {rise:.2g}x ({_g(coef_curve.start)} -> {_g(coef_curve.end)})",
+                f"kl/sequence_sum at the target {float(target):g} or above it (within {limit('kl_pin_band'):.0%} "
+                f"below it or higher) on {pinned:.0%} of the last half (median {_g(float(np.median(late)))}), "
+                f"while kl/coef grew {rise:.2g}x ({_g(coef_curve.start)} -> {_g(coef_curve.end)})",
                 "the adaptive controller raises beta to hold the KL at its target: the KL budget, not the "
                 "reward, limits how far the policy moves",
                 ((f"kl.controller.target={_scaled(target, 3)}", "a larger KL budget"),
@@ -190,8 +200,8 @@ def zero_variance_groups(run: RunRecord) -> list[Finding]:
     with a learned reward (``reward/proxy``) the reward's level says nothing of success. Solved
     groups are a note: the run learnt the task."""
     curve, reward, entropy = run.curve(Tag.ZERO_STD_GROUPS), run.curve(Tag.REWARD), run.curve(Tag.ENTROPY)
-    if curve is None or reward is None:
-        return []
+    if curve is None or reward is None or int(run.setting("rollout.n", 2)) < 2:
+        return []  # a group of one completion has no variance to lose (reinforce_pp's batch baseline)
     late = float(curve.after(0.5).mean())
     if late <= limit("zero_std_high"):
         return []
@@ -273,7 +283,7 @@ def response_length(run: RunRecord) -> list[Finding]:
 def grad_norm_spikes(run: RunRecord) -> list[Finding]:
     """``grad_norm`` more than ``spike_sigmas`` standard deviations above the mean of the
     preceding ``spike_window`` steps, on more than ``spike_share`` of the steps after the first
-    window (judged from two windows on)."""
+    window (judged from two windows on). A note when ``trainer.max_grad_norm`` clips them."""
     curve = run.curve(Tag.GRAD_NORM)
     w = int(limit("spike_window"))
     if curve is None or len(curve.values) < 2 * w:
@@ -299,7 +309,7 @@ def grad_norm_spikes(run: RunRecord) -> list[Finding]:
         "rare batches with outsized gradients (large advantages on few tokens, or a learning rate near "
         "instability); " + ("max_grad_norm clips the step, the spike shows the pressure"
                            if clip is not None else "nothing clips them (trainer.max_grad_norm=null)"),
-        tuple(fixes))]
+        tuple(fixes), "note" if clip is not None else "warning")]
 
 
 def non_finite(run: RunRecord) -> list[Finding]:

@@ -50,6 +50,17 @@ def _round(x: float) -> str:
     return f"{float(f'{x:.1g}'):g}"
 
 
+def clip_fraction_reads(run: RunRecord) -> bool:
+    """Whether ``policy/clipfrac`` can be compared with the thresholds: the policy loss's clip
+    range (``policy_loss.clip_low`` / ``clip_high``, as the run's config gives them) is at least
+    ``clip_range_min``. A sequence-level ratio clipped to 3e-4 (GSPO) clips a large share of
+    tokens by design (GSPO, arXiv:2507.18071, reports clipping fractions two orders of magnitude above
+    GRPO's)."""
+    ranges = [float(value) for value in (run.setting("policy_loss.clip_low"), run.setting("policy_loss.clip_high"))
+              if isinstance(value, (int, float))]
+    return not ranges or max(ranges) >= limit("clip_range_min")
+
+
 def first_values(run: RunRecord, tag: str) -> np.ndarray:
     """The finite values ``tag`` logged on the run's first ``first_steps`` training steps (step >= 1)."""
     points = [v for s, v in run.scalars.get(tag, []) if s >= 1 and math.isfinite(v)]
@@ -104,10 +115,11 @@ def sampling_knobs(run: RunRecord) -> list[tuple[str, float]]:
 
 def samples_alike(run: RunRecord) -> tuple[bool, bool]:
     """``(tiny, alike)`` on the first steps: an entropy below ``entropy_floor``; a
-    ``reward/zero_std_frac`` at ``same_samples`` or more."""
+    ``reward/zero_std_frac`` at ``same_samples`` or more (with groups of two or more)."""
     entropy, same = first_values(run, Tag.ENTROPY), first_values(run, Tag.ZERO_STD_GROUPS)
+    groups = int(run.setting("rollout.n", 2)) >= 2  # a group of one completion is alike by definition
     return (bool(len(entropy)) and float(entropy.mean()) < limit("entropy_floor"),
-            bool(len(same)) and float(same.mean()) >= limit("same_samples"))
+            groups and bool(len(same)) and float(same.mean()) >= limit("same_samples"))
 
 
 def no_variety(run: RunRecord) -> Finding | None:
@@ -184,7 +196,7 @@ def early_step_too_big(run: RunRecord) -> Finding | None:
     entropy, ref_kl = first_values(run, Tag.ENTROPY), first_values(run, Tag.KL)
     flat = reward_flat(run)
     high_kl = len(kl) and float(kl.max()) > limit("early_kl_high")
-    high_clip = len(clip) and float(clip.max()) > limit("early_clip_high")
+    high_clip = len(clip) and float(clip.max()) > limit("early_clip_high") and clip_fraction_reads(run)
     # with one on-policy update per step the ratio is 1 and approx-KL 0: the step shows in what it did
     fell = len(entropy) > 1 and entropy[0] > 0 and float(entropy.min()) < (1 - limit("early_entropy_drop")) * entropy[0]
     away = len(ref_kl) and float(ref_kl.max()) > limit("kl_blowup")
