@@ -69,7 +69,7 @@ GALLERY: dict[str, tuple[tuple[str, str], tuple[str, str], tuple[str, ...]]] = {
     "first_steps_too_big": (("lr0.05", "trainer.lr=0.05 trainer.total_steps=100"),
                             ("lr0.01", "trainer.lr=0.01 trainer.total_steps=100"),
                             ("policy/approx_kl", "entropy", "reward/mean")),
-    "kl_pins_policy": (("kl10", "kl.coef=10 trainer.total_steps=100"), ("kl0.5", "kl.coef=0.5 trainer.total_steps=100"),
+    "kl_pins_policy": (("kl10", "kl.coef=10 trainer.total_steps=100"), ("kl0.3", "kl.coef=0.3 trainer.total_steps=100"),
                        ("kl/grad_share", "entropy", "reward/mean")),
     "no_variety": (("temp0.05", "rollout.temperature=0.05 trainer.total_steps=100"),
                    ("base100", "trainer.total_steps=100"), ("entropy", "reward/zero_std_frac", "reward/mean")),
@@ -112,7 +112,7 @@ def figure(key: str, runs: Path, out: Path) -> Path:
         ax.set_title(tag, fontsize=10)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
-        if tag in ("policy/approx_kl", "rollout/mismatch_k3", "value/loss", "kl/coef", "entropy"):
+        if tag in ("policy/approx_kl", "rollout/mismatch_k3", "value/loss", "kl/coef"):
             ax.set_yscale("symlog", linthresh=1e-4)
     axes[0].legend(fontsize=8)
     title = "\n".join(textwrap.wrap(f"sick: {command(sick, sick_args)}", 150) +
