@@ -274,7 +274,11 @@ def test_watch_reports_each_finding_once_at_due_steps() -> None:
         watch.add(step, {tag: points[step - 1][1] for tag, points in run.scalars.items()})
         lines += [(step, Watch.line(step, finding)) for finding in watch.check(step, last=step == STEPS)]
     assert [step for step, _ in lines] == [50]
-    assert lines[0][1].startswith("rlzoo: doctor: step 50: update step too big")
+    # the reward rises all the same: a note; with a flat reward the same steps are a warning
+    assert lines[0][1].startswith("rlzoo: doctor: step 50: note: update step too big")
+    (finding,) = detectors.step_too_big(record(**{**HEALTHY, "policy__clipfrac": lambda s: 0.3,
+                                                  "reward__mean": lambda s: 0.1}))
+    assert finding.level == "warning" and Watch.line(50, finding).startswith("rlzoo: doctor: step 50: update step")
 
 
 def test_the_threshold_table_is_the_docs_table() -> None:
