@@ -4,6 +4,7 @@ one short end-to-end run of the command and the in-training warnings."""
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from pathlib import Path
@@ -337,7 +338,12 @@ def test_doctor_during_and_after_a_short_run(tmp_path: Path, capsys) -> None:
     assert main(["train", *small, "trainer.total_steps=20", f"run_dir={run}", "logging.doctor=false"]) == 0
     assert "rlzoo: doctor:" not in capsys.readouterr().err
     assert main(["train", f"resume={run}", "trainer.total_steps=40", "logging.doctor=true"]) == 0
-    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("rlzoo: doctor:")]
+    captured = capsys.readouterr()
+    # the run's last line names the findings; each finding printed is recorded in doctor.jsonl
+    assert "; doctor: 1 finding (rlzoo doctor " in captured.out
+    assert [json.loads(line)["code"] for line in (run / "doctor.jsonl").read_text().splitlines()] == \
+        ["warmup_unfinished"]
+    lines = [line for line in captured.err.splitlines() if line.startswith("rlzoo: doctor:")]
     # at step 30 the lr curve has 30 points (20 of them from before the resume): long enough to judge
     assert any(line.startswith("rlzoo: doctor: step 30: the warm-up never finished") for line in lines)
     assert len({line.split(": ")[3].split(" (")[0] for line in lines}) == len(lines)     # each finding once

@@ -164,11 +164,11 @@ def constant_reward(run: RunRecord) -> Finding | None:
     own = reward is None
     return Finding(
         "constant_reward", "nothing is learning: every completion scores the same", _span(run), evidence,
-        ("the task's own reward gives every completion of the first steps one score: the policy has nothing to "
-         "prefer" if own else f"the reward ({_reward_name(reward)}) does not tell completions apart (it does not "
-                              "read whether the answer is right), so every advantage is 0"),
-        (("reward=null", "the task's own reward, which compares the answer with the reference")
-         if not own else ("rollout.n=16", "larger groups"),))
+        ("the task's own reward gives every completion of the first steps the success score: any completion "
+         "solves the task, so there is nothing to prefer (a harder task, or another reward)" if own else
+         f"the reward ({_reward_name(reward)}) does not tell completions apart (it does not read whether the "
+         "answer is right), so every advantage is 0"),
+        () if own else (("reward=null", "the task's own reward, which compares the answer with the reference"),))
 
 
 def partial_credit(run: RunRecord) -> tuple[str, str]:
