@@ -79,6 +79,12 @@ def _steps(n: int) -> tuple[str, ...]:
     return (f"trainer.total_steps={n}",)
 
 
+def _learning_rates(family: str, steps: int, rows: list[tuple[str, str, float, int]]) -> list[Run]:
+    """Runs of ``family`` from ``(task, algo, trainer.lr, seed)`` rows, ``steps`` long."""
+    return _runs(family, [(task, algo, f"lr{lr}", seed, (f"trainer.lr={lr}", *_steps(steps)))
+                          for task, algo, lr, seed in rows])
+
+
 def build() -> list[Run]:
     """Every run of the set, sick and healthy, in a fixed order."""
     runs: list[Run] = []
@@ -96,13 +102,11 @@ def build() -> list[Run]:
         ("arithbig", algo, "exact", seed, ("task=arithmetic", "task.max_operand=99999", *_steps(150)))
         for algo, seed in [("grpo", 2), ("rloo", 1)]])
     # a learning rate 100-200x the default: the first updates throw the policy far away
-    runs += _runs("lr_far_too_high", [
-        (task, algo, f"lr{lr}", seed, (f"trainer.lr={lr}", *_steps(150)))
-        for task, algo, lr, seed in [("sort4", "grpo", 0.05, 1), ("sort4", "rloo", 0.05, 2),
+    runs += _learning_rates("lr_far_too_high", 150, [("sort4", "grpo", 0.05, 1), ("sort4", "rloo", 0.05, 2),
                                      ("sort4", "grpo", 0.1, 2), ("sort4", "rloo", 0.1, 1),
                                      ("arith", "grpo", 0.05, 2), ("arith", "rloo", 0.1, 1),
                                      ("arith", "grpo", 0.1, 1), ("sort3", "grpo", 0.05, 1),
-                                     ("sort4", "dr_grpo", 0.05, 1), ("sort3", "dr_grpo", 0.1, 2)]])
+                                     ("sort4", "dr_grpo", 0.05, 1), ("sort3", "dr_grpo", 0.1, 2)])
     # a KL coefficient that holds the policy at the reference
     runs += _runs("kl_coef_pins", [
         (task, algo, f"kl{coef}", seed, (f"kl.coef={coef}", *_steps(150)))
@@ -129,12 +133,10 @@ def build() -> list[Run]:
             ("sort6", ("task.num_digits=6",), "grpo", 2, 1), ("sort6", ("task.num_digits=6",), "rloo", 4, 2),
             ("sort3", (), "grpo", 1, 2), ("sort3", (), "rloo", 2, 1), ("sort3", (), "dr_grpo", 2, 3)]])
     # a learning rate 4-6x the default: the policy turns deterministic before it solves the task
-    runs += _runs("lr_too_high", [
-        (task, algo, f"lr{lr}", seed, (f"trainer.lr={lr}", *_steps(300)))
-        for task, algo, lr, seed in [("sort4", "grpo", 0.002, 1), ("sort4", "grpo", 0.003, 2),
+    runs += _learning_rates("lr_too_high", 300, [("sort4", "grpo", 0.002, 1), ("sort4", "grpo", 0.003, 2),
                                      ("sort4", "rloo", 0.002, 2), ("sort4", "rloo", 0.003, 1),
                                      ("sort4", "dr_grpo", 0.002, 1), ("sort4", "grpo", 0.002, 3),
-                                     ("arith", "grpo", 0.003, 1), ("arith", "rloo", 0.002, 2)]])
+                                     ("arith", "grpo", 0.003, 1), ("arith", "rloo", 0.002, 2)])
     # stale rollouts with no correction
     runs += _runs("stale_rollouts", [
         (task, algo, f"stale{k}", seed, (f"rollout.staleness={k}", *_steps(200)))
