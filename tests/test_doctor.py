@@ -293,6 +293,38 @@ def test_the_threshold_table_is_the_docs_table() -> None:
     assert used == set(thresholds.BY_NAME)          # every threshold is used, every used one is in the table
 
 
+DOC_EVIDENCE = {
+    r"policy/approx_kl [\d., e-]+ on steps 1-\d+ \(> ([\d.e-]+)\)": "early_kl_high",
+    r"policy/clipfrac [\d., ]+ \(> ([\d.e-]+)\)": "early_clip_high",
+    r"\(it lost more than (\d+)%\)": "early_entropy_drop",
+    r"kl/value up to [\d.e-]+ nats/token from the reference on steps 1-\d+ \(> ([\d.e-]+)\)": "kl_blowup",
+    r"kl/grad_share median [\d.]+ \(> ([\d.e-]+)\)": "kl_share_high",
+    r"entropy [\d.e-]+ on steps 1-\d+ \(< ([\d.e-]+) nats\)": "entropy_floor",
+    r"reward/zero_std_frac [\d.]+ over the last half \(> ([\d.e-]+)\)": "zero_std_high",
+    r"rollout/mismatch_k3 [^(]*\(> ([\d.e-]+) on": "mismatch_high",
+    r"response_length/truncated_frac [\d.]+ at the end \(> ([\d.e-]+)\)": "truncation_high",
+    r"by step \d+ \(< ([\d.]+) of the start\)": "entropy_collapse_ratio",
+    r"a KL share near the healthy runs' ([\d.]+)\)": "kl_share_target",
+}
+"""Threshold values that doctor's transcripts in docs/diagnostics.md print, and the threshold each is."""
+
+
+def test_the_docs_transcripts_print_the_thresholds_of_the_code() -> None:
+    page = (ROOT / "docs" / "diagnostics.md").read_text()
+    seen = {}
+    for pattern, name in DOC_EVIDENCE.items():
+        values = [float(v) for v in re.findall(pattern, page)]
+        scale = 100 if name == "early_entropy_drop" else 1
+        seen[name] = values
+        assert values and all(v == thresholds.BY_NAME[name].value * scale for v in values), (name, values)
+    # the list of the flat-start checks names the same values in words
+    words = page.split("## Nothing is learning")[1].split("The five runs below")[0]
+    for phrase, name in (("`policy/approx_kl` above\n   {}", "early_kl_high"), ("`policy/clipfrac` above {}", "early_clip_high"),
+                         ("an entropy below {} nats", "entropy_floor"), ("above {} over the run", "kl_share_high"),
+                         ("near its start ({})", "kl_share_target")):
+        assert phrase.format(f"{thresholds.BY_NAME[name].value:g}") in words, (name, phrase)
+
+
 # ----------------------------------------------------------------------------- pre-flight
 
 def test_memory_terms_of_the_default_run_by_hand(registry) -> None:
