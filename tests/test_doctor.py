@@ -319,7 +319,8 @@ def test_the_docs_transcripts_print_the_thresholds_of_the_code() -> None:
         assert values and all(v == thresholds.BY_NAME[name].value * scale for v in values), (name, values)
     # the list of the flat-start checks names the same values in words
     words = page.split("## Nothing is learning")[1].split("The five runs below")[0]
-    for phrase, name in (("`policy/approx_kl` above\n   {}", "early_kl_high"), ("`policy/clipfrac` above {}", "early_clip_high"),
+    for phrase, name in (("`policy/approx_kl` above\n   {}", "early_kl_high"),
+                         ("`policy/clipfrac` above {}", "early_clip_high"),
                          ("an entropy below {} nats", "entropy_floor"), ("above {} over the run", "kl_share_high"),
                          ("near its start ({})", "kl_share_target")):
         assert phrase.format(f"{thresholds.BY_NAME[name].value:g}") in words, (name, phrase)
