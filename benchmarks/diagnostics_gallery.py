@@ -22,7 +22,7 @@ import numpy as np  # noqa: E402
 
 from rlzoo.commands.doctor import examine, report  # noqa: E402
 from rlzoo.core.events import read_scalars  # noqa: E402
-from rlzoo.plots import smooth  # noqa: E402
+from plots import smooth  # noqa: E402  (benchmarks/plots.py, beside this script)
 
 COMMON = "trainer.threads=1"
 GALLERY: dict[str, tuple[tuple[str, str], tuple[str, str], tuple[str, ...]]] = {
@@ -64,6 +64,18 @@ GALLERY: dict[str, tuple[tuple[str, str], tuple[str, str], tuple[str, ...]]] = {
     "warmup_unfinished": (("warmup", "trainer.warmup_steps=1000 trainer.lr_schedule=cosine trainer.total_steps=300"),
                           ("warmup30", "trainer.warmup_steps=30 trainer.lr_schedule=cosine trainer.total_steps=300"),
                           ("lr", "reward/mean", "entropy")),
+    "constant_reward": (("format", "reward=format trainer.total_steps=100"), ("base100", "trainer.total_steps=100"),
+                        ("reward/mean", "entropy", "eval/greedy_accuracy")),
+    "first_steps_too_big": (("lr0.05", "trainer.lr=0.05 trainer.total_steps=100"),
+                            ("lr0.01", "trainer.lr=0.01 trainer.total_steps=100"),
+                            ("policy/approx_kl", "entropy", "reward/mean")),
+    "kl_pins_policy": (("kl10", "kl.coef=10 trainer.total_steps=100"), ("kl0.3", "kl.coef=0.3 trainer.total_steps=100"),
+                       ("kl/grad_share", "entropy", "reward/mean")),
+    "no_variety": (("temp0.05", "rollout.temperature=0.05 trainer.total_steps=100"),
+                   ("base100", "trainer.total_steps=100"), ("entropy", "reward/zero_std_frac", "reward/mean")),
+    "budget": (("mnt1", "rollout.max_new_tokens=1 trainer.total_steps=100"),
+               ("mnt4", "rollout.max_new_tokens=4 trainer.total_steps=100"),
+               ("reward/max", "response_length/mean", "reward/mean")),
     "loss_at_zero": (("arith", "task=arithmetic trainer.total_steps=150 eval.size=32"),
                      ("arith-lm", "task=arithmetic 'reward=[exact_match, {name: length_match, weight: 0.1}]' "
                                   "trainer.total_steps=150 eval.size=32"),

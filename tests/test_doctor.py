@@ -4,6 +4,7 @@ one short end-to-end run of the command and the in-training warnings."""
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from pathlib import Path
@@ -272,9 +273,13 @@ def test_watch_reports_each_finding_once_at_due_steps() -> None:
     lines = []
     for step in range(1, STEPS + 1):
         watch.add(step, {tag: points[step - 1][1] for tag, points in run.scalars.items()})
-        lines += [(step, line) for line in watch.check(step, last=step == STEPS)]
+        lines += [(step, Watch.line(step, finding)) for finding in watch.check(step, last=step == STEPS)]
     assert [step for step, _ in lines] == [50]
-    assert lines[0][1].startswith("rlzoo: doctor: step 50: update step too big")
+    # the reward rises all the same: a note; with a flat reward the same steps are a warning
+    assert lines[0][1].startswith("rlzoo: doctor: step 50: note: update step too big")
+    (finding,) = detectors.step_too_big(record(**{**HEALTHY, "policy__clipfrac": lambda s: 0.3,
+                                                  "reward__mean": lambda s: 0.1}))
+    assert finding.level == "warning" and Watch.line(50, finding).startswith("rlzoo: doctor: step 50: update step")
 
 
 def test_the_threshold_table_is_the_docs_table() -> None:
@@ -282,9 +287,43 @@ def test_the_threshold_table_is_the_docs_table() -> None:
     assert thresholds.markdown() in page
     kinds = (thresholds.PAPER, thresholds.DOCS, thresholds.MEASURED, thresholds.DEFINITION, thresholds.CHOSEN)
     assert all(t.kind in kinds and t.source for t in thresholds.TABLE)
-    used = set(re.findall(r"""limit\(["'](\w+)["']\)""", (ROOT / "rlzoo/diagnostics/detectors.py").read_text()
-                          + (ROOT / "rlzoo/diagnostics/run_record.py").read_text()))
+    used = set(re.findall(r"""limit\(["'](\w+)["']\)""", "".join(
+        (ROOT / "rlzoo/diagnostics" / name).read_text() for name in ("detectors.py", "run_record.py", "flat_start.py",
+                                                                      "watch.py"))))
     assert used == set(thresholds.BY_NAME)          # every threshold is used, every used one is in the table
+
+
+DOC_EVIDENCE = {
+    r"policy/approx_kl [\d., e-]+ on steps 1-\d+ \(> ([\d.e-]+)\)": "early_kl_high",
+    r"policy/clipfrac [\d., ]+ \(> ([\d.e-]+)\)": "early_clip_high",
+    r"\(it lost more than (\d+)%\)": "early_entropy_drop",
+    r"kl/value up to [\d.e-]+ nats/token from the reference on steps 1-\d+ \(> ([\d.e-]+)\)": "kl_blowup",
+    r"kl/grad_share median [\d.]+ \(> ([\d.e-]+)\)": "kl_share_high",
+    r"entropy [\d.e-]+ on steps 1-\d+ \(< ([\d.e-]+) nats\)": "entropy_floor",
+    r"reward/zero_std_frac [\d.]+ over the last half \(> ([\d.e-]+)\)": "zero_std_high",
+    r"rollout/mismatch_k3 [^(]*\(> ([\d.e-]+) on": "mismatch_high",
+    r"response_length/truncated_frac [\d.]+ at the end \(> ([\d.e-]+)\)": "truncation_high",
+    r"by step \d+ \(< ([\d.]+) of the start\)": "entropy_collapse_ratio",
+    r"a KL share near the healthy runs' ([\d.]+)\)": "kl_share_target",
+}
+"""Threshold values that doctor's transcripts in docs/diagnostics.md print, and the threshold each is."""
+
+
+def test_the_docs_transcripts_print_the_thresholds_of_the_code() -> None:
+    page = (ROOT / "docs" / "diagnostics.md").read_text()
+    seen = {}
+    for pattern, name in DOC_EVIDENCE.items():
+        values = [float(v) for v in re.findall(pattern, page)]
+        scale = 100 if name == "early_entropy_drop" else 1
+        seen[name] = values
+        assert values and all(v == thresholds.BY_NAME[name].value * scale for v in values), (name, values)
+    # the list of the flat-start checks names the same values in words
+    words = page.split("## Nothing is learning")[1].split("The five runs below")[0]
+    for phrase, name in (("`policy/approx_kl` above\n   {}", "early_kl_high"),
+                         ("`policy/clipfrac` above {}", "early_clip_high"),
+                         ("an entropy below {} nats", "entropy_floor"), ("above {} over the run", "kl_share_high"),
+                         ("near its start ({})", "kl_share_target")):
+        assert phrase.format(f"{thresholds.BY_NAME[name].value:g}") in words, (name, phrase)
 
 
 # ----------------------------------------------------------------------------- pre-flight
@@ -332,7 +371,12 @@ def test_doctor_during_and_after_a_short_run(tmp_path: Path, capsys) -> None:
     assert main(["train", *small, "trainer.total_steps=20", f"run_dir={run}", "logging.doctor=false"]) == 0
     assert "rlzoo: doctor:" not in capsys.readouterr().err
     assert main(["train", f"resume={run}", "trainer.total_steps=40", "logging.doctor=true"]) == 0
-    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("rlzoo: doctor:")]
+    captured = capsys.readouterr()
+    # the run's last line names the findings; each finding printed is recorded in doctor.jsonl
+    assert "; doctor: 1 finding (rlzoo doctor " in captured.out
+    assert [json.loads(line)["code"] for line in (run / "doctor.jsonl").read_text().splitlines()] == \
+        ["warmup_unfinished"]
+    lines = [line for line in captured.err.splitlines() if line.startswith("rlzoo: doctor:")]
     # at step 30 the lr curve has 30 points (20 of them from before the resume): long enough to judge
     assert any(line.startswith("rlzoo: doctor: step 30: the warm-up never finished") for line in lines)
     assert len({line.split(": ")[3].split(" (")[0] for line in lines}) == len(lines)     # each finding once

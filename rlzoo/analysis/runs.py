@@ -14,12 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
 from rlzoo.core.errors import RlzooError
 from rlzoo.core.events import read_events
 from rlzoo.diagnostics.detectors import diagnose
-from rlzoo.diagnostics.run_record import RunRecord
+from rlzoo.diagnostics.run_record import RunRecord, run_config
 from rlzoo.plan.hparams import NOT_HPARAMS, flatten_config, matches
 from rlzoo.run.eval_records import EvalRecord, read_records
 from rlzoo.run.rundir import is_run, read_status
@@ -118,7 +117,7 @@ def summarise(run_dir: Path, threshold: float, window: int, tag: str = "reward/m
     smoothed_steps = steps[len(steps) - len(smoothed):]
     reached = np.nonzero(smoothed >= threshold)[0]
     hparams = events.hparams
-    config = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
+    config = run_config(run_dir)
     if hparams is None:  # a run from before rlzoo recorded effective hparams
         hparams = {k: v for k, v in flatten_config(config).items() if not matches(k, NOT_HPARAMS)}
     step_times = [v for _, v in curves.get("timing/step_s", [])]

@@ -232,7 +232,6 @@ def _cmd_config(args: argparse.Namespace) -> int:
 def _cmd_doctor(args: argparse.Namespace) -> int:
     if args.plan:
         from rlzoo.commands.doctor import preflight
-
         args.overrides = args.items
         _, _, resolved = _resolve(args)
         _quiet_transformers()
@@ -240,15 +239,15 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
         sys.stdout.write("\n".join(found.lines()) + "\n")
         return EXIT_USAGE if args.strict and not found.fits else 0
     if args.config:
-        raise ConfigError("--config goes with --plan (rlzoo doctor --plan --config FILE); rlzoo doctor RUN_DIR reads "
-                          "each run's own config.yaml")
+        raise ConfigError("--config goes with --plan (rlzoo doctor --plan --config FILE); RUN_DIR has its config.yaml")
     if not args.items:
         raise ConfigError("rlzoo doctor needs run directories (rlzoo doctor runs/NAME) or --plan [KEY=VALUE ...]")
     from rlzoo.commands.doctor import examine, report
 
     results = examine(args.items)
     sys.stdout.write(report(results))
-    return EXIT_USAGE if args.strict and any(result.findings for result in results) else 0
+    unreadable = any(result.unreadable for result in results)  # no run in a path, or unreadable logs: named above
+    return EXIT_USAGE if unreadable or (args.strict and any(result.findings for result in results)) else 0
 
 
 def _cmd_explain(args: argparse.Namespace) -> int:
@@ -307,18 +306,20 @@ def _cmd_ab(args: argparse.Namespace) -> int:
 
 def _quiet_transformers() -> None:
     from rlzoo.models.hf_output import quiet_transformers
-
     quiet_transformers()
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
     from rlzoo.core.distributed import launched_by_torchrun
+    from rlzoo.diagnostics.preflight import check_fits
     from rlzoo.plan.run_input import engine_input
     from rlzoo.run.trainer import train
 
     pm, registry, resolved = _resolve(args)
     if args.overwrite and resolved.cfg.resume:
         raise ConfigError("--overwrite starts a new run in place of another; it does not go with resume=")
+    if int(os.environ.get("RANK", "0")) == 0:
+        check_fits(resolved)  # a run that cannot fit is refused before its directory exists
     nproc = int(resolved.cfg.launcher.nproc)
     if nproc > 1 and not launched_by_torchrun():
         return _launch_torchrun(args, resolved, nproc)
@@ -400,8 +401,8 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
         results = run_sweep(sweep_dir, args.overrides, registry, args.config, args.jobs)
     failed = [run.name for run, outcome in results if outcome.startswith("failed")]
     done = sum(outcome in ("completed", "skipped") for _, outcome in results)
-    print(f"sweep {sweep_dir}: {done} of {len(results)} runs done; compare "
-          f"with `rlzoo compare {sweep_dir}` or `tensorboard --logdir {sweep_dir}`")
+    print(f"sweep {sweep_dir}: {done} of {len(results)} runs done; compare with `rlzoo compare {sweep_dir}` or "
+          f"`tensorboard --logdir {sweep_dir}`")
     if any(outcome == "aborted" for _, outcome in results):
         say("rlzoo: error: sweep aborted by a second Ctrl-C; each run's newest complete checkpoint stays "
             "resumable: run the same sweep command again")
@@ -416,7 +417,6 @@ def _cmd_sweep(args: argparse.Namespace) -> int:
 
 def _cmd_compare(args: argparse.Namespace) -> int:
     from rlzoo.commands.compare import compare
-
     done = compare(args.paths, args.out, args.threshold, args.window, args.x, args.baseline, args.metric,
                    args.min_effect)
     print(done.files[-1].read_text() if args.json else f"{done.text}\n\nwrote {', '.join(map(str, done.files))}")

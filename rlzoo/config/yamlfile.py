@@ -87,6 +87,15 @@ def read_utf8(path: Path, what: str, expected: str) -> str:
                           f"0x{data[exc.start]:02x}): {expected}") from exc
 
 
+def _one_line(exc: yaml.YAMLError) -> str:
+    """A YAML error in one line: what is wrong and where (the parser's own message spans several,
+    with a caret under the column)."""
+    problem = " ".join(str(part) for part in (getattr(exc, "context", None), getattr(exc, "problem", None)) if part)
+    mark = getattr(exc, "problem_mark", None)
+    where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+    return " ".join((problem or str(exc)).split()) + where
+
+
 def read_yaml(path: str | Path, what: str) -> dict[str, Any]:
     """A YAML file of config keys as a dict (``{}`` for an empty file).
 
@@ -103,7 +112,7 @@ def read_yaml(path: str | Path, what: str) -> dict[str, Any]:
     except _YamlRefused as exc:
         raise ConfigError(f"{what} {str(path)!r} {exc}") from exc
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{what} {str(path)!r} is not valid YAML: {exc}") from exc
+        raise ConfigError(f"{what} {str(path)!r} is not valid YAML: {_one_line(exc)}") from exc
     if data is None:
         return {}
     if not isinstance(data, dict):

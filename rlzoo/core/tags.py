@@ -21,6 +21,7 @@ class Tag:
     KL = "kl/value"
     KL_SEQUENCE = "kl/sequence_sum"
     KL_COEF = "kl/coef"
+    KL_GRAD_SHARE = "kl/grad_share"
     ENTROPY = "entropy"
     GRAD_NORM = "grad_norm"
     LR = "lr"
@@ -30,3 +31,5 @@ class Tag:
     MAX_LOG_RATIO = "rollout/max_abs_log_ratio"
     EVAL_ACCURACY = "eval/greedy_accuracy"
     STEP_S = "timing/step_s"
+    ANSWER_TOKENS_MIN = "task/answer_tokens_min"
+    ANSWER_TOKENS_MAX = "task/answer_tokens_max"

@@ -16,10 +16,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
+from rlzoo.diagnostics.flat_start import (clip_fraction_reads, logged_once, nothing_learning, partial_credit,
+                                          reward_flat)
 from rlzoo.diagnostics.run_record import Curve, Finding, RunRecord
 from rlzoo.diagnostics.thresholds import limit
 from rlzoo.core.tags import Tag
@@ -35,23 +38,13 @@ def _scaled(setting: Any, factor: float) -> str:
     return f"{float(setting) * factor:g}"
 
 
-def _partial_credit(run: RunRecord) -> tuple[str, str]:
-    """An override that adds a partial-credit term to the run's reward (``length_match``, weight
-    0.1), so that groups whose answers all fail still differ."""
-    reward = run.setting("reward")
-    name = reward.get("name") if isinstance(reward, dict) else reward if isinstance(reward, str) else None
-    why = "a partial-credit term gives failing answers something to differ in"
-    if name is None:
-        return "reward=[exact_match, {name: length_match, weight: 0.1}]", why + " (an exact-match task's reward)"
-    return f"reward=[{name}, {{name: length_match, weight: 0.1}}]", why
-
-
 # ----------------------------------------------------------------------------- the detectors
 
 def entropy_collapse(run: RunRecord) -> list[Finding]:
-    """The policy's entropy fell below ``entropy_collapse_ratio`` of its start, and from there
-    to the end the reward rose at under ``stall_rate`` of its rate before (or not at all, if it
-    had not risen), ending short of the task's success score (``success_share`` of
+    """The policy's entropy fell below ``entropy_collapse_ratio`` of its start, and either from
+    there to the end the reward rose at under ``stall_rate`` of its rate before (or not at all,
+    if it had not risen) or the reward was below ``collapse_early_share`` of the success score
+    when it fell; the reward ends short of the task's success score (``success_share`` of
     ``eval.threshold``): exploration stopped before the task was learnt. Judged once four
     windows have passed since the collapse."""
     entropy, reward = run.curve(Tag.ENTROPY), run.curve(Tag.REWARD)
@@ -68,7 +61,8 @@ def entropy_collapse(run: RunRecord) -> list[Finding]:
     at_collapse, final = reward.at(step), reward.end
     before, after = (at_collapse - reward.start) / (step - first), (final - at_collapse) / (last - step)
     stalled = after < limit("stall_rate") * before if before > 0 else after <= 0
-    if not stalled or final >= limit("success_share") * success:
+    early = at_collapse < limit("collapse_early_share") * success
+    if not (stalled or early) or final >= limit("success_share") * success:
         return []
     lr = run.setting("trainer.lr", 0.0)
     return [Finding(
@@ -76,7 +70,8 @@ def entropy_collapse(run: RunRecord) -> list[Finding]:
         f"entropy {_g(entropy.start)} at the start, {_g(entropy.at(step))} by step {step} "
         f"(< {limit('entropy_collapse_ratio'):g} of the start); reward/mean {_g(reward.start)} -> {_g(at_collapse)} "
         f"up to then, {_g(final)} at the end: {after / before if before > 0 else 0:.0%} of its rate before "
-        f"(success is {success:g})",
+        f"(success is {success:g})" + (f"; it fell before the reward reached {limit('collapse_early_share'):g} of "
+                                       "success" if early and not stalled else ""),
         "the policy turned near-deterministic before it solved the task, so its samples stopped exploring "
         "(updates too large for the reward's guidance sharpen it fastest)",
         ((f"trainer.lr={_scaled(lr, 0.25)}", "smaller steps sharpen the policy more slowly"),
@@ -87,9 +82,15 @@ def entropy_collapse(run: RunRecord) -> list[Finding]:
 def step_too_big(run: RunRecord) -> list[Finding]:
     """``policy/clipfrac`` above ``clipfrac_high`` or ``policy/approx_kl`` above
     ``approx_kl_high`` on ``persist_share`` of the steps: each rollout's optimizer steps move
-    the policy further than the clip range (or a KL target) allows."""
+    the policy further than the clip range (or a KL target) allows. The clip fraction of a clip
+    range below ``clip_range_min`` (GSPO's) is not judged. A note while the reward rises (many
+    optimizer steps a rollout can learn faster: DAPO's 16), a warning when it is flat
+    (:func:`rlzoo.diagnostics.flat_start.reward_flat`; an entropy collapse it causes is a finding
+    of its own)."""
     found = []
     for tag, high in ((Tag.CLIPFRAC, limit("clipfrac_high")), (Tag.APPROX_KL, limit("approx_kl_high"))):
+        if tag == Tag.CLIPFRAC and not clip_fraction_reads(run):
+            continue
         curve = run.curve(tag)
         if curve is not None and np.mean(curve.values > high) >= limit("persist_share"):
             found.append((tag, curve, high))
@@ -101,21 +102,23 @@ def step_too_big(run: RunRecord) -> list[Finding]:
                          f"{_g(float(np.median(c.values)))})" for tag, c, high in found)
     fixes = [(f"trainer.lr={_scaled(lr, 0.2)}", "a smaller step per optimizer step")]
     if epochs * minis > 4:
-        fixes.insert(0, ("trainer.update_epochs=1", f"{epochs} x {minis} optimizer steps on each rollout "
-                                                    "drift far from the policy that sampled it"))
-    curve = found[0][1]
+        fewer = ("trainer.update_epochs=1" if epochs > 1 else f"trainer.num_mini_batches={max(1, minis // 4)}")
+        fixes.insert(0, (fewer, f"{epochs} x {minis} optimizer steps on each rollout drift far from the policy "
+                                "that sampled it"))
+    curve, costly = found[0][1], reward_flat(run) is not None
     return [Finding("step_too_big", "update step too big (clip fraction / approx-KL high)",
-                    (int(curve.steps[0]), int(curve.steps[-1])), evidence,
+                    (int(curve.steps[0]), int(curve.steps[-1])), evidence + ("" if costly else
+                                                                             "; the reward rises all the same"),
                     f"the learning rate ({lr:g}) or the optimizer steps per rollout ({epochs} epoch(s) x "
                     f"{minis} mini-batch(es)) move the policy past the clip range within one update",
-                    tuple(fixes))]
+                    tuple(fixes), "warning" if costly else "note")]
 
 
 def kl_blowup(run: RunRecord) -> list[Finding]:
     """KL to the reference above ``kl_blowup`` nats per token at the end, still rising (by more
     than ``kl_rise`` of itself over the last half) while the reward gained less than
     ``stall_share`` over that half: the policy moves away without getting better; or, with the adaptive controller,
-    the sequence KL held within ``kl_pin_band`` of its target on ``persist_share`` of the last
+    the sequence KL at its target or above (no more than ``kl_pin_band`` below it) on ``persist_share`` of the last
     half while β grew by ``kl_coef_rise``: the KL budget, not the reward, sets the pace."""
     if float(run.setting("kl.coef", 0.0) or 0.0) <= 0:
         return []
@@ -139,14 +142,15 @@ def kl_blowup(run: RunRecord) -> list[Finding]:
     sequence, coef_curve = run.curve(Tag.KL_SEQUENCE), run.curve(Tag.KL_COEF)
     if run.setting("kl.controller.name") == "adaptive" and target and sequence is not None and coef_curve is not None:
         late = sequence.after(0.5)
-        pinned = np.mean(np.abs(late / float(target) - 1) <= limit("kl_pin_band"))
+        pinned = np.mean(late / float(target) - 1 >= -limit("kl_pin_band"))
         rise = coef_curve.end / max(coef_curve.start, 1e-12)
         if pinned >= limit("persist_share") and rise >= limit("kl_coef_rise"):
             found.append(Finding(
                 "kl_pinned", "KL pinned at the controller's target", (int(sequence.steps[len(sequence.steps) // 2]),
                                                                        int(sequence.steps[-1])),
-                f"kl/sequence_sum within {limit('kl_pin_band'):.0%} of the target {float(target):g} on {pinned:.0%} "
-                f"of the last half, while kl/coef grew {rise:.2g}x ({_g(coef_curve.start)} -> {_g(coef_curve.end)})",
+                f"kl/sequence_sum at the target {float(target):g} or above it (within {limit('kl_pin_band'):.0%} "
+                f"below it or higher) on {pinned:.0%} of the last half (median {_g(float(np.median(late)))}), "
+                f"while kl/coef grew {rise:.2g}x ({_g(coef_curve.start)} -> {_g(coef_curve.end)})",
                 "the adaptive controller raises beta to hold the KL at its target: the KL budget, not the "
                 "reward, limits how far the policy moves",
                 ((f"kl.controller.target={_scaled(target, 3)}", "a larger KL budget"),
@@ -193,10 +197,11 @@ def zero_variance_groups(run: RunRecord) -> list[Finding]:
     named: groups solved (reward at ``success_share`` of the success score or above), groups
     failing alike (at ``1 - success_share`` or below), or a collapsed policy whose samples of a
     prompt are the same completion (entropy below ``entropy_collapse_ratio`` of its start);
-    with a learned reward (``reward/proxy``) the reward's level says nothing of success."""
+    with a learned reward (``reward/proxy``) the reward's level says nothing of success. Solved
+    groups are a note: the run learnt the task."""
     curve, reward, entropy = run.curve(Tag.ZERO_STD_GROUPS), run.curve(Tag.REWARD), run.curve(Tag.ENTROPY)
-    if curve is None or reward is None:
-        return []
+    if curve is None or reward is None or int(run.setting("rollout.n", 2)) < 2:
+        return []  # a group of one completion has no variance to lose (reinforce_pp's batch baseline)
     late = float(curve.after(0.5).mean())
     if late <= limit("zero_std_high"):
         return []
@@ -206,12 +211,13 @@ def zero_variance_groups(run: RunRecord) -> list[Finding]:
     collapsed = entropy is not None and entropy.end < limit("entropy_collapse_ratio") * entropy.start
     sample_more = (f"rollout.n={2 * n}", "larger groups disagree more often")
     refill = ("extensions=[dynamic_sampling]", "refill the batch with groups that disagree (DAPO)")
-    if not learned and level >= limit("success_share") * success:
+    solved = not learned and level >= limit("success_share") * success
+    if solved:
         why = "the groups are solved: all their completions score the same (the task is easy for the policy now)"
         fixes = (refill, ("task.num_digits=6", "for sort_digits: a harder task"))
     elif not learned and level <= (1 - limit("success_share")) * success:
         why = "the task is too hard for the policy: whole groups fail alike"
-        fixes = (_partial_credit(run), sample_more, refill)
+        fixes = (partial_credit(run), sample_more, refill)
     elif collapsed:
         why = (f"the policy collapsed (entropy {_g(entropy.start)} -> {_g(entropy.end)}): its {n} samples of a "
                "prompt are mostly one completion")
@@ -223,7 +229,8 @@ def zero_variance_groups(run: RunRecord) -> list[Finding]:
         "zero_variance_groups", "most groups have zero reward variance",
         (int(curve.steps[len(curve.steps) // 2]), int(curve.steps[-1])),
         f"reward/zero_std_frac {late:.2f} over the last half (> {limit('zero_std_high'):g}); reward/mean "
-        f"{_g(level)} there" + ("" if learned else f" (success {success:g})"), why, fixes)]
+        f"{_g(level)} there" + ("" if learned else f" (success {success:g})"), why, fixes,
+        "note" if solved else "warning")]
 
 
 def response_length(run: RunRecord) -> list[Finding]:
@@ -247,15 +254,20 @@ def response_length(run: RunRecord) -> list[Finding]:
             middle = reward.at(int(reward.steps[len(reward.steps) // 2]))
             capped = reward.end - middle < limit("stall_share") * success
             evidence = f"reward/mean flat at {_g(reward.end)}"
-        if capped:
+        longest = logged_once(run, Tag.ANSWER_TOKENS_MAX)
+        short = budget is not None and longest is not None and int(budget) < longest
+        if capped and (longest is None or short):
+            room = int(longest) if short else 2 * int(budget or 0)
             found.append(Finding(
                 "truncation", "responses cut at max_new_tokens", (int(truncated.steps[0]), int(truncated.steps[-1])),
                 f"response_length/truncated_frac {truncated.end:.2f} at the end (> {limit('truncation_high'):g})"
                 + (f", response_length/mean {_g(length.end)} of {budget} tokens" if length is not None else "")
+                + (f"; the longest reference answers take {int(longest)} tokens" if short else "")
                 + f"; {evidence}",
                 f"the response budget (rollout.max_new_tokens={budget}) is too small for a whole answer, or the "
                 "policy never learnt to stop: cut responses are scored unfinished",
-                ((f"rollout.max_new_tokens={2 * int(budget)}", "room for a whole answer"),) if budget else ()))
+                ((f"rollout.max_new_tokens={room}", "room for every reference answer" if short else
+                  "room for a whole answer"),) if budget else ()))
     if length is not None and length.start > 0 and length.end < limit("length_collapse_ratio") * length.start:
         found.append(Finding(
             "length_collapse", "response length collapsed", (int(length.steps[0]), int(length.steps[-1])),
@@ -271,7 +283,7 @@ def response_length(run: RunRecord) -> list[Finding]:
 def grad_norm_spikes(run: RunRecord) -> list[Finding]:
     """``grad_norm`` more than ``spike_sigmas`` standard deviations above the mean of the
     preceding ``spike_window`` steps, on more than ``spike_share`` of the steps after the first
-    window (judged from two windows on)."""
+    window (judged from two windows on). A note when ``trainer.max_grad_norm`` clips them."""
     curve = run.curve(Tag.GRAD_NORM)
     w = int(limit("spike_window"))
     if curve is None or len(curve.values) < 2 * w:
@@ -297,7 +309,7 @@ def grad_norm_spikes(run: RunRecord) -> list[Finding]:
         "rare batches with outsized gradients (large advantages on few tokens, or a learning rate near "
         "instability); " + ("max_grad_norm clips the step, the spike shows the pressure"
                            if clip is not None else "nothing clips them (trainer.max_grad_norm=null)"),
-        tuple(fixes))]
+        tuple(fixes), "note" if clip is not None else "warning")]
 
 
 def non_finite(run: RunRecord) -> list[Finding]:
@@ -342,7 +354,7 @@ def loss_at_zero(run: RunRecord) -> list[Finding]:
         f"{np.mean(dead):.0%} of the last half",
         "every advantage is 0: each group's completions score the same (too easy or too hard a task, or a "
         "reward that cannot tell them apart)",
-        (_partial_credit(run), (f"rollout.n={2 * int(run.setting('rollout.n', 1))}", "larger groups"),
+        (partial_credit(run), (f"rollout.n={2 * int(run.setting('rollout.n', 1))}", "larger groups"),
          ("extensions=[dynamic_sampling]", "train only on groups that disagree")))]
 
 
@@ -454,11 +466,29 @@ def lr_schedule_inert(run: RunRecord) -> list[Finding]:
 
 
 DETECTORS: tuple[Callable[[RunRecord], list[Finding]], ...] = (
-    non_finite, entropy_collapse, step_too_big, kl_blowup, rollout_mismatch, zero_variance_groups, loss_at_zero,
-    response_length, grad_norm_spikes, critic_lagging, heldout_fall, proxy_over_optimised, lr_schedule_inert)
-"""Every detector, in the order findings are reported."""
+    non_finite, nothing_learning, lr_schedule_inert, rollout_mismatch, critic_lagging, kl_blowup,
+    proxy_over_optimised, entropy_collapse, step_too_big, zero_variance_groups, loss_at_zero, response_length,
+    grad_norm_spikes, heldout_fall)
+"""Every detector, in the order findings are reported: a setting that explains a run (its
+schedule, its rollouts, its critic, its KL, its reward) before the symptoms it causes."""
+
+SYMPTOMS = frozenset({"entropy_collapse", "step_too_big", "kl_blowup", "zero_variance_groups", "loss_at_zero",
+                      "truncation", "length_collapse", "grad_norm_spikes", "heldout_fall"})
+"""Findings that follow from a run that never learnt (:func:`rlzoo.diagnostics.flat_start.nothing_learning`):
+beside its finding they are named, not reported with fixes of their own."""
 
 
 def diagnose(run: RunRecord) -> list[Finding]:
-    """Every detector's findings for ``run``, in :data:`DETECTORS` order."""
-    return [finding for detector in DETECTORS for finding in detector(run)]
+    """Every detector's findings for ``run``, in :data:`DETECTORS` order; when nothing is learning,
+    its finding names the :data:`SYMPTOMS` findings it explains instead of reporting them."""
+    root = nothing_learning(run)
+    findings = [finding for detector in DETECTORS if detector is not nothing_learning for finding in detector(run)]
+    if not root:
+        return findings
+    explained = [f for f in findings if f.code in SYMPTOMS and f.code != root[0].code]
+    kept = [f for f in findings if f not in explained and f.code != root[0].code]
+    if explained:
+        names = ", ".join(dict.fromkeys(f.title for f in explained))
+        root = [replace(root[0], cause=f"{root[0].cause} (it also explains what the other checks see: {names})")]
+    first = [f for f in kept if f.code == "non_finite"]
+    return first + root + [f for f in kept if f.code != "non_finite"]

@@ -33,11 +33,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoConfig, AutoTokenizer
+from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerBase
 
 from rlzoo.diagnostics.roofline import DTYPE_BYTES, ModelShapes, StepWork, machine, matmul_rates, memory_bandwidth
 from rlzoo.diagnostics.steptime import measure, step_seconds
-from rlzoo.models.build import build_char_tokenizer, check_gguf_path, load_tokenizer
+from rlzoo.core.errors import ConfigError
+from rlzoo.models.build import (GGUF_SUFFIX, build_char_tokenizer, check_gguf_path, check_model_dir, load_tokenizer,
+                               unreadable_model)
 from rlzoo.plan.records import RunPlan
 from rlzoo.tasks.prompts import PromptFormat
 from rlzoo.config.resolved import ResolvedConfig
@@ -97,11 +99,35 @@ class Estimate:
         lines = [f"pre-flight estimate ({self.device}): peak memory {self.peak / MIB:,.0f} MiB, {verdict} in {where} "
                  f"({self.available / MIB:,.0f} MiB)"]
         lines += [f"  {part.name}: {part.bytes / MIB:,.1f} MiB ({part.how})" for part in self.parts]
-        total = sum(self.seconds.values())
-        phases = " + ".join(f"{name} {s:.3g}" for name, s in self.seconds.items())
-        lines.append(f"  step time: {total:.3g} s = {phases}")
+        if self.seconds:
+            total = sum(self.seconds.values())
+            phases = " + ".join(f"{name} {s:.3g}" for name, s in self.seconds.items())
+            lines.append(f"  step time: {total:.3g} s = {phases}")
+        else:
+            lines.append("  step time: not estimated (a run that does not fit is not timed: nothing of its size "
+                         "is built)")
         lines += [f"  {note}" for note in self.notes]
         return lines
+
+
+def load_model_config(path: str | Path) -> tuple[Any, PreTrainedTokenizerBase]:
+    """The transformers config and the tokenizer of a local model directory or ``.gguf`` file,
+    without its weights, checked as :func:`rlzoo.models.build.load_pretrained` checks them (the same errors), and
+    never from the network.
+
+    :raises ConfigError: see :func:`rlzoo.models.build.load_pretrained` and
+        :func:`rlzoo.models.build.check_gguf_path`.
+    """
+    path = Path(path)
+    if path.suffix.lower() == GGUF_SUFFIX:
+        check_gguf_path(path)
+        with unreadable_model(path):
+            config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
+            tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
+        return config, tokenizer
+    check_model_dir(path)
+    with unreadable_model(path):
+        return AutoConfig.from_pretrained(str(path), local_files_only=True), load_tokenizer(path)
 
 
 def model_shapes(resolved: ResolvedConfig, task: Any) -> tuple[ModelShapes, Any, Any]:
@@ -116,14 +142,7 @@ def model_shapes(resolved: ResolvedConfig, task: Any) -> tuple[ModelShapes, Any,
         shapes = ModelShapes(hidden=int(m.hidden_size), layers=int(m.num_layers), heads=int(m.num_heads),
                              kv_heads=int(m.num_kv_heads), intermediate=int(m.intermediate_size), vocab=len(tokenizer))
         return shapes, tokenizer, None
-    path = Path(path)
-    if path.suffix.lower() == ".gguf":
-        check_gguf_path(path)
-        config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
-        tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    else:
-        config = AutoConfig.from_pretrained(str(path))
-        tokenizer = load_tokenizer(path)
+    config, tokenizer = load_model_config(path)
     return ModelShapes.from_config(config), tokenizer, config
 
 
@@ -162,22 +181,35 @@ def baseline_rss(lora: bool) -> float:
     return float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
-def available_memory(device: str) -> float:
-    """Bytes free now: the GPU's for ``cuda``, else ``MemAvailable`` of /proc/meminfo (the
-    physical memory when that file does not exist)."""
+def _memory(device: str, free: bool) -> float:
+    """Bytes free now (``free``) or in all: the GPU's for ``cuda``, else ``MemAvailable`` /
+    ``MemTotal`` of /proc/meminfo (the physical memory when that file does not exist)."""
     if device == "cuda":
-        return float(torch.cuda.mem_get_info()[0])
-    meminfo = Path("/proc/meminfo")
+        return float(torch.cuda.mem_get_info()[0 if free else 1])
+    meminfo, field = Path("/proc/meminfo"), "MemAvailable:" if free else "MemTotal:"
     if meminfo.is_file():
         for line in meminfo.read_text().splitlines():
-            if line.startswith("MemAvailable:"):
+            if line.startswith(field):
                 return float(line.split()[1]) * 1024
     return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
 
 
-def memory_parts(resolved: ResolvedConfig, shapes: ModelShapes, prompt_max: int, baseline: float) -> list[MemoryPart]:
-    """The terms of the peak (module docstring), baseline first."""
+def available_memory(device: str) -> float:
+    """Bytes free now on ``device`` (:func:`_memory`)."""
+    return _memory(device, free=True)
+
+
+def total_memory(device: str) -> float:
+    """Bytes ``device`` has in all (:func:`_memory`)."""
+    return _memory(device, free=False)
+
+
+def memory_parts(resolved: ResolvedConfig, shapes: ModelShapes, prompt_max: int, baseline: float,
+                 new_tokens: int | None = None) -> list[MemoryPart]:
+    """The terms of the peak (module docstring), baseline first; ``new_tokens``: a response
+    budget in place of the run's ``rollout.max_new_tokens``."""
     cfg, plan = resolved.cfg, resolved.plan
+    new = plan.rollout.max_new_tokens if new_tokens is None else new_tokens
     e = DTYPE_BYTES[str(cfg.model.dtype)]
     n = shapes.parameters
     trained = lora_parameters(shapes, plan) or n
@@ -194,11 +226,11 @@ def memory_parts(resolved: ResolvedConfig, shapes: ModelShapes, prompt_max: int,
     rollout_e = DTYPE_BYTES.get(str(plan.rollout.dtype), e)
     if "rollout" in plan.models:
         parts.append(MemoryPart("rollout copy", n * rollout_e, f"the policy in {plan.rollout.dtype}"))
-    sequences, tokens = plan.update.sequences_per_process, prompt_max + plan.rollout.max_new_tokens
+    sequences, tokens = plan.update.sequences_per_process, prompt_max + new
     kv = 2 * shapes.layers * shapes.kv_width * sequences * tokens * rollout_e
     parts.append(MemoryPart("KV cache", kv, f"{sequences} sequences x {tokens} tokens"))
     sampling = 3 * sequences * shapes.vocab * 4
-    parts.append(MemoryPart("activations", max(activation_bytes(resolved, shapes, prompt_max), sampling),
+    parts.append(MemoryPart("activations", max(activation_bytes(resolved, shapes, prompt_max, new), sampling),
                             f"the update's, micro-batches of {micro_batch(plan)} sequences x {tokens} tokens"))
     return parts
 
@@ -209,11 +241,13 @@ def micro_batch(plan: RunPlan) -> int:
     return min(plan.update.micro_batch_size, max(1, per_mini))
 
 
-def activation_bytes(resolved: ResolvedConfig, shapes: ModelShapes, prompt_max: int) -> float:
+def activation_bytes(resolved: ResolvedConfig, shapes: ModelShapes, prompt_max: int,
+                     new_tokens: int | None = None) -> float:
     """Bytes the update keeps for backward in one micro-batch (module docstring)."""
     cfg, plan = resolved.cfg, resolved.plan
     e = 2 if plan.precision == "bf16" else DTYPE_BYTES[str(cfg.model.dtype)]
-    m, new = micro_batch(plan), plan.rollout.max_new_tokens
+    m = micro_batch(plan)
+    new = plan.rollout.max_new_tokens if new_tokens is None else new_tokens
     tokens = m * (prompt_max + new)
     d, q, f = shapes.hidden, shapes.query_width, shapes.intermediate
     layer = tokens * (4 * d + 5 * q + 4 * f) * e
@@ -223,21 +257,104 @@ def activation_bytes(resolved: ResolvedConfig, shapes: ModelShapes, prompt_max: 
     return kept + head + chunk
 
 
-def estimate(resolved: ResolvedConfig) -> Estimate:
-    """The pre-flight :class:`Estimate` of ``resolved``'s run: builds its task and tokenizer,
-    reads its model's config, measures this machine's rates; builds none of its models."""
-    cfg, plan = resolved.cfg, resolved.plan
+@dataclass(frozen=True)
+class Sizing:
+    """What the memory estimate rests on: the policy's shapes, tokenizer and transformers config
+    (``None`` for the embedded model), the rendered prompts' mean and longest length in tokens,
+    the measured baseline (bytes) and the device the run computes on."""
+
+    shapes: ModelShapes
+    tokenizer: Any
+    config: Any
+    prompt_mean: float
+    prompt_max: int
+    baseline: float
+    device: str
+
+
+def sizing(resolved: ResolvedConfig) -> Sizing:
+    """The :class:`Sizing` of ``resolved``'s run: builds its task and tokenizer, reads its model's
+    config (never its weights, never from the network).
+
+    :raises ConfigError: ``model.path`` is not a model (the line ``rlzoo train`` gives).
+    """
     task = resolved.build("task")
     shapes, tokenizer, config = model_shapes(resolved, task)
     prompt_mean, prompt_max = prompt_lengths(resolved, task, tokenizer)
-    baseline = baseline_rss(plan.lora is not None)
-    device = str(cfg.trainer.device)
+    device = str(resolved.cfg.trainer.device)
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    parts = memory_parts(resolved, shapes, prompt_max, baseline)
-    if device == "cuda":  # the host keeps the process; the device holds the rest
-        parts = parts[1:]
+    return Sizing(shapes, tokenizer, config, prompt_mean, prompt_max, baseline_rss(resolved.plan.lora is not None),
+                  device)
+
+
+def device_parts(resolved: ResolvedConfig, size: Sizing, new_tokens: int | None = None) -> list[MemoryPart]:
+    """:func:`memory_parts` of the memory the run's device holds (a CUDA run's host keeps the
+    process: its baseline is left out)."""
+    parts = memory_parts(resolved, size.shapes, size.prompt_max, size.baseline, new_tokens)
+    return parts[1:] if size.device == "cuda" else parts
+
+
+def largest_budget(resolved: ResolvedConfig, size: Sizing, capacity: float) -> int | None:
+    """The largest ``rollout.max_new_tokens`` (at most the run's) whose estimated peak fits in
+    ``capacity`` bytes, or ``None`` when not even one token does (arithmetic only: a bisection
+    over :func:`device_parts`, which grows with the budget)."""
+    def fits(new: int) -> bool:
+        return sum(part.bytes for part in device_parts(resolved, size, new)) <= capacity
+
+    low, high = 1, int(resolved.plan.rollout.max_new_tokens)
+    if not fits(low):
+        return None
+    while low < high:  # fits(low) holds
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle - 1)
+    return low
+
+
+def what_fits(resolved: ResolvedConfig, size: Sizing, capacity: float) -> str:
+    """What to change so that the run fits in ``capacity`` bytes: the largest response budget
+    that does, or (when none does) the term that outgrows it."""
+    budget = largest_budget(resolved, size, capacity)
+    if budget is not None:
+        return f"rollout.max_new_tokens={budget} is the largest response budget that fits"
+    largest = max(device_parts(resolved, size, 1), key=lambda part: part.bytes)
+    return (f"no response budget fits: with one token the {largest.name} alone takes {largest.bytes / MIB:,.0f} MiB "
+            f"({largest.how})")
+
+
+def check_fits(resolved: ResolvedConfig) -> None:
+    """Refuse a run that cannot fit this machine at all: its estimated peak (:func:`memory_parts`)
+    above the device's whole memory (:func:`total_memory`), before anything is built or written.
+
+    :raises ConfigError: naming the estimate, the memory and what fits (:func:`what_fits`).
+    """
+    size = sizing(resolved)
+    total = total_memory(size.device)
+    peak = sum(part.bytes for part in device_parts(resolved, size))
+    if peak <= total:
+        return
+    where = "this machine's memory" if size.device == "cpu" else "the GPU's memory"
+    raise ConfigError(f"this run's estimated peak memory, {peak / MIB:,.0f} MiB, exceeds {where} ({total / MIB:,.0f} "
+                      f"MiB in all; rlzoo doctor --plan shows the terms): {what_fits(resolved, size, total)}")
+
+
+def estimate(resolved: ResolvedConfig) -> Estimate:
+    """The pre-flight :class:`Estimate` of ``resolved``'s run: builds its task and tokenizer,
+    reads its model's config, measures this machine's rates; builds none of its models. A run
+    that does not fit is not timed (nothing of its size is built): its notes say what fits."""
+    cfg, plan = resolved.cfg, resolved.plan
+    size = sizing(resolved)
+    shapes, config, prompt_mean, prompt_max, device = (size.shapes, size.config, size.prompt_mean, size.prompt_max,
+                                                       size.device)
+    parts = device_parts(resolved, size)
+    available = available_memory(device)
     new = plan.rollout.max_new_tokens
+    notes = [f"model: {shapes.parameters:,} parameters, {shapes.layers} layers, hidden {shapes.hidden}, vocabulary "
+             f"{shapes.vocab}; prompts {prompt_mean:.1f} tokens on average, {prompt_max} at most; responses of "
+             f"{new} tokens"]
+    if sum(part.bytes for part in parts) > available:
+        notes.append(what_fits(resolved, size, available))
+        return Estimate(parts=parts, available=available, device=device, seconds={}, notes=notes)
     work = StepWork(groups=plan.rollout.prompts_per_process, sequences=plan.update.sequences_per_process,
                     prompt_tokens=prompt_mean, new_tokens=new, decode_steps=new,
                     reference=plan.runs("ref_logp"), old_pass=plan.runs("old_logp"))
@@ -248,11 +365,8 @@ def estimate(resolved: ResolvedConfig) -> Estimate:
     costs = measure(config, shapes, str(cfg.model.arch), plan, str(cfg.model.dtype), prompt_max,
                     micro_batch(plan), threads)
     seconds = step_seconds(plan, shapes, costs, rates, bandwidth)
-    notes = [f"model: {shapes.parameters:,} parameters, {shapes.layers} layers, hidden {shapes.hidden}, vocabulary "
-             f"{shapes.vocab}; prompts {prompt_mean:.1f} tokens on average, {prompt_max} at most; responses of "
-             f"{new} tokens",
-             f"rates measured now on {machine()}, {threads} thread(s): matmul {dtype} "
-             f"{rates['update/head'] / 1e9:.0f} GFLOP/s (vocabulary head), memory {bandwidth / 1e9:.1f} GB/s; one "
-             f"layer of this model here: decode step {costs.decode_layer * 1e3:.2g} ms, training micro-batch "
-             f"{costs.train_layer * 1e3:.3g} ms (a stand-in of its widths)"]
-    return Estimate(parts=parts, available=available_memory(device), device=device, seconds=seconds, notes=notes)
+    notes.append(f"rates measured now on {machine()}, {threads} thread(s): matmul {dtype} "
+                 f"{rates['update/head'] / 1e9:.0f} GFLOP/s (vocabulary head), memory {bandwidth / 1e9:.1f} GB/s; one "
+                 f"layer of this model here: decode step {costs.decode_layer * 1e3:.2g} ms, training micro-batch "
+                 f"{costs.train_layer * 1e3:.3g} ms (a stand-in of its widths{costs.scaled})")
+    return Estimate(parts=parts, available=available, device=device, seconds=seconds, notes=notes)

@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
+from rlzoo.config.yamlfile import read_yaml
+from rlzoo.core.events import read_events
 from rlzoo.diagnostics.thresholds import limit
-from rlzoo.core.events import read_scalars
 
 
 @dataclass(frozen=True)
@@ -26,6 +26,8 @@ class Finding:
     :ivar evidence: the values that show it.
     :ivar cause: its likely cause.
     :ivar fixes: ``(override, why)`` pairs: exact ``key=value`` overrides to try, in order.
+    :ivar level: ``warning`` (the run is failing, or wastes what it computes) or ``note`` (worth
+        knowing, not a fault: e.g. groups that agree because the task is solved).
     """
 
     code: str
@@ -34,15 +36,18 @@ class Finding:
     evidence: str
     cause: str
     fixes: tuple[tuple[str, str], ...] = ()
+    level: str = "warning"
 
     def line(self) -> str:
         """The finding in one line (the trainer's warning)."""
         tried = "; try " + ", ".join(fix for fix, _ in self.fixes) if self.fixes else ""
-        return f"{self.title} (steps {self.steps[0]}-{self.steps[1]}): {self.evidence}{tried}"
+        note = "note: " if self.level == "note" else ""
+        return f"{note}{self.title} (steps {self.steps[0]}-{self.steps[1]}): {self.evidence}{tried}"
 
     def render(self) -> str:
         """The finding as ``rlzoo doctor`` prints it: a heading and indented lines."""
-        lines = [f"[{self.code}] {self.title}, steps {self.steps[0]}-{self.steps[1]}",
+        note = " (note)" if self.level == "note" else ""
+        lines = [f"[{self.code}]{note} {self.title}, steps {self.steps[0]}-{self.steps[1]}",
                  f"  evidence: {self.evidence}", f"  cause: {self.cause}"]
         lines += [f"  {'fix' if i == 0 else '   '}: {fix}  ({why})" for i, (fix, why) in enumerate(self.fixes)]
         return "\n".join(lines)
@@ -52,12 +57,15 @@ class Finding:
 class RunRecord:
     """What the detectors read.
 
-    :ivar scalars: ``tag -> [(step, value), ...]`` sorted by step (:func:`rlzoo.core.events.read_scalars`).
+    :ivar scalars: ``tag -> [(step, value), ...]`` sorted by step (:func:`rlzoo.core.events.read_events`).
     :ivar config: the run's resolved config as plain nested dicts and lists.
+    :ivar problems: what is wrong with the run's event files, one line each (empty when
+        every file reads whole; :func:`rlzoo.core.events.event_file_problem`).
     """
 
     scalars: dict[str, list[tuple[int, float]]]
     config: dict[str, Any] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)
 
     def setting(self, key: str, default: Any = None) -> Any:
         """The config value at dotted ``key`` (a component given as a mapping answers
@@ -130,9 +138,23 @@ class Curve:
         return float(self.smooth[max(0, min(i, len(self.smooth) - 1))])
 
 
+def run_config(run_dir: str | Path) -> dict[str, Any]:
+    """A run directory's ``config.yaml`` as plain dicts (``{}`` when it has none), read as every
+    config file is (:func:`rlzoo.config.yamlfile.read_yaml`: safe, no object is constructed).
+
+    :raises ConfigError: the file is damaged, not UTF-8, not a mapping, or holds a tag such as
+        ``!!python/object`` (one line naming it).
+    """
+    config_file = Path(run_dir) / "config.yaml"  # rlzoo.run.layout.CONFIG_FILE (a layer above)
+    return read_yaml(config_file, f"{run_dir}: run config") if config_file.is_file() else {}
+
+
 def load_run(run_dir: str | Path) -> RunRecord:
-    """The :class:`RunRecord` of a run directory: its TensorBoard scalars and ``config.yaml``
-    (an empty config when the file is missing)."""
-    config_file = Path(run_dir) / "config.yaml"
-    config = yaml.safe_load(config_file.read_text()) if config_file.is_file() else None
-    return RunRecord(read_scalars(run_dir), config or {})
+    """The :class:`RunRecord` of a run directory: its TensorBoard scalars, ``config.yaml``
+    (:func:`run_config`) and what is wrong with its event files.
+
+    :raises ConfigError: see :func:`run_config`.
+    """
+    config = run_config(run_dir)
+    events = read_events(run_dir)
+    return RunRecord(events.scalars, config, [f"{name} {problem}" for name, problem in events.problems.items()])

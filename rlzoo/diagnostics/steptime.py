@@ -57,6 +57,8 @@ class LayerCosts:
     train_layer: float
     adam_call: float
     adam_layer: float
+    scaled: str = ""
+    """How the timed shapes were cut down (empty: the run's own shapes), for the notes."""
 
 
 def stand_in(config: Any, shapes: ModelShapes, arch: str, layers: int) -> Any:
@@ -89,9 +91,45 @@ def _best(call: Any, repeats: int = 3) -> float:
     return best
 
 
-def _time_layers(model: Any, plan: RunPlan, dtype: str, prompt: int, micro: int) -> list[float]:
+@dataclass(frozen=True)
+class TimedShapes:
+    """The shapes a stand-in is timed at: the run's, cut to at most :data:`MAX_DECODE_ROWS`
+    sequences per rollout and :data:`MAX_TRAIN_TOKENS` tokens per micro-batch (the times are
+    then scaled up by the share cut: linear in sequences and tokens), so that timing takes
+    seconds whatever the run's size.
+
+    :ivar groups: prompts per rollout; :ivar n: completions per prompt; :ivar micro: sequences
+        per micro-batch; :ivar new: response tokens of a micro-batch's sequences;
+    :ivar decode_scale: / :ivar train_scale: the run's work over the timed work.
+    """
+
+    groups: int
+    n: int
+    micro: int
+    new: int
+    decode_scale: float
+    train_scale: float
+
+    @classmethod
+    def of(cls, plan: RunPlan, prompt: int, micro: int) -> "TimedShapes":
+        groups, n, new = plan.rollout.prompts_per_process, plan.rollout.n, plan.rollout.max_new_tokens
+        timed_n = min(n, MAX_DECODE_ROWS)
+        timed_groups = max(1, min(groups, MAX_DECODE_ROWS // timed_n))
+        timed_new = max(1, min(new, MAX_TRAIN_TOKENS // 2))
+        timed_micro = max(1, min(micro, MAX_TRAIN_TOKENS // (prompt + timed_new)))
+        return cls(timed_groups, timed_n, timed_micro, timed_new, groups * n / (timed_groups * timed_n),
+                   micro * (prompt + new) / (timed_micro * (prompt + timed_new)))
+
+
+MAX_DECODE_ROWS = 512
+"""The most sequences a stand-in's rollout is timed with (:class:`TimedShapes`)."""
+MAX_TRAIN_TOKENS = 16384
+"""The most tokens a stand-in's micro-batch is timed with (:class:`TimedShapes`)."""
+
+
+def _time_layers(model: Any, plan: RunPlan, dtype: str, prompt: int, timed: TimedShapes) -> list[float]:
     """Prefill, decode step, forward, training step and AdamW step of one stand-in (seconds)."""
-    rollout, new, groups = plan.rollout, plan.rollout.max_new_tokens, plan.rollout.prompts_per_process
+    new, groups, micro = timed.new, timed.groups, timed.micro
     model = model.to(DTYPES[dtype])
     ids = torch.randint(4, STAND_IN_VOCAB, (groups, prompt))
     mask = torch.ones_like(ids)
@@ -100,10 +138,12 @@ def _time_layers(model: Any, plan: RunPlan, dtype: str, prompt: int, micro: int)
 
     def sample(steps: int) -> float:
         return _best(lambda: generate(sampler, ids, mask, max_new_tokens=steps, eos_id=-1, pad_id=0,
-                                      num_samples=rollout.n))
+                                      num_samples=timed.n))
 
     short, long = (sample(steps) for steps in DECODE_STEPS)
-    step = max(0.0, (long - short) / (DECODE_STEPS[1] - DECODE_STEPS[0]))
+    step = (long - short) / (DECODE_STEPS[1] - DECODE_STEPS[0])
+    if step <= 0:  # below the timer's resolution: no prefill, the whole short rollout counts as decode
+        step = short / DECODE_STEPS[0]
     prefill = max(0.0, short - DECODE_STEPS[0] * step)
     model = model.to(DTYPES[dtype])
     batch = torch.randint(4, STAND_IN_VOCAB, (micro, prompt))
@@ -132,10 +172,19 @@ def measure(config: Any, shapes: ModelShapes, arch: str, plan: RunPlan, dtype: s
     (``prompt``: the padded prompt width; ``micro``: sequences per micro-batch)."""
     torch.set_num_threads(threads)
     torch.manual_seed(0)
-    one, two = (_time_layers(stand_in(config, shapes, arch, layers), plan, dtype, prompt, micro) for layers in (1, 2))
-    layer = [max(0.0, b - a) for a, b in zip(one, two)]
-    call = [max(0.0, a - per) for a, per in zip(one, layer)]
-    return LayerCosts(*[value for pair in zip(call, layer) for value in pair])
+    timed = TimedShapes.of(plan, prompt, micro)
+    one, two = (_time_layers(stand_in(config, shapes, arch, layers), plan, dtype, prompt, timed) for layers in (1, 2))
+    # a second layer timed no slower than one (noise): half of the one-layer time each, never 0
+    layer = [b - a if b > a else a / 2 for a, b in zip(one, two)]
+    call = [max(a - per, 0.0) for a, per in zip(one, layer)]
+    scale = [timed.decode_scale] * 2 + [timed.train_scale] * 2 + [1.0]
+    costs = [value * factor for pair, factor in zip(zip(call, layer), scale) for value in pair]
+    cut = []
+    if timed.decode_scale > 1:
+        cut.append(f"rollout timed with {timed.groups * timed.n} sequences")
+    if timed.train_scale > 1:
+        cut.append(f"micro-batch timed with {timed.micro} x {prompt + timed.new} tokens")
+    return LayerCosts(*costs, scaled=f"; {', '.join(cut)}, scaled up" if cut else "")
 
 
 def step_seconds(plan: RunPlan, shapes: ModelShapes, costs: LayerCosts, rates: dict[str, float],

@@ -46,6 +46,38 @@ TABLE: tuple[Threshold, ...] = (
     Threshold("success_share", 0.9, "a reward at or above this share of the task's success score "
               "(`eval.threshold`) counts as solved; at or below 1 minus it, as failing", CHOSEN,
               "not tuned (the default run's last half averages 0.89-0.92 of it)"),
+    # ---- nothing is learning (rlzoo/diagnostics/flat_start.py)
+    Threshold("first_steps", 5, "the *first steps* a run is judged on from its start (a run broken from step 1 "
+              "shows it there, with no persistence asked)", CHOSEN, "not tuned"),
+    Threshold("entropy_floor", 0.1, "an entropy (nats per token) below this on the first steps: the samples "
+              "of a prompt are one completion", MEASURED, "tuning half: every healthy run starts above 2.5 (the "
+              "tiny model from scratch; a pretrained one starts lower), temperatures of 0.02-0.05 at 0.0007 or "
+              "below; a round value far from both"),
+    Threshold("same_samples", 0.95, "`reward/zero_std_frac` at or above this on the first steps (groups of two "
+              "or more): every group's completions score alike", MEASURED, "tuning half: healthy runs at most "
+              "0.12, nucleus 0.02-0.05 at 1.00"),
+    Threshold("early_kl_high", 0.2, "`policy/approx_kl` above this on any of the first steps: the first updates "
+              "are far too big", MEASURED,
+              "tuning half of benchmarks/doctor_recall.py: the healthy runs' largest approx-KL on their first 5 "
+              "steps is 0.069 (cispo), the sick learning rates' smallest 0.555 (runs with several mini-batches; "
+              "on-policy runs log 0); 0.2 is near their geometric mean"),
+    Threshold("early_clip_high", 0.2, "`policy/clipfrac` above this on any of the first steps", MEASURED,
+              "tuning half: healthy runs clip at most 0.13 of the tokens on their first steps (reinforce_pp; "
+              "GSPO's are not judged: `clip_range_min`), the sick learning rates 0.34 or more"),
+    Threshold("early_entropy_drop", 0.3, "an entropy that loses more than this share of its first step's value "
+              "within the first steps", MEASURED,
+              "tuning half: healthy runs lose at most 12 % of their entropy over the first 5 steps (cispo), the "
+              "sick learning rates 43-100 %"),
+    Threshold("kl_share_high", 0.2, "`kl/grad_share` (the KL term's share of the pull on the sampled tokens' "
+              "log-probs) above this (median over the run): the KL penalty holds the policy", MEASURED,
+              "tuning half: GRPO's healthy runs (kl.coef 0.04) have medians 0.047-0.059, runs that learn with a "
+              "too-short budget up to 0.12, `kl.coef` 3-30 0.40-0.90"),
+    Threshold("kl_share_target", 0.02, "the share a suggested `kl.coef` aims at (the coefficient is scaled by "
+              "the ratio of the share's odds)", MEASURED,
+              "tuning half: the healthy GRPO runs' share over their first window, while the policy is still near "
+              "the reference (where a pinned run stays), is 0.017-0.047 (0.047-0.061 over the whole run); aiming "
+              "at 0.05 turned `kl.coef=10` into 0.8, which learnt slowly (reward/mean 0.073 -> 0.112 in 100 "
+              "steps), at 0.02 into 0.3 (docs/diagnostics.md)"),
     # ---- entropy
     Threshold("entropy_collapse_ratio", 0.25, "entropy has *collapsed* once its smoothed value is below this "
               "share of its first window's", MEASURED,
@@ -57,6 +89,10 @@ TABLE: tuple[Threshold, ...] = (
               "after their entropy collapses `trainer.lr=2e-3` rises at 0.04 of its rate before (0.468 at step 147 "
               "-> 0.514 at 600), `trainer.lr=1e-3` (300 steps) at 0.28, the default run at 0.23 (0.635 at step 323 "
               "-> 0.896; re-run on 2026-11-27 at main 5e882cc, an earlier run gave 0.29 and 0.24)"),
+    Threshold("collapse_early_share", 0.55, "an entropy collapse while `reward/mean` is below this share of the "
+              "success score came before the task was half learnt", MEASURED,
+              "tuning half: `trainer.lr=0.002` (GRPO, 300 steps) collapses at reward/mean 0.471 and then rises at "
+              "14 % of its earlier rate, the default run (the gallery, 1,000 steps) at 0.635; 0.55 is midway"),
     Threshold("stall_share", 0.05, "a reward gain below this share of the success score counts as none", CHOSEN,
               "not tuned (the KL, held-out and truncation checks)"),
     # ---- step size
@@ -64,6 +100,10 @@ TABLE: tuple[Threshold, ...] = (
               "mean over the step's optimizer steps) above this is a step too big", DOCS,
               "OpenAI Spinning Up's PPO: target_kl 0.01, updates stop at 1.5 x target_kl. Here the default run is "
               "above it on 34 % of its steps, `trainer.lr=5e-3` on 68 %"),
+    Threshold("clip_range_min", 0.01, "a policy loss clip range (`policy_loss.clip_low` / `clip_high`) below this "
+              "is a sequence-level one whose clip fraction is high by design: not judged", PAPER,
+              "GSPO (arXiv:2507.18071) reports clipping fractions two orders of magnitude above GRPO's with its "
+              "range of 3e-4 / 4e-4; here the GSPO preset's healthy runs clip a median 0.35-0.38"),
     Threshold("clipfrac_high", 0.1, "`policy/clipfrac` above this is a step too big", MEASURED,
               "the default run's median is 0.015 and above 0.1 on no step; `trainer.update_epochs=4 "
               "trainer.num_mini_batches=8` has median 0.22, above 0.1 on every step"),

@@ -108,6 +108,22 @@ class NoKL:
         pass
 
 
+def kl_gradient_share(policy_term: torch.Tensor, kl_term: torch.Tensor, logp: torch.Tensor) -> float:
+    """How much of the pull on the sampled tokens' log-probs comes from the KL term:
+    ``|g_kl| / (|g_kl| + |g_policy|)``, with ``g`` the gradient of each (scalar) loss term with
+    respect to ``logp`` ``(B, T)`` and ``|.|`` its L2 norm over the tokens; 0 when neither pulls.
+    Above 0.5 the KL term outweighs the advantage term: it holds the policy where it is. The
+    parameters' gradient is the same Jacobian applied to the sum of the two, so the share is
+    that of the update's driving signal. Computed with :func:`torch.autograd.grad` on the
+    kept graph (nothing accumulates into ``.grad``)."""
+    norms = []
+    for term in (kl_term, policy_term):
+        (grad,) = torch.autograd.grad(term, logp, retain_graph=True, allow_unused=True)
+        norms.append(0.0 if grad is None else float(grad.double().norm()))
+    total = norms[0] + norms[1]
+    return norms[0] / total if total > 0 else 0.0
+
+
 class _WeightedMeans:
     """Metrics averaged over micro-batches with weights (then summed over ranks)."""
 
@@ -383,7 +399,10 @@ class Learner:
         if kl_plan is not None and kl_plan.placement == "loss":
             ref_logits = self._ref_logits(mb) if with_logits else None
             kl = self.kl(logp=logp, ref_logp=self._kl_target_logp(mb), logits=logits, ref_logits=ref_logits)
-            loss = loss + float(self.kl_controller.value) * self._term("kl", mb, kl, counts)
+            kl_loss = float(self.kl_controller.value) * self._term("kl", mb, kl, counts)
+            if logp.requires_grad and not with_logits:
+                means.add(Tag.KL_GRAD_SHARE, kl_gradient_share(loss, kl_loss, logp), weight)
+            loss = loss + kl_loss
             means.add("kl/value", float(masked_mean(kl.detach(), getattr(mb, plan.terms["kl"].mask))), weight)
         means.add("entropy", float(masked_mean(entropy.detach(), mask)), weight)
         if "entropy" in plan.terms:

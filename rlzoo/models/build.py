@@ -127,16 +127,25 @@ def load_pretrained(path: str | Path, dtype: str = "float32") -> tuple[PreTraine
     path = Path(path)
     if path.suffix.lower() == GGUF_SUFFIX:
         return load_gguf(path, dtype)
-    if not (path / "config.json").is_file():
-        raise ConfigError(
-            f"model.path {str(path)!r} is not a local model directory (no config.json) or a .gguf file; "
-            "rlzoo never downloads models: pass a directory written by save_pretrained"
-        )
+    check_model_dir(path)
     with unreadable_model(path):
         tokenizer = load_tokenizer(path)
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=DTYPES[dtype])
     check_tokenizer_fits(model, tokenizer, f"model.path {str(path)!r}")
     return align_storage(model), tokenizer
+
+
+def check_model_dir(path: Path) -> None:
+    """:raises ConfigError: ``path`` is not a local model directory (no ``config.json``): the
+    line every command gives for a ``model.path`` it cannot read, before anything else is tried
+    (a missing path would otherwise be taken for a hub id)."""
+    if not (path / "config.json").is_file():
+        policies = sorted(path.glob("checkpoints/*/policy/config.json")) if (path / "config.yaml").is_file() else []
+        hint = f" (a run directory: its policy is a model directory, e.g. {policies[-1].parent})" if policies else ""
+        raise ConfigError(
+            f"model.path {str(path)!r} is not a local model directory (no config.json) or a .gguf file{hint}; "
+            "rlzoo never downloads models: pass a directory written by save_pretrained"
+        )
 
 
 def check_tokenizer_fits(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, what: str) -> None:

@@ -10,6 +10,9 @@ STATUS_FILE = "status.json"
 CONFIG_FILE = "config.yaml"
 PLAN_FILE = "plan.txt"
 RESUMES_FILE = "resumes.jsonl"
+DOCTOR_FILE = "doctor.jsonl"
+"""The findings the doctor printed during the run (``logging.doctor``), one JSON object a line:
+``step``, ``code``, ``title``, ``line``; ``rlzoo doctor`` says what became of each."""
 RM_MODEL_DIR = "reward_model"
 """Where ``rlzoo rm`` writes the trained reward model (what ``reward=reward_model`` loads)."""
 

@@ -35,7 +35,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from omegaconf import OmegaConf
 
 from rlzoo.core import distributed
@@ -52,15 +51,14 @@ from rlzoo.run.checkpoint import (
 )
 from rlzoo.core.errors import ConfigError, RlzooError, TrainingError, say
 from rlzoo.run.run_lock import LOCK_FILE, RunLock, in_use_error, lock_holder
-from rlzoo.core.events import read_scalars
 from rlzoo.models.lora import ADAPTER_CONFIG
 from rlzoo.run import eval_records
 from rlzoo.run.eval_records import RECORDS_DIR, EvalRecord
-from rlzoo.run.layout import (CONFIG_FILE, INIT_MODEL_DIR, PLAN_FILE, RESUMES_FILE, RM_MODEL_DIR, STATUS_FILE,
-                              SWEEP_FILE)
+from rlzoo.run.layout import (CONFIG_FILE, DOCTOR_FILE, INIT_MODEL_DIR, PLAN_FILE, RESUMES_FILE, RM_MODEL_DIR,
+                              STATUS_FILE, SWEEP_FILE)
 from rlzoo.run.recording import ROLLOUT_DIR, record
 
-RUN_FILES = (CONFIG_FILE, PLAN_FILE, RESUMES_FILE, STATUS_FILE, f".{STATUS_FILE}.tmp", INIT_MODEL_DIR,
+RUN_FILES = (CONFIG_FILE, PLAN_FILE, RESUMES_FILE, DOCTOR_FILE, STATUS_FILE, f".{STATUS_FILE}.tmp", INIT_MODEL_DIR,
              CHECKPOINT_DIR, ROLLOUT_DIR, RECORDS_DIR, RM_MODEL_DIR, "events.out.tfevents.*")
 """What a run writes into its directory (glob patterns): what ``--overwrite`` deletes.
 Anything else there (``rlzoo sweep``'s ``train.log``, your notes) is left alone."""
@@ -398,6 +396,16 @@ class RunDirectory:
 
         self.on_main(write)
 
+    def record_finding(self, step: int, code: str, title: str, line: str) -> None:
+        """Append a finding the doctor printed at ``step`` to ``doctor.jsonl`` (rank 0; a failure
+        to write is a warning: the line was printed)."""
+        if self.dist.is_main:
+            try:
+                with open(self.path / DOCTOR_FILE, "a") as handle:
+                    handle.write(json.dumps({"step": step, "code": code, "title": title, "line": line}) + "\n")
+            except OSError as exc:
+                _note(f"warning: cannot write {self.path / DOCTOR_FILE}: {exc.strerror}")
+
     def record_rollout(self, step: int, batch: Any) -> None:
         """Write ``batch`` as the recording of ``step`` (``rollout.record``; single process)."""
         if self.dist.is_main:
@@ -475,14 +483,15 @@ def read_status(run_dir: Path) -> dict[str, Any] | None:
         return None
 
 
-def summary_line(run_dir: Path) -> str:
-    """One line about a finished run: steps, time, mean reward of the first and last 10%."""
-    curves = read_scalars(run_dir)
-    rewards = [v for _, v in curves.get("reward/mean", [])]
-    if not rewards:
-        return f"rlzoo: run finished; logs in {run_dir}"
-    tail = max(1, len(rewards) // 10)
-    seconds = sum(v for _, v in curves.get("timing/step_s", []))
-    return (f"rlzoo: {len(rewards)} steps in {seconds:.0f} s of training; reward/mean "
-            f"{np.mean(rewards[:tail]):.3f} (first 10%) -> {np.mean(rewards[-tail:]):.3f} (last 10%); "
-            f"logs: tensorboard --logdir {run_dir}")
+def read_findings_log(run_dir: Path) -> list[dict[str, Any]]:
+    """The findings the doctor printed during the run (``doctor.jsonl``), in order; lines that
+    do not parse are skipped (a run killed mid-write)."""
+    path = Path(run_dir) / DOCTOR_FILE
+    entries = []
+    if path.is_file():
+        for text in path.read_text(errors="replace").splitlines():
+            with contextlib.suppress(ValueError):
+                entry = json.loads(text)
+                if isinstance(entry, dict) and {"step", "code", "title"} <= set(entry):
+                    entries.append(entry)
+    return entries

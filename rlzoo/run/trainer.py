@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -24,10 +23,11 @@ import torch
 from rlzoo.core import distributed, processes
 from rlzoo.run.async_generator import AsyncRollout, GeneratorSpec, to_bytes
 from rlzoo.core.batch import RolloutBatch
-from rlzoo.run.checkpoint import CHECKPOINT_DIR, STATE_FILE, check_optimizer_fits, checkpoint_name, first_non_finite
+from rlzoo.run.checkpoint import STATE_FILE, check_optimizer_fits, first_non_finite
 from rlzoo.run.context import RunContext
 from rlzoo.diagnostics.watch import Watch
 from rlzoo.core.errors import ConfigError, TrainingError, say
+from rlzoo.core.tags import Tag
 from rlzoo.run.evaluation import Evaluator, eval_only
 from rlzoo.core.events import read_scalars
 from rlzoo.learn.learner import Learner
@@ -38,10 +38,12 @@ from rlzoo.models.model_check import report
 from rlzoo.contract.loading import PluginManager
 from rlzoo.rollout.staleness import RolloutQueue
 from rlzoo.core.rng import global_rng_state, set_global_rng_state
-from rlzoo.run.rundir import RunDirectory, in_sweep, summary_line
+from rlzoo.run.rundir import RunDirectory, in_sweep
+from rlzoo.run.summary import next_steps, summary_line
 from rlzoo.plan.run_input import RunInput
 from rlzoo.run.parts import RunParts, device_type
 from rlzoo.core.stopping import StopRequest
+from rlzoo.tasks.answer_lengths import answer_token_lengths, check_budget
 from rlzoo.tasks.task import check_encodable, check_references
 from rlzoo.run.tracking import Progress, Sample, Tracker, batch_metrics, group_samples
 
@@ -104,7 +106,10 @@ class Trainer:
             torch.manual_seed(seed + 1_000_003 * self.dist.rank)  # distinct rollouts per rank
         # rank 0 draws the prompts a single process draws; other ranks their own streams
         self.sampler = parts.sampler(seed if self.dist.rank == 0 else f"{seed}/rank{self.dist.rank}")
-        for warning in check_encodable(task, parts.task_name, self.models.tokenizer, self.sampler.holdout):
+        self.answer_tokens = [] if self.plan.episodes is not None else \
+            answer_token_lengths(task, self.models.tokenizer, self.sampler.holdout)
+        for warning in [*check_encodable(task, parts.task_name, self.models.tokenizer, self.sampler.holdout),
+                        *check_budget(self.answer_tokens, self.plan.rollout.max_new_tokens, parts.task_name)]:
             if self.dist.is_main:
                 say(f"rlzoo: warning: {warning}")
         self.evaluator = Evaluator.build(self.plan.eval, task, parts.task_name, self.sampler, self.dist)
@@ -297,6 +302,7 @@ class Trainer:
             tracker = Tracker(str(self.run_dir.path), purge_step=self.step + 1 if self.run_dir.resume_from else None)
             if self.run_dir.resume_from is None:
                 tracker.log_hparams(setup.hparams, self.plan, experiment=not in_sweep(self.run_dir.path))
+                tracker.log_scalars(0, self._answer_metrics())
             if self.evaluator is not None:
                 print(self.evaluator.describe(), flush=True)
         if self.evaluator is not None and self.evaluator.at_start and self.step == 0:
@@ -375,7 +381,11 @@ class Trainer:
             tracker.log_scalars(self.step, logged)
         if self.watch is not None:
             self.watch.add(self.step, logged)
-            for line in self.watch.check(self.step, last):
+            lines = [line for line in [self.watch.check_start(self.step, metrics)] if line]
+            for finding in self.watch.check(self.step, last):
+                lines.append(Watch.line(self.step, finding))
+                self.run_dir.record_finding(self.step, finding.code, finding.title, lines[-1])
+            for line in lines:
                 if progress is not None and progress.bar is not None:
                     progress.bar.write(line, file=sys.stderr)  # above the bar, not through it
                 else:
@@ -385,10 +395,18 @@ class Trainer:
         if progress is not None:
             progress.update(self.step, metrics)
 
+    def _answer_metrics(self) -> dict[str, float]:
+        """The reference answers' shortest and longest length in tokens (logged at step 0 of a
+        fresh run, for the doctor's length-budget check); none for episodes."""
+        if not self.answer_tokens:
+            return {}
+        return {Tag.ANSWER_TOKENS_MIN: float(min(self.answer_tokens)),
+                Tag.ANSWER_TOKENS_MAX: float(max(self.answer_tokens))}
+
     def _watch(self) -> Watch:
         """The doctor's checks during the run (``logging.doctor``): every ``eval.every`` steps and
         after the last, on the curves logged so far (a resumed run's from its event files)."""
-        before = {}
+        before = {tag: [(0, value)] for tag, value in self._answer_metrics().items()}
         if self.run_dir.resume_from is not None:
             before = {tag: [(s, v) for s, v in points if s <= self.step]
                       for tag, points in read_scalars(self.run_dir.path).items()}
@@ -415,13 +433,6 @@ def _no_resample(n_prompts: int) -> RolloutBatch:
     raise TrainingError(f"ctx.resample({n_prompts}) cannot generate with rollout.mode=async: the generator process "
                         "owns generation (an extension that refills batches, such as dynamic_sampling, needs "
                         "rollout.mode=sync)")
-
-
-def next_steps(run_dir: Path, step: int) -> str:
-    """What a finished run prints last: where its checkpoints are and what to run next."""
-    return (f"rlzoo: checkpoints in {run_dir / CHECKPOINT_DIR} (the newest, {checkpoint_name(step)}/policy, is a model "
-            f"directory: model.path=); next: `rlzoo compare {run_dir}` (table and curves), or train on with "
-            f"`rlzoo train resume={run_dir} trainer.total_steps={2 * step}`")
 
 
 def train(run: RunInput, pm: PluginManager, overwrite: bool = False) -> dict[str, float]:

@@ -205,28 +205,34 @@ def check_references(task: Task, task_name: str, use: str | None) -> list[str]:
         raise ConfigError(f"{where}: every reference answer is {kinds} (all {len(missing)} examples), but {use}: "
                           "fill the answers, set task.answer_key to the column that holds them, or use a reward "
                           "that reads none (reward_model)")
-    if missing:
-        article = "an" if kinds.startswith("empty") else "a"
-        return [f"{where}: {len(missing)} of {len(examples)} examples have {article} {kinds} reference answer, "
-                f"but {use}"]
-    return []
+    article = "an" if kinds.startswith("empty") else "a"
+    return [f"{where}: {len(missing)} of {len(examples)} examples have {article} {kinds} reference answer, "
+            f"but {use}"] if missing else []
+
+
+def checked_examples(task: Task, holdout: Holdout, limit: int | None = None) -> list[Example]:
+    """The examples the start-of-run checks read: every example of a task that lists them
+    (at most ``limit``, a fixed sample of them), else 16 of the evaluation set plus
+    :data:`PROBE_DRAWS` draws with a fixed RNG."""
+    examples = task.examples()
+    if examples is None:
+        return task.eval_set(16, holdout) + task.sample(PROBE_DRAWS, random.Random("rlzoo-probe"))
+    if limit is not None and len(examples) > limit:
+        return random.Random("rlzoo-probe").sample(examples, limit)
+    return examples
 
 
 def check_encodable(task: Task, task_name: str, tokenizer: Any, holdout: Holdout) -> list[str]:
-    """Check that the tokenizer can encode the task's prompts and answers.
-
-    Every example of a task that lists them (:meth:`Task.examples`), else the evaluation
-    set plus :data:`PROBE_DRAWS` draws. An answer the tokenizer cannot encode could never
-    be written by the policy (its reward would stay 0 silently): refused. A prompt with
-    such characters is encoded with ``<unk>`` in their place: a warning with the count.
+    """Check that the tokenizer can encode the task's prompts and answers
+    (:func:`checked_examples`). An answer the tokenizer cannot encode could never be written
+    by the policy (its reward would stay 0 silently): refused. A prompt with such characters
+    is encoded with ``<unk>`` in their place: a warning with the count.
 
     :returns: warnings to print.
     :raises ConfigError: an answer is not encodable (naming the count, an example and the
         characters).
     """
-    examples = task.examples()
-    if examples is None:
-        examples = task.eval_set(16, holdout) + task.sample(PROBE_DRAWS, random.Random("rlzoo-probe"))
+    examples = checked_examples(task, holdout)
     bad_answers = _unencodable([task.answer_text(e) for e in examples], tokenizer)
     bad_prompts = _unencodable([e.prompt for e in examples], tokenizer)
     where = f"task {task_name!r}"

@@ -1,0 +1,353 @@
+"""A test set for ``rlzoo doctor`` that its thresholds were not chosen on: sick runs made on
+purpose, family by family, and healthy runs of every preset; split into a tuning half and a
+held-out half by a seeded hash before any threshold was changed (the split is committed in
+``benchmarks/doctor_recall_split.txt``, written by ``split`` below).
+
+    python benchmarks/doctor_recall.py split > benchmarks/doctor_recall_split.txt   # the committed split
+    python benchmarks/doctor_recall.py run /work/runs-doctor/recall --jobs 2          # train every run (~30 min)
+    python benchmarks/doctor_recall.py evaluate /work/runs-doctor/recall --half tuning
+    python benchmarks/doctor_recall.py evaluate /work/runs-doctor/recall --half held-out --markdown
+
+Every run is the embedded tiny model at ``trainer.threads=1`` (about 0.1 s a step on this
+2-core CPU), a few hundred steps long, with a small held-out evaluation (32 prompts every 50
+steps). A *family* breaks one knob at several magnitudes on several tasks, algorithms and
+seeds; its runs are sick by construction. A sick run counts as *named* when ``rlzoo doctor``'s
+first finding is one of the family's findings and that finding's first fix turns the broken knob
+the right way (:data:`FAMILIES`). A healthy run (a preset's own settings) counts as a *false
+alarm* when doctor reports any warning-level finding for it.
+
+Seeds 1-3 only: the issue's five runs (seed 0, 100 steps) stay outside the set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import re
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+SPLIT_SEED = "rlzoo-doctor-recall-45"
+"""The hash key of the split: fixed before any run was made or any threshold changed."""
+
+COMMON = ("trainer.threads=1", "eval.size=32", "eval.every=50", "checkpoint.every=0", "logging.progress=false",
+          "logging.sample_every=0")
+"""Overrides of every run: one thread, a small evaluation, no intermediate checkpoints."""
+
+TASKS: dict[str, tuple[str, ...]] = {
+    "sort4": (),                                                           # the default: 4 digits, budget 7
+    "sort3": ("task.num_digits=3", "rollout.max_new_tokens=5"),
+    "arith": ("task=arithmetic", "reward=[exact_match, {name: length_match, weight: 0.1}]"),
+}
+"""Tasks a run may use, as overrides: the default, a shorter sort, and two-operand arithmetic
+with a partial-credit term (exact match alone never scores from a random policy)."""
+
+ANSWER_TOKENS = {"sort4": 4, "sort3": 3, "sort6": 6}
+"""Tokens of every reference answer of the sorting tasks (one character a token)."""
+
+
+@dataclass(frozen=True)
+class Run:
+    """One run of the set: its name, family (``healthy`` for the healthy runs), magnitude and
+    ``rlzoo train`` overrides (:data:`COMMON` and ``run_dir`` added when it runs)."""
+
+    name: str
+    family: str
+    overrides: tuple[str, ...]
+
+    def setting(self, key: str) -> str | None:
+        """The value this run's overrides give ``key`` (the last one), or ``None``."""
+        values = [item.split("=", 1)[1] for item in self.overrides if item.split("=", 1)[0] == key]
+        return values[-1] if values else None
+
+
+def _runs(family: str, grid: list[tuple[str, str, str, int, tuple[str, ...]]]) -> list[Run]:
+    """Runs of ``family`` from ``(task, algo, magnitude label, seed, overrides)`` rows."""
+    out = []
+    for task, algo, label, seed, extra in grid:
+        task_overrides = TASKS.get(task, ())
+        name = f"{family}-{task}-{algo}-{label}-s{seed}"
+        out.append(Run(name, family, (f"algo={algo}", *task_overrides, f"seed={seed}", *extra)))
+    return out
+
+
+def _steps(n: int) -> tuple[str, ...]:
+    return (f"trainer.total_steps={n}",)
+
+
+def _learning_rates(family: str, steps: int, rows: list[tuple[str, str, float, int]]) -> list[Run]:
+    """Runs of ``family`` from ``(task, algo, trainer.lr, seed)`` rows, ``steps`` long."""
+    return _runs(family, [(task, algo, f"lr{lr}", seed, (f"trainer.lr={lr}", *_steps(steps)))
+                          for task, algo, lr, seed in rows])
+
+
+def build() -> list[Run]:
+    """Every run of the set, sick and healthy, in a fixed order."""
+    runs: list[Run] = []
+    # a reward that gives every completion one score: at the top (format: every completion has an answer)
+    # or at 0 (exact match of an answer a random policy never writes)
+    runs += _runs("constant_reward", [
+        (task, algo, "format", seed, ("reward=format", *_steps(150)))
+        for task, algo, seed in [("sort4", "grpo", 1), ("sort4", "rloo", 1), ("sort4", "dr_grpo", 2),
+                                 ("arith", "grpo", 1), ("arith", "rloo", 2), ("arith", "dr_grpo", 1),
+                                 ("sort3", "grpo", 2), ("sort3", "rloo", 1)]])
+    runs += _runs("constant_reward", [
+        ("sort6", algo, "exact", seed, ("task.num_digits=6", "rollout.max_new_tokens=9", "reward=exact_match",
+                                        *_steps(150))) for algo, seed in [("grpo", 1), ("rloo", 2)]])
+    runs += _runs("constant_reward", [
+        ("arithbig", algo, "exact", seed, ("task=arithmetic", "task.max_operand=99999", *_steps(150)))
+        for algo, seed in [("grpo", 2), ("rloo", 1)]])
+    # a learning rate 100-200x the default: the first updates throw the policy far away
+    runs += _learning_rates("lr_far_too_high", 150, [("sort4", "grpo", 0.05, 1), ("sort4", "rloo", 0.05, 2),
+                                     ("sort4", "grpo", 0.1, 2), ("sort4", "rloo", 0.1, 1),
+                                     ("arith", "grpo", 0.05, 2), ("arith", "rloo", 0.1, 1),
+                                     ("arith", "grpo", 0.1, 1), ("sort3", "grpo", 0.05, 1),
+                                     ("sort4", "dr_grpo", 0.05, 1), ("sort3", "dr_grpo", 0.1, 2)])
+    # a KL coefficient that holds the policy at the reference
+    runs += _runs("kl_coef_pins", [
+        (task, algo, f"kl{coef}", seed, (f"kl.coef={coef}", *_steps(150)))
+        for task, algo, coef, seed in [("sort4", "grpo", 3, 1), ("sort4", "grpo", 10, 2),
+                                       ("sort4", "dr_grpo", 10, 1), ("sort4", "dr_grpo", 30, 2),
+                                       ("arith", "grpo", 10, 1), ("arith", "dr_grpo", 3, 2),
+                                       ("arith", "grpo", 30, 2), ("sort3", "grpo", 10, 1),
+                                       ("sort4", "grpo", 30, 3)]])
+    # sampling with no variety: a temperature or nucleus that makes every sample greedy
+    runs += _runs("no_variety", [
+        (task, algo, f"{key.split('.')[1]}{value}", seed, (f"{key}={value}", *_steps(150)))
+        for task, algo, key, value, seed in [
+            ("sort4", "grpo", "rollout.temperature", 0.05, 1), ("sort4", "rloo", "rollout.temperature", 0.02, 2),
+            ("sort4", "grpo", "rollout.top_p", 0.05, 2), ("sort4", "rloo", "rollout.top_p", 0.02, 1),
+            ("arith", "grpo", "rollout.temperature", 0.02, 1), ("arith", "rloo", "rollout.top_p", 0.05, 2),
+            ("sort3", "grpo", "rollout.temperature", 0.05, 2), ("sort3", "dr_grpo", "rollout.top_p", 0.02, 1),
+            ("arith", "dr_grpo", "rollout.temperature", 0.05, 1)]])
+    # a response budget shorter than every reference answer
+    runs += _runs("budget", [
+        (task, algo, f"mnt{budget}", seed, (*extra, f"rollout.max_new_tokens={budget}", *_steps(150)))
+        for task, extra, algo, budget, seed in [
+            ("sort4", (), "grpo", 1, 1), ("sort4", (), "rloo", 2, 2), ("sort4", (), "grpo", 3, 2),
+            ("sort4", (), "dr_grpo", 1, 2), ("sort4", (), "rloo", 3, 1),
+            ("sort6", ("task.num_digits=6",), "grpo", 2, 1), ("sort6", ("task.num_digits=6",), "rloo", 4, 2),
+            ("sort3", (), "grpo", 1, 2), ("sort3", (), "rloo", 2, 1), ("sort3", (), "dr_grpo", 2, 3)]])
+    # a learning rate 4-6x the default: the policy turns deterministic before it solves the task
+    runs += _learning_rates("lr_too_high", 300, [("sort4", "grpo", 0.002, 1), ("sort4", "grpo", 0.003, 2),
+                                     ("sort4", "rloo", 0.002, 2), ("sort4", "rloo", 0.003, 1),
+                                     ("sort4", "dr_grpo", 0.002, 1), ("sort4", "grpo", 0.002, 3),
+                                     ("arith", "grpo", 0.003, 1), ("arith", "rloo", 0.002, 2)])
+    # stale rollouts with no correction
+    runs += _runs("stale_rollouts", [
+        (task, algo, f"stale{k}", seed, (f"rollout.staleness={k}", *_steps(200)))
+        for task, algo, k, seed in [("sort4", "grpo", 4, 1), ("sort4", "rloo", 8, 2), ("sort4", "grpo", 8, 2),
+                                    ("arith", "grpo", 4, 2), ("arith", "rloo", 4, 1), ("sort3", "grpo", 8, 1),
+                                    ("sort4", "dr_grpo", 4, 3), ("arith", "dr_grpo", 8, 1)]])
+    # a critic that barely learns
+    runs += _runs("critic_slow", [
+        (task, "ppo", f"clr{lr}", seed, (f"trainer.critic_lr={lr}", *_steps(200)))
+        for task, lr, seed in [("sort4", 1e-6, 1), ("sort4", 1e-7, 2), ("sort4", 1e-6, 2), ("arith", 1e-6, 1),
+                               ("arith", 1e-7, 2), ("sort3", 1e-6, 1), ("sort3", 1e-7, 2), ("sort4", 1e-7, 3)]])
+    # a warm-up longer than the run
+    runs += _runs("warmup_too_long", [
+        (task, algo, f"wu{factor}x", seed, (f"trainer.warmup_steps={150 * factor}", *_steps(150)))
+        for task, algo, factor, seed in [("sort4", "grpo", 2, 1), ("sort4", "rloo", 5, 2), ("arith", "grpo", 5, 1),
+                                         ("arith", "rloo", 2, 2), ("sort3", "grpo", 2, 2), ("sort3", "dr_grpo", 5, 1),
+                                         ("sort4", "dr_grpo", 2, 3), ("arith", "dr_grpo", 2, 3)]])
+    # an adaptive KL controller whose target is too tight
+    runs += _runs("kl_target_tight", [
+        (task, "grpo", f"target{target}", seed,
+         ("kl.apply=reward", f"kl.controller={{name: adaptive, target: {target}, horizon: 100}}", *_steps(300)))
+        for task, target, seed in [("sort4", 1.0, 1), ("sort4", 2.0, 2), ("sort4", 1.0, 2), ("sort4", 2.0, 3),
+                                   ("arith", 2.0, 1), ("arith", 1.0, 2)]])
+    # healthy: each preset's own settings on three tasks and several seeds
+    presets = ("grpo", "dr_grpo", "rloo", "reinforce_pp", "gspo", "cispo", "dapo", "ppo", "remax")
+    runs += _runs("healthy", [(task, algo, "preset", seed, _steps(150))
+                              for algo in presets for task in ("sort4", "arith") for seed in (1, 2)])
+    runs += _runs("healthy", [("sort3", algo, "preset", 1, _steps(150))
+                              for algo in ("grpo", "rloo", "dr_grpo", "reinforce_pp")])
+    runs += _runs("healthy", [("sort4", algo, "long", 3, _steps(300))
+                              for algo in ("grpo", "dr_grpo", "reinforce_pp", "ppo")])
+    names = [run.name for run in runs]
+    assert len(set(names)) == len(names), "run names must be unique"
+    return runs
+
+
+def _number(fix: str) -> float | None:
+    """The number a ``key=value`` fix sets, or ``None``."""
+    try:
+        return float(fix.split("=", 1)[1])
+    except (IndexError, ValueError):
+        return None
+
+
+def _lower(key: str) -> Callable[[Run, str], bool]:
+    """A fix that sets ``key`` below the run's value."""
+    return lambda run, fix: (fix.startswith(f"{key}=") and _number(fix) is not None
+                             and _number(fix) < float(run.setting(key) or 0))
+
+
+def _budget_fix(run: Run, fix: str) -> bool:
+    task = next((t for t in ANSWER_TOKENS if f"-{t}-" in run.name), None)
+    value = _number(fix) if fix.startswith("rollout.max_new_tokens=") else None
+    return value is not None and task is not None and value >= ANSWER_TOKENS[task]
+
+
+def _sampling_fix(run: Run, fix: str) -> bool:
+    key = "rollout.temperature" if run.setting("rollout.temperature") else "rollout.top_p"
+    value = _number(fix) if fix.startswith(f"{key}=") else None
+    return value is not None and value >= 0.5
+
+
+@dataclass(frozen=True)
+class Family:
+    """What names a family's runs right: the findings that name its cause (the first finding
+    must be one of them) and whether that finding's first fix turns the broken knob the right way."""
+
+    codes: tuple[str, ...]
+    fix: Callable[[Run, str], bool]
+    broken: str
+
+
+FAMILIES: dict[str, Family] = {
+    "constant_reward": Family(("constant_reward",), lambda run, fix: fix.startswith("reward="),
+                              "a reward that scores every completion alike (`reward=format`; exact match of "
+                              "answers a random policy never writes)"),
+    "lr_far_too_high": Family(("step_too_big",), _lower("trainer.lr"), "`trainer.lr` 0.05-0.1 (100-200x)"),
+    "kl_coef_pins": Family(("kl_pins_policy",), _lower("kl.coef"), "`kl.coef` 3-30"),
+    "no_variety": Family(("no_variety",), _sampling_fix, "`rollout.temperature` 0.02-0.05 or `rollout.top_p` "
+                                                         "0.02-0.05"),
+    "budget": Family(("truncation",), _budget_fix, "`rollout.max_new_tokens` below the answers' length"),
+    "lr_too_high": Family(("entropy_collapse", "step_too_big"), _lower("trainer.lr"),
+                          "`trainer.lr` 0.002-0.003 (4-6x), 300 steps"),
+    "stale_rollouts": Family(("rollout_mismatch",),
+                             lambda run, fix: fix.startswith("rollout_correction=") or fix == "rollout.staleness=0",
+                             "`rollout.staleness` 4-8, no correction"),
+    "critic_slow": Family(("critic_lagging",),
+                          lambda run, fix: fix.startswith("trainer.critic_lr=") and
+                          (_number(fix) or 0) > float(run.setting("trainer.critic_lr") or 0),
+                          "PPO's `trainer.critic_lr` 1e-6-1e-7"),
+    "warmup_too_long": Family(("warmup_unfinished",), _lower("trainer.warmup_steps"),
+                              "`trainer.warmup_steps` 2-5x the run"),
+    "kl_target_tight": Family(("kl_pinned",),
+                              lambda run, fix: fix == "kl.controller=fixed" or (
+                                  fix.startswith("kl.controller.target=") and (_number(fix) or 0) > float(
+                                      re.search(r"target: ([\d.]+)", " ".join(run.overrides)).group(1))),
+                              "an adaptive KL controller's target 1-2 nats a sequence, horizon 100"),
+}
+"""Every sick family: the findings that name its cause, the check of the first fix, and what
+it breaks."""
+
+
+def half(run: Run, runs: list[Run]) -> str:
+    """``tuning`` or ``held-out``: within the run's family, the runs ordered by a keyed hash of
+    their names (:data:`SPLIT_SEED`) alternate between the halves, tuning first."""
+    def key(r: Run) -> str:
+        return hashlib.blake2b(f"{SPLIT_SEED}/{r.name}".encode(), digest_size=8).hexdigest()
+
+    family = sorted((r for r in runs if r.family == run.family), key=key)
+    return "tuning" if family.index(run) % 2 == 0 else "held-out"
+
+
+def split_text(runs: list[Run]) -> str:
+    """The split as committed: one line per run, ``half family name overrides``."""
+    lines = [f"# python benchmarks/doctor_recall.py split  (key {SPLIT_SEED!r}; {len(runs)} runs)"]
+    lines += [f"{half(run, runs):8s} {run.family:16s} {run.name} {' '.join(run.overrides)}" for run in runs]
+    return "\n".join(lines) + "\n"
+
+
+def train(run: Run, out: Path) -> str:
+    """Train ``run`` into ``out/<name>`` (skipped when it completed before); returns a line."""
+    run_dir = out / run.name
+    if '"completed"' in _status(run_dir):
+        return f"{run.name}: done before"
+    command = [sys.executable, "-m", "rlzoo", "train", *run.overrides, *COMMON, f"run_dir={run_dir}", "--overwrite"]
+    with open(out / f"{run.name}.log", "w") as log:
+        code = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT).returncode
+    return f"{run.name}: exit {code}"
+
+
+def _status(run_dir: Path) -> str:
+    path = run_dir / "status.json"
+    return path.read_text() if path.is_file() else ""
+
+
+def evaluate(out: Path, which: str, markdown: bool) -> None:
+    """Doctor on every run of the half ``which`` (``tuning``, ``held-out`` or ``all``): recall per
+    family and false alarms, then one line per run that missed."""
+    from rlzoo.commands.doctor import examine
+
+    runs = build()
+    chosen = [run for run in runs if which == "all" or half(run, runs) == which]
+    done = [run for run in chosen if '"completed"' in _status(out / run.name)]
+    if len(done) < len(chosen):
+        print(f"({len(chosen) - len(done)} of the {len(chosen)} runs have not completed: left out)")
+    rows: dict[str, list[int]] = {}
+    misses = []
+    for run in done:
+        (result,) = examine([out / run.name])
+        warnings = [f for f in result.findings if f.level == "warning"]
+        first = result.findings[0] if result.findings else None
+        if run.family == "healthy":
+            ok = not warnings
+            shown = ", ".join(f.code for f in warnings)
+        else:
+            family = FAMILIES[run.family]
+            ok = first is not None and first.code in family.codes and bool(first.fixes) and \
+                family.fix(run, first.fixes[0][0])
+            shown = f"{first.code}: {first.fixes[0][0] if first.fixes else 'no fix'}" if first else "no findings"
+        rows.setdefault(run.family, []).append(ok)
+        if not ok:
+            misses.append(f"{run.name}: {shown}")
+    sick = [ok for family, oks in rows.items() if family != "healthy" for ok in oks]
+    healthy = rows.get("healthy", [])
+    if markdown:
+        print(f"| family (what is broken) | runs ({which}) | named with the right cause first |\n|---|---|---|")
+        for name, family in FAMILIES.items():
+            oks = rows.get(name, [])
+            print(f"| `{name}`: {family.broken} | {len(oks)} | {sum(oks)} ({sum(oks) / max(1, len(oks)):.0%}) |")
+        print(f"| **all sick runs** | {len(sick)} | **{sum(sick)} ({sum(sick) / max(1, len(sick)):.0%})** |")
+        alarms = len(healthy) - sum(healthy)
+        print(f"| healthy runs with a warning-level finding | {len(healthy)} | **{alarms} "
+              f"({alarms / max(1, len(healthy)):.0%})** false alarms |")
+    else:
+        for name, oks in rows.items():
+            print(f"{name:16s} {sum(oks)}/{len(oks)}")
+        print(f"recall {sum(sick)}/{len(sick)} = {sum(sick) / max(1, len(sick)):.1%}; false alarms "
+              f"{len(healthy) - sum(healthy)}/{len(healthy)}")
+    for line in misses:
+        print(f"missed: {line}" if markdown is False else f"<!-- missed: {line} -->")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("split", help="print the split (one line per run)")
+    run = sub.add_parser("run", help="train the runs (skips completed ones)")
+    run.add_argument("out", type=Path)
+    run.add_argument("--jobs", type=int, default=2)
+    run.add_argument("--only", help="a regular expression the run names must match")
+    run.add_argument("--half", choices=("tuning", "held-out", "all"), default="all",
+                     help="these runs only (all: the tuning half first)")
+    ev = sub.add_parser("evaluate", help="doctor's recall and false alarms on a half")
+    ev.add_argument("out", type=Path)
+    ev.add_argument("--half", choices=("tuning", "held-out", "all"), default="tuning")
+    ev.add_argument("--markdown", action="store_true")
+    args = parser.parse_args()
+    runs = build()
+    if args.command == "split":
+        sys.stdout.write(split_text(runs))
+    elif args.command == "run":
+        args.out.mkdir(parents=True, exist_ok=True)
+        chosen = [r for r in runs if (not args.only or re.search(args.only, r.name))
+                  and args.half in ("all", half(r, runs))]
+        chosen.sort(key=lambda r: half(r, runs) != "tuning")
+        with ThreadPoolExecutor(max_workers=max(1, min(args.jobs, 2))) as pool:
+            for line in pool.map(lambda r: train(r, args.out), chosen):
+                print(line, flush=True)
+    else:
+        evaluate(args.out, args.half, args.markdown)
+
+
+if __name__ == "__main__":
+    main()
