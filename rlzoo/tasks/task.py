@@ -193,6 +193,15 @@ def check_references(task: Task, task_name: str, use: str | None) -> list[str]:
     return []
 
 
+def probe_examples(task: Task, holdout: Holdout) -> list[Example]:
+    """The examples a check looks at: every example of a task that lists them (a file), else
+    16 of its evaluation set plus :data:`PROBE_DRAWS` draws (a fixed, throw-away RNG)."""
+    examples = task.examples()
+    if examples is None:
+        examples = task.eval_set(16, holdout) + task.sample(PROBE_DRAWS, random.Random("rlzoo-probe"))
+    return examples
+
+
 def check_encodable(task: Task, task_name: str, tokenizer: Any, holdout: Holdout) -> list[str]:
     """Check that the tokenizer can encode the task's prompts and answers.
 
@@ -205,9 +214,7 @@ def check_encodable(task: Task, task_name: str, tokenizer: Any, holdout: Holdout
     :raises ConfigError: an answer is not encodable (naming the count, an example and the
         characters).
     """
-    examples = task.examples()
-    if examples is None:
-        examples = task.eval_set(16, holdout) + task.sample(PROBE_DRAWS, random.Random("rlzoo-probe"))
+    examples = probe_examples(task, holdout)
     bad_answers = _unencodable([task.answer_text(e) for e in examples], tokenizer)
     bad_prompts = _unencodable([e.prompt for e in examples], tokenizer)
     where = f"task {task_name!r}"
