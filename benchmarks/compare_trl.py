@@ -29,9 +29,9 @@ alike. Settings (issue 6):
 - ragged: the same model on a task where its own answers vary in length (issue 46):
   reasoning-gym's ``gsm_symbolic`` word problems, rendered as the smollm2 setting renders
   its prompts (90-180 tokens); 4 prompts x 8 completions of up to 256 new tokens (its replies
-  run from 2 tokens to the budget), KL 0.04, micro-batches of 8 sequences in both systems
-  (TRL: ``per_device_train_batch_size=8``, 4 gradient-accumulation steps, one generation
-  of 32 completions per optimizer step: the same work as rlzoo's 4 micro-batches). The
+  run from 2 tokens to the budget), KL 0.04, micro-batches of 4 sequences in both systems
+  (TRL: ``per_device_train_batch_size=4``, 8 gradient-accumulation steps, one generation
+  of 32 completions per optimizer step: the same work as rlzoo's 8 micro-batches). The
   run prints the spread of the completion lengths, and per system the share of the token
   positions its reference pass and update compute that are padding: rlzoo packs without
   padding (``trainer.padding_free``, issue 46), TRL's ``GRPOTrainer`` (1.16) has no
@@ -98,9 +98,10 @@ SETTINGS = {
     # micro-batches of 8 sequences bound the activations of 30 layers kept for backward
     "smollm2": dict(model="smollm2", prompts=4, n=8, new_tokens=24, kls=[0.04], micro_batch=8, lr=1e-5,
                     systems=["rlzoo", "rlzoo-bf16", "trl", "trl-bf16"]),
-    # answers of 2 to 256 tokens: padding is most of what a padded pass computes
-    "ragged": dict(model="smollm2", data="ragged", prompts=4, n=8, new_tokens=256, kls=[0.04], micro_batch=8,
-                   trl_micro_batch=8, lr=1e-5, systems=["rlzoo", "trl"]),
+    # answers of 2 to 256 tokens: padding is most of what a padded pass computes; micro-batches of 4
+    # sequences in both systems keep each worker under 8 GB (TRL's padded ones reach ~7 GB)
+    "ragged": dict(model="smollm2", data="ragged", prompts=4, n=8, new_tokens=256, kls=[0.04], micro_batch=4,
+                   trl_micro_batch=4, lr=1e-5, systems=["rlzoo", "trl"]),
     # SmolLM2-135M's shape built from config (random weights, 49,152 dummy words): benchmarks/gpu_bench.py's
     "smollm2-shape": dict(arch="llama", hidden=576, layers=30, heads=9, kv_heads=3, intermediate=1536,
                           vocab=49_152, prompts=8, n=8, new_tokens=128, kls=[0.04], micro_batch=64, lr=1e-5),

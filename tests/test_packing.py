@@ -24,7 +24,7 @@ from rlzoo.diagnostics.preflight import activation_bytes, micro_batch
 from rlzoo.diagnostics.roofline import ModelShapes
 from rlzoo.models import build as build_module
 from rlzoo.models import packing
-from rlzoo.models.build import ValueModel
+from rlzoo.models.build import ValueModel, build_tiny_model
 from rlzoo.models.decode import generate
 from rlzoo.models.dropout import disable_dropout
 from rlzoo.models.head import fast_paths, set_fast_paths
@@ -35,6 +35,7 @@ from rlzoo.learn.micro_batches import computed_tokens, token_micro_batches
 from rlzoo.models.packing import PADDED, ROWS, SEGMENTS, pack, row_plan, sequence_inputs, token_mixers
 from rlzoo.plan.planner import load_config
 from rlzoo.plan.records import LoraPlan
+from rlzoo.plan.settings import TinyModel
 from rlzoo.plan.run_input import load_run
 from rlzoo.run.trainer import Trainer
 from test_architectures import ARCHITECTURES, COMMON, HEAD_VARIANTS, TOKENIZER, batch, tiny_model
@@ -102,6 +103,21 @@ def test_a_batch_without_padding_keeps_the_padded_layout() -> None:
     assert inputs.layout is None and inputs.attention_mask is not None
     packed = sequence_inputs(*PROMPTS, *RESPONSES, SEGMENTS)
     assert packed.layout is not None and packed.attention_mask is None and packed.computed == 8
+
+
+def test_packing_pays_from_a_share_of_padding_set_by_the_models_cost_per_token() -> None:
+    """The embedded default (2 layers of width 64, 4 heads, 2 key-value heads, MLP 256):
+    2 x 2 x (2·64·64 + 2·64·32 + 3·64·256) = 245,760 FLOPs a token, so 5e4 / 245,760 of the
+    padded positions must go; Qwen2's biases are not matrices, the embedding is left out."""
+    model = build_tiny_model(TinyModel("qwen2", 64, 256, 2, 4, 2, 512), TOKENIZER)
+    assert packing.token_flops(model) == 245_760
+    assert packing.pack_min_share(model) == pytest.approx(5e4 / 245_760)
+    # 2 sequences: prompts 3 and 1 tokens, responses 2 and 1: 7 real of 2 x (3 + 2) = 10 padded
+    prompt_ids, prompt_mask = torch.tensor([[1, 2, 3], [0, 0, 4]]), torch.tensor([[1, 1, 1], [0, 0, 1]])
+    response_ids, response_mask = torch.tensor([[5, 6], [7, 0]]), torch.tensor([[1.0, 1.0], [1.0, 0.0]])
+    inputs = (prompt_ids, prompt_mask, response_ids, response_mask, SEGMENTS)
+    assert sequence_inputs(*inputs, 0.3).layout is not None and sequence_inputs(*inputs, 0.31).layout is None
+    assert computed_tokens([3, 1], [2, 1], SEGMENTS, 0.3) == 7 and computed_tokens([3, 1], [2, 1], SEGMENTS, 0.31) == 10
 
 
 def test_trimmed_drops_the_padding_columns_no_row_uses() -> None:
@@ -189,7 +205,7 @@ def ragged_batch(model: torch.nn.Module, sampled: bool) -> tuple[torch.Tensor, .
 
 def forward_with(model: torch.nn.Module, layout: str, inputs: tuple[torch.Tensor, ...]) -> dict[str, torch.Tensor]:
     """Log-probs, entropies, logits and the gradient of a loss through them, under ``layout``."""
-    set_fast_paths(model, dataclasses.replace(fast_paths(model), packing=layout))
+    set_fast_paths(model, dataclasses.replace(fast_paths(model), packing=layout, pack_min_share=0.0))
     model.zero_grad(set_to_none=True)
     out = response_forward(model, *inputs, with_entropy=True, with_logits=True, temperature=0.7)
     mask = inputs[3]
@@ -229,7 +245,7 @@ def test_packed_values_equal_padded_values(arch: str) -> None:
     inputs = ragged_batch(policy, sampled=False)
     values = {}
     for layout in (PADDED, LAYOUTS[arch]):
-        set_fast_paths(policy, dataclasses.replace(fast_paths(policy), packing=layout))
+        set_fast_paths(policy, dataclasses.replace(fast_paths(policy), packing=layout, pack_min_share=0.0))
         found = model_inputs(critic, *inputs, paths_of=policy)
         assert (found.layout is None) == (layout == PADDED)
         with torch.no_grad():
@@ -255,7 +271,8 @@ def test_packed_equals_padded_with_lora_and_with_its_adapters_off(arch: str) -> 
     assert relative(packed["logp"], padded["logp"]) <= EXACT and relative(packed["entropy"], padded["entropy"]) <= EXACT
     assert float((packed["grad"] - padded["grad"]).abs().max() / padded["grad"].abs().max()) <= EXACT
     with model.disable_adapter(), torch.no_grad():
-        base = {layout: (set_fast_paths(model, dataclasses.replace(fast_paths(model), packing=layout)),
+        base = {layout: (set_fast_paths(model, dataclasses.replace(fast_paths(model), packing=layout,
+                                                                   pack_min_share=0.0)),
                          response_forward(model, *inputs).logp)[1] for layout in (PADDED, LAYOUTS[arch])}
     assert relative(base[LAYOUTS[arch]], base[PADDED]) <= EXACT and relative(base[PADDED], padded["logp"]) > 1e-3
 
@@ -273,6 +290,7 @@ def test_a_window_shorter_than_a_sequence_attends_through_its_block_of_the_mask(
     for arch in ("llama", "mistral"):
         model = tiny_model(arch)
         check_model(model, CPU)
+        set_fast_paths(model, dataclasses.replace(fast_paths(model), pack_min_share=0.0))
         monkeypatch.setitem(type(ALL_ATTENTION_FUNCTIONS)._global_mapping, "sdpa", spy)
         with torch.no_grad():
             response_forward(model, *ragged_batch(model, sampled=False))
@@ -280,6 +298,34 @@ def test_a_window_shorter_than_a_sequence_attends_through_its_block_of_the_mask(
     assert all(mask is None for mask in masks["LlamaAttention"])
     found = masks["MistralAttention"]
     assert found and all(mask is not None and mask.shape[0] == 9 for mask in found)
+
+
+def test_attention_groups_by_hand() -> None:
+    """Lengths 100, 2, 3, 90 at 1000 FLOPs a pair and 2 MFLOPs a call: one call costs
+    4·100²·1000 + 2e6 = 42e6; {100, 90} + {3, 2} cost 2·100²·1000 + 2·3²·1000 + 2·2e6 = 24.02e6;
+    three calls 24.12e6."""
+    packing.attention_groups.cache_clear()
+    assert packing.attention_groups((100, 2, 3, 90), 1000.0) == ((0, 3), (1, 2))
+    assert packing.attention_groups((5, 5, 5), 1000.0) == ((0, 1, 2),)
+
+
+def test_packed_rows_attend_in_several_calls_exactly(monkeypatch) -> None:
+    """Without a cost per call every sequence attends in a call of its own; the outputs go
+    back to their places in the row."""
+    monkeypatch.setattr(packing, "ATTENTION_CALL_FLOPS", 0.0)
+    packing.attention_groups.cache_clear()
+    for arch in ("llama", "mistral"):
+        model = tiny_model(arch)
+        assert check_model(model, CPU).paths.packing == SEGMENTS
+        inputs = ragged_batch(model, sampled=False)
+        padded, packed = forward_with(model, PADDED, inputs), forward_with(model, SEGMENTS, inputs)
+        for key in ("logp", "entropy"):
+            assert relative(packed[key], padded[key]) <= EXACT, (arch, key)
+        assert float((packed["grad"] - padded["grad"]).abs().max() / padded["grad"].abs().max()) <= EXACT
+    lengths = (17, 4, 10, 10, 3, 11, 6, 12, 9)
+    groups = packing.attention_groups(lengths, 256.0)
+    assert len(groups) == 8 and all(len({lengths[i] for i in group}) == 1 for group in groups)  # no padding
+    packing.attention_groups.cache_clear()
 
 
 def test_token_mixers_name_what_mixes_tokens_outside_attention() -> None:
@@ -310,7 +356,7 @@ def test_every_loss_term_and_the_update_equal_the_padded_paths(tmp_path: Path, m
     """PPO with a critic, KL in the loss and an entropy bonus, 2 epochs x 2 mini-batches:
     the passes' outputs, every logged loss term and metric, and the weights after the update
     (every micro-batch packed: this batch's padding is below the share that packs by default)."""
-    monkeypatch.setattr(packing, "PACK_MIN_SHARE", 0.0)
+    monkeypatch.setattr(packing, "PACK_OVERHEAD_FLOPS", 0.0)
     packed, padded = _trainer(tmp_path, "packed"), _trainer(tmp_path, "padded", "trainer.padding_free=false")
     assert fast_paths(packed.models.policy).packing == SEGMENTS
     assert fast_paths(padded.models.policy).packing == PADDED
@@ -340,7 +386,7 @@ def test_a_token_budget_gives_the_gradient_of_the_fixed_split(tmp_path: Path, lo
     most 40 token positions (other groups, other sizes): every aggregation divides by the
     mini-batch's counts, so the accumulated gradients agree (lr 0: the weights stay put and
     the last mini-batch's gradient is left on them). Packed: every micro-batch packed."""
-    monkeypatch.setattr(packing, "PACK_MIN_SHARE", 0.0)
+    monkeypatch.setattr(packing, "PACK_OVERHEAD_FLOPS", 0.0)
     common = [f"loss_agg={loss_agg}", "trainer.lr=0", "trainer.critic_lr=0", f"trainer.padding_free={padding_free}"]
     fixed = _trainer(tmp_path, "fixed", *common, "trainer.micro_batch_size=4")
     budget = _trainer(tmp_path, "budget", *common, "trainer.micro_batch_tokens=40")
@@ -359,7 +405,7 @@ def test_a_token_budget_gives_the_gradient_of_the_fixed_split(tmp_path: Path, lo
 
 
 def test_passes_with_a_token_budget_put_every_row_back_in_place(tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setattr(packing, "PACK_MIN_SHARE", 0.0)
+    monkeypatch.setattr(packing, "PACK_OVERHEAD_FLOPS", 0.0)
     fixed = _trainer(tmp_path, "fixed")
     budget = _trainer(tmp_path, "budget", "trainer.micro_batch_tokens=30")
     rollout = fixed._produce()

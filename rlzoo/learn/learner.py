@@ -180,13 +180,6 @@ class Learner:
 
     # ---------------------------------------------------------------- passes and advantages
 
-    @property
-    def packing(self) -> str:
-        """How the passes lay out a micro-batch (:mod:`rlzoo.models.packing`): the policy's
-        checked decision (:attr:`rlzoo.models.head.FastPaths.packing`), which its reference
-        shares and its critic (the same architecture) follows."""
-        return fast_paths(self.models.policy).packing
-
     def _micro_batches(self, batch: RolloutBatch) -> list[tuple[torch.Tensor, RolloutBatch]]:
         """``(rows, micro-batch)`` pairs covering ``batch``: ``micro_batch_size`` consecutive
         rows, or with ``micro_batch_tokens`` the groups of
@@ -197,9 +190,11 @@ class Learner:
             return [(rows, batch.select(rows)) for rows in torch.arange(len(batch)).split(update.micro_batch_size)]
         prompts = batch.prompt_mask.sum(-1).long().tolist()
         responses = batch.response_mask.sum(-1).long().tolist()
-        groups = token_micro_batches(prompts, responses, update.micro_batch_tokens, self.packing)
+        paths = fast_paths(self.models.policy)
+        groups = token_micro_batches(prompts, responses, update.micro_batch_tokens, paths.packing, paths.pack_min_share)
         for group in groups:
-            size = computed_tokens([prompts[i] for i in group], [responses[i] for i in group], self.packing)
+            size = computed_tokens([prompts[i] for i in group], [responses[i] for i in group], paths.packing,
+                                   paths.pack_min_share)
             if size > update.micro_batch_tokens and not self._over_budget_said:
                 self._over_budget_said = True
                 say(f"rlzoo: warning: a sequence of {size} tokens is longer than trainer.micro_batch_tokens="

@@ -13,20 +13,25 @@ from rlzoo.core.errors import ConfigError
 from rlzoo.models.packing import PADDED, SEGMENTS, balanced_rows, packed_width
 
 
-def computed_tokens(prompt_lengths: list[int], response_lengths: list[int], packing: str) -> int:
-    """Token positions one forward over these sequences computes in the layout ``packing``:
-    the sequences' own tokens (:data:`SEGMENTS`), ``R · W`` (:data:`ROWS`), or padded to the
-    micro-batch's own longest prompt and response, ``B · (max prompt + max response)``."""
+def computed_tokens(prompt_lengths: list[int], response_lengths: list[int], packing: str,
+                    min_share: float = 0.0) -> int:
+    """Token positions one forward over these sequences computes, as
+    :func:`rlzoo.models.packing.sequence_inputs` lays out a micro-batch trimmed to them: padded
+    to their longest prompt and response, ``B · (max prompt + max response)``, unless the
+    layout ``packing`` removes at least ``min_share`` of that (and some), then the sequences'
+    own tokens (:data:`SEGMENTS`) or ``R · W`` (:data:`ROWS`)."""
     if not prompt_lengths:
         return 0
+    padded = len(prompt_lengths) * (max(prompt_lengths) + max(response_lengths))
     if packing == PADDED:
-        return len(prompt_lengths) * (max(prompt_lengths) + max(response_lengths))
+        return padded
     rows, width = packed_width([p + r for p, r in zip(prompt_lengths, response_lengths)], packing == SEGMENTS)
-    return rows * width
+    packed = rows * width
+    return packed if packed <= (1 - min_share) * padded and packed < padded else padded
 
 
 def token_micro_batches(prompt_lengths: list[int], response_lengths: list[int], budget: int,
-                        packing: str) -> list[list[int]]:
+                        packing: str, min_share: float = 0.0) -> list[list[int]]:
     """Split sequences into micro-batches whose forward computes at most ``budget`` token
     positions each (:func:`computed_tokens`); each micro-batch lists its sequences in index
     order, the micro-batches ordered by their first sequence.
@@ -44,7 +49,8 @@ def token_micro_batches(prompt_lengths: list[int], response_lengths: list[int], 
     lengths = [p + r for p, r in zip(prompt_lengths, response_lengths)]
 
     def cost(group: list[int]) -> int:
-        return computed_tokens([prompt_lengths[i] for i in group], [response_lengths[i] for i in group], packing)
+        return computed_tokens([prompt_lengths[i] for i in group], [response_lengths[i] for i in group], packing,
+                               min_share)
 
     if packing != PADDED:
         groups = -(-sum(lengths) // budget)

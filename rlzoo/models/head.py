@@ -95,6 +95,9 @@ class FastPaths:
         (:mod:`rlzoo.models.packing`): ``padded``, or packed without padding (``segments``:
         one row; ``rows``: a few balanced rows) where the check found that exact on this
         model. ``padded`` on a model that was not checked.
+    :ivar pack_min_share: a micro-batch is packed only when that removes at least this share
+        of its padded positions (:func:`rlzoo.models.packing.pack_min_share`: packing's own
+        cost against the model's per-token cost).
     :ivar reason: why a fast path was left, in words (empty when none was).
     """
 
@@ -102,6 +105,7 @@ class FastPaths:
     model_logits: bool = False
     cache: str = "preallocated"
     packing: str = PADDED
+    pack_min_share: float = 0.0
     reason: str = ""
 
     def with_fallback(self, reason: str, **changes: Any) -> "FastPaths":

@@ -225,14 +225,16 @@ def model_inputs(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: 
                  response_ids: torch.Tensor, response_mask: torch.Tensor, paths_of: torch.nn.Module | None = None
                  ) -> SequenceInputs:
     """The decoder inputs of prompt + response for ``model``, in the layout its checked fast
-    paths name (``FastPaths.packing``; those of ``paths_of`` when given: a critic follows its
-    policy). The :data:`rlzoo.models.packing.SEGMENTS` layout sets ``model``'s attention to
+    paths name (``FastPaths.packing``, packed only where that removes ``pack_min_share`` of the
+    padded positions; the paths of ``paths_of`` when given: a critic follows its policy). The
+    :data:`rlzoo.models.packing.SEGMENTS` layout sets ``model``'s attention to
     :func:`rlzoo.models.packing.segment_attention` first (once; a copy made before the check,
     the reference, gets it here)."""
-    packing = fast_paths(paths_of if paths_of is not None else model).packing
-    if packing == SEGMENTS:
+    paths = fast_paths(paths_of if paths_of is not None else model)
+    if paths.packing == SEGMENTS:
         use_segment_attention(model)
-    return sequence_inputs(prompt_ids, prompt_mask, response_ids, response_mask, packing)
+    return sequence_inputs(prompt_ids, prompt_mask, response_ids, response_mask, paths.packing,
+                           paths.pack_min_share)
 
 
 def response_forward(model: PreTrainedModel, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,

@@ -43,7 +43,7 @@ from rlzoo.core.errors import ConfigError, say
 from rlzoo.models.head import CACHE_MODES, FastPaths, default_paths, set_fast_paths
 from rlzoo.models.logprobs import response_forward
 from rlzoo.models.decode import generate
-from rlzoo.models.packing import PADDED, ROWS, SEGMENTS, passes_boundaries, token_mixers
+from rlzoo.models.packing import PADDED, ROWS, SEGMENTS, pack_min_share, passes_boundaries, token_mixers
 from rlzoo.core.tokens import left_pad
 
 TOLERANCE = 1e-4
@@ -322,7 +322,7 @@ def _check_packing(probe: PreTrainedModel, paths: FastPaths, device: torch.devic
         layout = SEGMENTS if passes_boundaries(probe) else ROWS
         error, found = _measure(probe, replace(paths, packing=layout), device, which, packed=True)
         if error <= TOLERANCE:
-            return replace(paths, packing=layout), error
+            return replace(paths, packing=layout, pack_min_share=pack_min_share(probe)), error
         why = (f"packed sequences differ from each sequence alone ({found}; its attention mask does not follow "
                "the position ids?)")
     if required:

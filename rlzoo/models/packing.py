@@ -35,6 +35,7 @@ records which layout a model runs, if any.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -202,9 +203,10 @@ class _Sequences:
     valid: torch.Tensor
 
     @classmethod
-    def of(cls, boundaries: list[int], device: torch.device) -> "_Sequences":
-        starts = torch.tensor(boundaries[:-1], device=device)
-        lengths = torch.tensor(boundaries[1:], device=device) - starts
+    def of(cls, starts: list[int], lengths: list[int], device: torch.device) -> "_Sequences":
+        """Sequences starting at ``starts`` in the row, of ``lengths`` tokens."""
+        lengths = torch.tensor(lengths, device=device)
+        starts = torch.tensor(starts, device=device)
         column = torch.arange(int(lengths.max()), device=device)
         valid = column[None, :] < lengths[:, None]
         index = starts[:, None] + torch.minimum(column[None, :], lengths[:, None] - 1)
@@ -226,6 +228,35 @@ class _Sequences:
         return (blocks | (eye & ~self.valid[:, :, None]))[:, None]
 
 
+ATTENTION_CALL_FLOPS = 2e6
+"""What one more ``sdpa`` call costs beside its arithmetic (gathering its sequences, the call,
+Python), in attention FLOPs: about 0.2 ms at the 10 GFLOP/s this project's CPU computes
+attention at (a sixth of its matmul rate). A performance knob of :func:`attention_groups`;
+the numbers are the same whichever groups it makes."""
+
+
+@functools.lru_cache(maxsize=64)
+def attention_groups(lengths: tuple[int, ...], pair_flops: float) -> tuple[tuple[int, ...], ...]:
+    """The sequences (indices into ``lengths``) each attention call of a packed row takes:
+    sorted by length, consecutive runs chosen (dynamic programming) to minimise the attention's
+    cost, ``Σ_calls n · L² · pair_flops`` (``n`` sequences right-padded to the run's longest,
+    ``L``) plus :data:`ATTENTION_CALL_FLOPS` per call. Short sequences share a call with
+    longer ones only where the padding costs less than another call."""
+    order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    best = [0.0] + [float("inf")] * len(order)       # best[j]: the cost of the first j sequences
+    cut = [0] * (len(order) + 1)
+    for end in range(1, len(order) + 1):
+        for start in range(end):
+            cost = best[start] + (end - start) * lengths[order[start]] ** 2 * pair_flops + ATTENTION_CALL_FLOPS
+            if cost < best[end]:
+                best[end], cut[end] = cost, start
+    groups, end = [], len(order)
+    while end:
+        groups.append(tuple(sorted(order[cut[end]:end])))
+        end = cut[end]
+    return tuple(reversed(groups))
+
+
 def _causal_blocks(mask: torch.Tensor, sequences: _Sequences) -> bool:
     """Whether each sequence's diagonal block of a ``(1, 1, N, N)`` boolean mask is exactly
     causal (no window or chunk cuts the sequence): then every sequence attends with
@@ -239,15 +270,15 @@ def _causal_blocks(mask: torch.Tensor, sequences: _Sequences) -> bool:
 
 def segment_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                       attention_mask: torch.Tensor | None, **kwargs: Any) -> tuple[torch.Tensor, None]:
-    """transformers' ``sdpa`` attention, run on the packed row's sequences as a right-padded
-    batch when the call carries their boundaries (``cu_seq_lens_q``: :data:`SEGMENTS`), else
+    """transformers' ``sdpa`` attention, run on the packed row's sequences as right-padded
+    batches when the call carries their boundaries (``cu_seq_lens_q``: :data:`SEGMENTS`), else
     exactly ``sdpa``. Each sequence attends to itself only, as in the block-diagonal mask
     transformers built for the row: with ``sdpa``'s causal kernel and no mask where that
     mask is causal within each sequence (:func:`_causal_blocks`), else with its diagonal
     blocks (a sliding window shorter than a sequence). Only the diagonal blocks are read:
     a sequence never attends outside itself here, whatever the rest of the mask says. The
-    linear layers see no padding; the attention pays for ``S × L²`` pairs (``L`` the longest
-    sequence), as a padded batch's would, not for ``N²``.
+    linear layers see no padding; the attention pays for each call's sequences padded to its
+    longest (:func:`attention_groups`: sequences of like lengths together), not for ``N²``.
 
     :param query: ``(1, heads, N, head_dim)``; ``key``, ``value`` ``(1, kv_heads, N, head_dim)``.
     :return: ``(1, N, heads, head_dim)`` and no weights, as ``sdpa_attention_forward``.
@@ -258,12 +289,20 @@ def segment_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.T
             (attention_mask is not None and attention_mask.dtype != torch.bool):
         return sdpa(module, query, key, value, attention_mask, **kwargs)
     boundaries = [int(b) for b in cumulative.tolist()]
-    sequences = _Sequences.of(boundaries, query.device)
-    mask = None
-    if attention_mask is not None and not _causal_blocks(attention_mask, sequences):
-        mask = sequences.block_mask(attention_mask)
-    out, _ = sdpa(module, sequences.pad(query), sequences.pad(key), sequences.pad(value), mask, **kwargs)
-    return out[sequences.valid][None], None                 # (S, L, heads, d) -> (1, N, heads, d)
+    lengths = [b - a for a, b in zip(boundaries, boundaries[1:])]
+    outputs, positions = [], []
+    for group in attention_groups(tuple(lengths), 4.0 * query.shape[1] * query.shape[3]):
+        sequences = _Sequences.of([boundaries[i] for i in group], [lengths[i] for i in group], query.device)
+        mask = None
+        if attention_mask is not None and not _causal_blocks(attention_mask, sequences):
+            mask = sequences.block_mask(attention_mask)
+        out, _ = sdpa(module, sequences.pad(query), sequences.pad(key), sequences.pad(value), mask, **kwargs)
+        outputs.append(out[sequences.valid])            # (n, L, heads, d) -> (tokens, heads, d)
+        positions.append(sequences.index[sequences.valid])
+    if len(outputs) == 1 and len(group) == len(lengths):
+        return outputs[0][None], None                   # one call in row order
+    order = torch.cat(positions).argsort()
+    return torch.cat(outputs)[order][None], None
 
 
 def _transformers_model(model: torch.nn.Module) -> PreTrainedModel | None:
@@ -400,28 +439,56 @@ class SequenceInputs:
         return output[:, start:start + self.response_width]
 
 
-PACK_MIN_SHARE = 0.2
-"""A micro-batch is packed when that removes at least this share of the positions its padded
-layout computes; below it, packing's own work (the layout, transformers' mask over the row,
-the attention's gathers) costs more than the padding it removes on small models. Chosen on
-the embedded model, where that work weighs most (``benchmarks/packing_threshold.py``)."""
+PACK_OVERHEAD_FLOPS = 5e4
+"""What packing costs per token (building the layout, transformers' mask over the row, the
+attention's gathers and their backward), in the model's matmul FLOPs: packing a micro-batch
+pays when the share of padded positions it removes, times the model's matmul FLOPs per token
+(:func:`token_flops`), exceeds it. Chosen on the embedded model (2 layers of width 64:
+245,760 FLOPs a token), where packing broke even at 16-26 % padding
+(``benchmarks/packing_threshold.py --half tuning``), so that it packs from 20 % there; a
+model of SmolLM2's size (212 MFLOPs a token) packs whenever there is padding to remove."""
+
+
+def token_flops(model: torch.nn.Module) -> float:
+    """Matmul FLOPs per token of ``model``'s decoder: twice its weight matrices' elements,
+    the embeddings left out (a mixture of experts counts every expert: an upper bound)."""
+    decoder = model.get_decoder()
+    embeddings = {id(module.weight) for module in decoder.modules() if isinstance(module, torch.nn.Embedding)}
+    matrices = [param for param in decoder.parameters() if param.dim() >= 2 and id(param) not in embeddings]
+    return 2.0 * sum(param.numel() for param in matrices)
+
+
+def pack_min_share(model: torch.nn.Module) -> float:
+    """The share of a micro-batch's padded positions packing must remove to be used on
+    ``model`` (:data:`PACK_OVERHEAD_FLOPS` / :func:`token_flops`, at most 1)."""
+    return min(1.0, PACK_OVERHEAD_FLOPS / max(token_flops(model), 1.0))
 
 
 def sequence_inputs(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, response_ids: torch.Tensor,
-                    response_mask: torch.Tensor, packing: str, min_share: float | None = None) -> SequenceInputs:
+                    response_mask: torch.Tensor, packing: str, min_share: float = 0.0) -> SequenceInputs:
     """The decoder's inputs for prompt + response in the layout ``packing`` (:data:`PADDED`,
     :data:`ROWS`, :data:`SEGMENTS`); a packed layout that removes less than ``min_share`` of
-    the padded positions (default :data:`PACK_MIN_SHARE`) is left for the padded one
-    (:func:`full_sequence`)."""
+    the padded positions (the model's :func:`pack_min_share`) is left for the padded one
+    (:func:`full_sequence`), as is one that removes nothing."""
     prompt_width, response_width = prompt_ids.shape[1], response_ids.shape[1]
-    min_share = PACK_MIN_SHARE if min_share is None else min_share
-    most = (1 - min_share) * prompt_ids.shape[0] * (prompt_width + response_width)
-    if packing != PADDED and prompt_ids.shape[0] and float(prompt_mask.sum() + response_mask.sum()) <= most:
-        layout = pack(prompt_ids, prompt_mask, response_ids, response_mask, one_row=packing == SEGMENTS)
-        if layout.computed <= most:
+    if packing != PADDED and prompt_ids.shape[0]:
+        layout = _packed_layout(prompt_ids, prompt_mask, response_ids, response_mask, packing, min_share)
+        if layout is not None:
             return SequenceInputs.packed(layout, prompt_width)
     input_ids, attention, positions = full_sequence(prompt_ids, prompt_mask, response_ids, response_mask)
     return SequenceInputs(input_ids, attention, positions, None, prompt_width, response_width)
+
+
+def _packed_layout(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, response_ids: torch.Tensor,
+                   response_mask: torch.Tensor, packing: str, min_share: float) -> PackedLayout | None:
+    """:func:`pack`'s layout when it computes at most ``1 - min_share`` of the padded
+    positions and fewer than them, else ``None``."""
+    padded = prompt_ids.shape[0] * (prompt_ids.shape[1] + response_ids.shape[1])
+    most = (1 - min_share) * padded
+    if float(prompt_mask.sum() + response_mask.sum()) > most:   # the real tokens alone are too many
+        return None
+    layout = pack(prompt_ids, prompt_mask, response_ids, response_mask, one_row=packing == SEGMENTS)
+    return layout if layout.computed <= most and layout.computed < padded else None
 
 
 def full_sequence(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
