@@ -29,9 +29,10 @@ alike. Settings (issue 6):
 - ragged: the same model on a task where its own answers vary in length (issue 46):
   reasoning-gym's ``gsm_symbolic`` word problems, rendered as the smollm2 setting renders
   its prompts (90-180 tokens); 4 prompts x 8 completions of up to 256 new tokens (its replies
-  run from 2 tokens to the budget), KL 0.04, micro-batches of 4 sequences in both systems
-  (TRL: ``per_device_train_batch_size=4``, 8 gradient-accumulation steps, one generation
-  of 32 completions per optimizer step: the same work as rlzoo's 8 micro-batches). The
+  run from 2 tokens to the budget), KL 0.04, micro-batches of 2 sequences in both systems
+  (``--micro-batch`` sets another size; TRL: ``per_device_train_batch_size=2``, 16
+  gradient-accumulation steps, one generation of 32 completions per optimizer step: the same
+  work as rlzoo's 16 micro-batches; at 4, TRL's worker passed 8 GB). The
   run prints the spread of the completion lengths, and per system the share of the token
   positions its reference pass and update compute that are padding: rlzoo packs without
   padding (``trainer.padding_free``, issue 46), TRL's ``GRPOTrainer`` (1.16) has no
@@ -98,10 +99,10 @@ SETTINGS = {
     # micro-batches of 8 sequences bound the activations of 30 layers kept for backward
     "smollm2": dict(model="smollm2", prompts=4, n=8, new_tokens=24, kls=[0.04], micro_batch=8, lr=1e-5,
                     systems=["rlzoo", "rlzoo-bf16", "trl", "trl-bf16"]),
-    # answers of 2 to 256 tokens: padding is most of what a padded pass computes; micro-batches of 4
-    # sequences in both systems keep each worker under 8 GB (TRL's padded ones reach ~7 GB)
-    "ragged": dict(model="smollm2", data="ragged", prompts=4, n=8, new_tokens=256, kls=[0.04], micro_batch=4,
-                   trl_micro_batch=4, lr=1e-5, systems=["rlzoo", "trl"]),
+    # answers of 2 to 256 tokens: padding is most of what a padded pass computes; micro-batches of 2
+    # sequences in both systems keep each worker under 8 GB (TRL's reached 8.3 GB at 4)
+    "ragged": dict(model="smollm2", data="ragged", prompts=4, n=8, new_tokens=256, kls=[0.04], micro_batch=2,
+                   trl_micro_batch=2, lr=1e-5, systems=["rlzoo", "trl"]),
     # SmolLM2-135M's shape built from config (random weights, 49,152 dummy words): benchmarks/gpu_bench.py's
     "smollm2-shape": dict(arch="llama", hidden=576, layers=30, heads=9, kv_heads=3, intermediate=1536,
                           vocab=49_152, prompts=8, n=8, new_tokens=128, kls=[0.04], micro_batch=64, lr=1e-5),
@@ -699,6 +700,9 @@ def measure(args: argparse.Namespace, kl: float, model_dir: Path, data: Path) ->
     for worker in workers:
         rows = records[worker.name]
         entry = {"median_step_s": statistics.median(r["step_s"] for r in rows)}
+        if worker.name != names[0]:  # step by step against the first system: robust to a machine whose load drifts
+            entry["paired_ratio"] = statistics.median(r["step_s"] / first["step_s"]
+                                                      for r, first in zip(rows, records[names[0]]))
         for key in ("new_tokens", "decode_steps", *PROFILED):
             if rows[0].get(key) is not None:
                 entry[key] = statistics.median(r[key] for r in rows)
@@ -838,6 +842,9 @@ def main() -> None:
     parser.add_argument("--eval-size", type=int, help="with --eval: evaluate only this many held-out prompts")
     parser.add_argument("--gradient-checkpointing", action="store_true",
                         help="recompute activations in backward in rlzoo and TRL (default: off in both)")
+    parser.add_argument("--micro-batch", type=int,
+                        help="sequences per forward/backward in rlzoo (and in TRL where the setting splits its batch: "
+                        "ragged), instead of the setting's")
     parser.add_argument("--write", metavar="FILE", help="append the table to this Markdown file")
     parser.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
@@ -855,6 +862,9 @@ def main() -> None:
     args.systems = args.systems or spec.get("systems", ["rlzoo", "trl", "floor"])
     if args.gradient_checkpointing:  # the workers read the changed setting (Worker passes --spec)
         spec = args.spec = {**spec, "gradient_checkpointing": True}
+    if args.micro_batch:
+        spec = args.spec = {**spec, "micro_batch": args.micro_batch,
+                            **({"trl_micro_batch": args.micro_batch} if "trl_micro_batch" in spec else {})}
     import torch
 
     from rlzoo.config.layers import default_config_path
@@ -898,6 +908,11 @@ def main() -> None:
                + f" (the roofline uses {bandwidth / 1e9:.1f}). `vs roofline` divides each system's step by the "
                "roofline of the precision it computes in.")
     text = f"{table(args.setting, results, rooflines)}\n\n{header}\n"
+    paired = [f"{name} / {args.systems[0]} {entry['paired_ratio']:.3f} (KL {kl})" for kl, summary in results.items()
+              for name, entry in summary.items() if "paired_ratio" in entry]
+    if paired:
+        text += ("\nMedian of the step-by-step ratios (each step against the first system's step taken just "
+                 f"before it): {'; '.join(paired)}.\n")
     if any("lengths" in entry for summary in results.values() for entry in summary.values()):
         text += (f"\nCompletion lengths and padding (rlzoo: the positions its layout computes, "
                  f"trainer.padding_free; TRL: every row padded to the generation's longest prompt and "

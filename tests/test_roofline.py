@@ -302,7 +302,7 @@ def test_trl_takes_the_ragged_settings_micro_batches_with_one_generation_per_ste
     pytest.importorskip("trl")
     compare = load("compare_trl")
     config = compare.trl_config(compare.SETTINGS["ragged"], 0.04, 1)
-    assert (config.per_device_train_batch_size, config.gradient_accumulation_steps) == (4, 8)
+    assert (config.per_device_train_batch_size, config.gradient_accumulation_steps) == (2, 16)
     assert config.generation_batch_size == 32 and config.max_completion_length == 256
     assert compare.trl_config(compare.SETTINGS["tiny"], 0.0, 1).gradient_accumulation_steps == 1
 

@@ -439,14 +439,15 @@ class SequenceInputs:
         return output[:, start:start + self.response_width]
 
 
-PACK_OVERHEAD_FLOPS = 5e4
+PACK_OVERHEAD_FLOPS = 6e4
 """What packing costs per token (building the layout, transformers' mask over the row, the
 attention's gathers and their backward), in the model's matmul FLOPs: packing a micro-batch
 pays when the share of padded positions it removes, times the model's matmul FLOPs per token
 (:func:`token_flops`), exceeds it. Chosen on the embedded model (2 layers of width 64:
-245,760 FLOPs a token), where packing broke even at 16-26 % padding
-(``benchmarks/packing_threshold.py --half tuning``), so that it packs from 20 % there; a
-model of SmolLM2's size (212 MFLOPs a token) packs whenever there is padding to remove."""
+245,760 FLOPs a token), where packing broke even at 24 % padding
+(``benchmarks/packing_threshold.py --half tuning``: 1.17x the padded time at 15 %, 1.00x at
+24 %, 0.85x at 42 %), so that it packs from 24 % there; a model of SmolLM2's size (212
+MFLOPs a token) packs whenever there is padding to remove."""
 
 
 def token_flops(model: torch.nn.Module) -> float:
