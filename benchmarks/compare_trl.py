@@ -76,7 +76,6 @@ import hashlib
 import json
 import os
 import random
-import resource
 import statistics
 import subprocess
 import sys
@@ -88,6 +87,9 @@ from typing import Callable
 
 from rlzoo.diagnostics.roofline import (DTYPE_BYTES, ModelShapes, StepWork, machine, matmul_rates, memory_bandwidth,
                                         roofline, step_flops)
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling, also when it is imported by path
+from peak_rss import peak_rss_mb  # noqa: E402  (the workers' reader, shared with the other benchmarks)
 
 SETTINGS = {
     # micro_batch: rlzoo's sequences per forward/backward (all 64 at once where memory is no
@@ -269,23 +271,6 @@ def answer_of(setting: str | dict) -> str:
     if spec.get("model") == "smollm2":
         return " ".join(["unreachable"] * (spec["new_tokens"] + 1))
     return "0" * (spec["new_tokens"] + 1) if spec["vocab"] is None else "w0"
-
-
-def peak_rss_mb() -> float:
-    """This process's peak resident memory in MB: ``VmHWM`` of ``/proc/self/status`` (the
-    peak of its own address space since its ``exec``) where Linux gives it. Not
-    ``ru_maxrss``: Linux carries the parent's resident size at the fork into the child's
-    across ``exec``, so every worker would read at least what this script's parent held when
-    it started them (after timing the matmuls: 879 MB for all three systems of the tiny setting,
-    2026-11-28). Elsewhere ``ru_maxrss``, with that floor."""
-    try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 # ----------------------------------------------------------------------------- workers

@@ -1,8 +1,8 @@
 """Peak RSS of a LoRA run against full fine-tuning with a KL reference, same work.
 
 Each configuration trains in a fresh process (``rlzoo train`` through :func:`rlzoo.commands.cli.main`)
-and reports that process's peak resident set size (``getrusage(RUSAGE_SELF).ru_maxrss``),
-after a baseline process that only imports rlzoo, torch and transformers and builds the
+and reports that process's peak resident set size (``VmHWM``: ``benchmarks/peak_rss.py``, as every
+benchmark reads it), after a baseline process that only imports rlzoo, torch and transformers and builds the
 registry. Full fine-tuning holds the policy, a frozen reference copy, gradients and two
 AdamW moments per weight; LoRA holds the policy once (the reference is the same model with
 its adapters disabled) and gradients and moments for the adapters only.
@@ -23,25 +23,30 @@ import sys
 import tempfile
 from pathlib import Path
 
+BENCHMARKS = Path(__file__).resolve().parent
+CHILD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PATH": "/usr/bin:/bin", "PYTHONPATH": str(BENCHMARKS)}
+"""The children's environment: one thread, and ``benchmarks/`` importable for :mod:`peak_rss`."""
+
 CHILD = """
-import json, resource, sys
+import json, sys
+from peak_rss import peak_rss_mb
 from rlzoo.commands.cli import main
-from rlzoo.plan.run_input import load_run
 from rlzoo.contract.loading import load_registry
 argv = json.loads(sys.argv[1])
 load_registry()
 rc = main(argv) if argv else 0
-print("RSS_KB", json.dumps({"rc": rc, "maxrss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}))
+print("PEAK_MIB", json.dumps({"rc": rc, "peak_mib": peak_rss_mb()}))
 """
 
 STAGES = """
-import json, resource, sys
-from rlzoo.config.layers import load_config
+import json, sys
+from peak_rss import peak_rss_mb
 from rlzoo.contract.loading import load_registry
+from rlzoo.plan.run_input import load_run
 from rlzoo.run.trainer import Trainer
 
 def peak(stage):
-    print(f"| {stage} | {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} |", flush=True)
+    print(f"| {stage} | {peak_rss_mb():.0f} |", flush=True)
 
 pm, registry = load_registry()
 peak("imported")
@@ -65,7 +70,7 @@ trainer.close()
 def stages(argv: list[str]) -> str:
     """The peak RSS (MiB) after each stage of one training step, as Markdown rows."""
     proc = subprocess.run([sys.executable, "-c", STAGES, json.dumps(argv)], capture_output=True, text=True,
-                          env={"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
+                          env=CHILD_ENV)
     if proc.returncode:
         raise SystemExit(f"stages of {' '.join(argv)} failed:\n{proc.stderr[-3000:]}")
     return "\n".join(line for line in proc.stdout.splitlines() if line.startswith("|"))
@@ -74,14 +79,14 @@ def stages(argv: list[str]) -> str:
 def peak_rss_mib(argv: list[str]) -> float:
     """Peak RSS in MiB of a fresh process running ``rlzoo`` with ``argv`` (nothing: import only)."""
     proc = subprocess.run([sys.executable, "-c", CHILD, json.dumps(argv)], capture_output=True, text=True,
-                          env={"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RSS_KB ")]
+                          env=CHILD_ENV)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("PEAK_MIB ")]
     if proc.returncode or not lines:
         raise SystemExit(f"rlzoo {' '.join(argv)} failed:\n{proc.stderr[-3000:]}")
     result = json.loads(lines[-1].split(" ", 1)[1])
     if result["rc"]:
         raise SystemExit(f"rlzoo {' '.join(argv)} exited {result['rc']}:\n{proc.stderr[-3000:]}")
-    return result["maxrss_kb"] / 1024
+    return result["peak_mib"]
 
 
 def main() -> None:

@@ -7,7 +7,8 @@ and median step time, for the settings of docs/diagnostics.md.
 
 Each setting runs ``rlzoo doctor --plan`` and then ``rlzoo train`` with the same overrides
 (``--steps`` steps, no evaluation), each in a fresh process, one right after the other so both
-see the same machine load; the run's peak RSS is its own process's (``ru_maxrss``), its step
+see the same machine load; the run's peak RSS is its own process's (``VmHWM``:
+``benchmarks/peak_rss.py``, as every benchmark reads it), its step
 time the median ``timing/step_s`` of its steps after the first. Prints a Markdown table.
 """
 
@@ -22,14 +23,16 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+BENCHMARKS = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCHMARKS))
 from compare_trl import SMOLLM2_TASK, build_assets, find_gguf  # noqa: E402  (the sibling benchmark's helpers)
 
 from rlzoo.core.events import read_scalars  # noqa: E402
 
-RUN = ("import resource, sys; from rlzoo.commands.cli import main; code = main(sys.argv[1:]); "
-       "print('PEAK_RSS_KB', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, flush=True); sys.exit(code)")
-"""A child that runs one ``rlzoo`` command and prints its own peak RSS."""
+RUN = (f"import sys; sys.path.insert(0, {str(BENCHMARKS)!r}); from peak_rss import peak_rss_mb; "
+       "from rlzoo.commands.cli import main; code = main(sys.argv[1:]); "
+       "print('PEAK_RSS_MIB', peak_rss_mb(), flush=True); sys.exit(code)")
+"""A child that runs one ``rlzoo`` command and prints its own peak RSS (not its parent's: :mod:`peak_rss`)."""
 
 
 def settings(name: str, cache: Path) -> list[str]:
@@ -56,8 +59,8 @@ def rlzoo(args: list[str]) -> tuple[str, float]:
     done = subprocess.run([sys.executable, "-c", RUN, *args], capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"rlzoo {' '.join(args)} failed:\n{done.stderr[-3000:]}")
-    peak = re.search(r"PEAK_RSS_KB (\d+)", done.stdout)
-    return done.stdout, int(peak.group(1)) / 1024 if peak else float("nan")
+    peak = re.search(r"PEAK_RSS_MIB ([\d.]+)", done.stdout)
+    return done.stdout, float(peak.group(1)) if peak else float("nan")
 
 
 def check(name: str, steps: int, threads: int, cache: Path) -> dict:

@@ -76,6 +76,14 @@ def _normalize(weights: torch.Tensor, mask: torch.Tensor, per_sequence: bool) ->
     return weights / factor, factor.detach()
 
 
+def _cap_below_one(cap: float, ratio: str) -> list[str]:
+    """A truncation cap below 1 cuts every weight of data the policy itself generated (ratio 1)."""
+    if cap >= 1:
+        return []
+    return [f"cap={cap:g} < 1 cuts every weight at or above it, on-policy data's ratio of 1 included, so the "
+            f"correction scales the loss down rather than truncating large {ratio} (verl's and the TIS paper's C is 2)"]
+
+
 def _check_truncation(cap: float, clip_min: Optional[float]) -> None:
     """:raises ValueError: unless cap > 0 and clip_min is None or in [0, cap)."""
     if not cap > 0:
@@ -97,6 +105,9 @@ class TISParams:
 
     def __post_init__(self) -> None:
         _check_truncation(self.cap, self.clip_min)
+
+    def warnings(self) -> list[str]:
+        return _cap_below_one(self.cap, "π_old/μ")
 
 
 def tis(old_logp: torch.Tensor, rollout_logp: torch.Tensor, response_mask: torch.Tensor,
@@ -141,6 +152,9 @@ class SeqTISParams:
 
     def __post_init__(self) -> None:
         _check_truncation(self.cap, self.clip_min)
+
+    def warnings(self) -> list[str]:
+        return _cap_below_one(self.cap, "Π_t π_old/μ")
 
 
 def seq_tis(old_logp: torch.Tensor, rollout_logp: torch.Tensor, response_mask: torch.Tensor,

@@ -33,8 +33,9 @@ instead of rlzoo's own KV-cache loop. The engine runs in a process of its own
 - **Episodes** (``env``): each turn is ``generate(prompt ids + the episode's ids so far)``,
   token ids in and out, so nothing is re-tokenised.
 - **Roles** (the ``role`` input): ``trainer`` and ``generator`` start the engine when the
-  backend is built; ``evaluator`` (the trainer of an async run, which generates only to
-  evaluate) on its first ``generate``, on the trainer's cores.
+  backend is built; ``evaluator`` (an async run's trainer, which only evaluates) starts none
+  (a second engine on the trainer's cores, with a copy of the weights and a KV cache, for a
+  few evaluations) and evaluates with the ``hf`` backend's loop on the trainer's policy.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ from typing import Any, Callable, Iterable, Iterator
 import torch
 
 from rlzoo.api import ConfigError, Generation, hookimpl, TrainingError, no_grad
+from rlzoo_plugins.rollout_backends import HFRollout
 from rlzoo_plugins.vllm_cores import (CORES_ENV, core_ranges, core_split, describe_cores, give_back,
                                        local_rank, pin, usable)
 from rlzoo_plugins.vllm_engine import EngineSpec, engine_main
@@ -99,6 +101,13 @@ class VLLMParams:
             raise ValueError(f"kv_cache_mb must be >= 1, got {self.kv_cache_mb}")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+
+    def warnings(self) -> list[str]:
+        cores = len(usable())
+        if self.threads <= cores:
+            return []
+        return [f"threads={self.threads} is more than the {cores} core(s) this process may use: on a CPU the engine "
+                f"runs {cores} OpenMP thread(s), one per core (threads=0: all of them)"]
 
 
 # ------------------------------------------------------------------ the config check
@@ -175,7 +184,8 @@ def check(cfg: Any, params: VLLMParams, world: int) -> str:
     where = ("in a process of its own that the generator process starts (rollout.mode=async)" if async_ else
              f"in a process of its own beside each of the {world} ranks" if world > 1 else "in its own process")
     what = (f"a vLLM {found['version']} engine ({device}, {dtype}) {where}, built from the policy's weights and "
-            + ("synced in memory when the trainer publishes them (rollout.weight_sync_every)" if async_ else
+            + ("synced in memory when the trainer publishes them (rollout.weight_sync_every); evaluation runs in "
+               "the trainer on rlzoo's KV-cache loop, so no second engine shares the trainer's cores" if async_ else
                "synced in memory after each update")
             + (" (LoRA adapters merged into the weights)" if int(cfg.model.lora.rank) else "")
             + ("; episodes generated turn by turn from token ids" if cfg.get("env") is not None else "")
@@ -335,14 +345,17 @@ class VLLMRollout:
     :param dtype: ``rollout.dtype``: the engine computes in it.
     :param params: :class:`VLLMParams`.
     :param role: ``trainer``, ``generator`` or ``evaluator`` (the ``role`` input): the first
-        two start the engine now, ``evaluator`` on the first :meth:`generate`; under
+        two start the engine now; ``evaluator`` generates with :attr:`local`; under
         ``rollout.mode=async`` (the last two) the cores are split apart (:func:`core_split`)
         and the evaluator pins the trainer to its share until :meth:`close`.
+    :param generation_context: the ``hf`` backend's input, for :attr:`local`.
     :raises ValueError: the engine failed to build (its error, one line).
+    :ivar local: the evaluator's :class:`HFRollout` over the trainer's policy (``None`` otherwise).
     """
 
     def __init__(self, policy: torch.nn.Module, tokenizer: Any, device: torch.device, dtype: str,
-                 params: VLLMParams | None = None, role: str = "trainer") -> None:
+                 params: VLLMParams | None = None, role: str = "trainer",
+                 generation_context: Callable[[], Any] = contextlib.nullcontext) -> None:
         params = params or VLLMParams()
         self.policy, self.tokenizer, self.device, self.dtype, self.params = policy, tokenizer, device, dtype, params
         self.base = policy.get_base_model() if hasattr(policy, "get_base_model") else policy
@@ -367,7 +380,8 @@ class VLLMRollout:
             elif role == "generator":  # the generator waits on its engine: its own work on the engine's cores
                 pin(split.engine)
         self._finalizer: Any = None
-        if role != "evaluator":
+        self.local = HFRollout(policy, tokenizer, device, dtype, generation_context) if role == "evaluator" else None
+        if self.local is None:
             self._start()
 
     def _start(self) -> None:
@@ -424,8 +438,8 @@ class VLLMRollout:
         return payload
 
     def _call(self, kind: str, payload: Any = None) -> Any:
-        if self._finalizer is None:  # an evaluator's engine, first used
-            self._start()
+        if self._finalizer is None:
+            raise TrainingError("this vllm backend runs no engine (role evaluator: it evaluates with rlzoo's loop)")
         if not self._finalizer.alive:
             raise TrainingError("the vLLM engine was closed")
         self.conn.send((kind, payload))
@@ -435,7 +449,10 @@ class VLLMRollout:
                  temperature: float, top_p: float, greedy: bool = False) -> Generation:
         """``num_samples`` completions of each prompt, prompt-major; see
         :func:`rlzoo.contract.hookspecs.rlzoo_register_rollout_backends` for the shapes.
-        ``logp`` is vLLM's processed log-prob of each sampled token (0 for greedy)."""
+        ``logp`` is vLLM's processed log-prob of each sampled token (0 for greedy; the evaluator's: its loop's)."""
+        if self.local is not None:
+            return self.local.generate(prompt_ids, num_samples=num_samples, max_new_tokens=max_new_tokens,
+                                       temperature=temperature, top_p=top_p, greedy=greedy)
         check_length(max(len(ids) for ids in prompt_ids), max_new_tokens, self.max_model_len)
         seed = 0 if greedy else int(torch.randint(0, 2**31 - 1, ()).item())
         groups = self._call("generate", {
@@ -447,9 +464,9 @@ class VLLMRollout:
     @no_grad
     def sync_weights(self, named_weights: Callable[[], Iterable[tuple[str, torch.Tensor]]]) -> None:
         """Copy the policy's weights (LoRA merged) into the shared buffers and have the
-        engine reload them; nothing while the engine has not started (it starts from the
-        policy's weights then)."""
-        if self._finalizer is None:
+        engine reload them (the evaluator: its loop's, a no-op without a ``rollout.dtype`` copy)."""
+        if self.local is not None:
+            self.local.sync_weights(named_weights)
             return
         seen = set()
         for name, tensor in merged_weights(self.policy, named_weights):

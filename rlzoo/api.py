@@ -32,7 +32,7 @@ SURFACE: dict[str, tuple[str, ...]] = {
     "rlzoo.config.preset_cards": ("read_card_file",),
     # errors
     "rlzoo.core.errors": ("RlzooError", "ConfigError", "UnknownComponentError", "PluginError",
-                          "DuplicateComponentError", "TrainingError", "did_you_mean"),
+                          "DuplicateComponentError", "RefusedComponentError", "TrainingError", "did_you_mean"),
     # tensors: masked reductions, ratios, batches, tokens, data parallelism
     "rlzoo.core.masked": ("masked_sum", "masked_mean", "masked_var", "masked_whiten"),
     "rlzoo.core.ratios": ("LOG_RATIO_CLAMP", "clamped_exp"),
@@ -59,9 +59,12 @@ SURFACE: dict[str, tuple[str, ...]] = {
     # what lifecycle hooks are passed
     "rlzoo.run.context": ("RunContext",),
     # the plugin test kit
-    "rlzoo.testing": ("check_component", "check_policy_loss", "check_advantage_estimator", "check_kl_estimator",
-                      "check_loss_aggregation", "check_value_loss", "check_rollout_correction", "check_task",
-                      "check_reward", "check_preset", "check_tool", "check_environment", "CHECKED_KINDS"),
+    "rlzoo.testing.component_checks": ("check_component", "check_policy_loss", "check_advantage_estimator",
+                                       "check_kl_estimator", "check_loss_aggregation", "check_value_loss",
+                                       "check_rollout_correction", "check_task", "check_reward", "check_preset",
+                                       "CHECKED_KINDS"),
+    "rlzoo.testing.tool_checks": ("check_tool",),
+    "rlzoo.testing.env_checks": ("check_environment",),
 }
 """Module -> the public names it provides. One table: ``__all__``, name lookup and the
 deprecated old import paths (:mod:`rlzoo.compat`) all read it."""

@@ -23,6 +23,8 @@ import types
 import warnings
 from typing import Any, Callable
 
+from rlzoo.api import HOME
+
 REMOVED_IN = "3"
 """The plugin API major version that drops the old paths."""
 
@@ -48,10 +50,10 @@ OLD_MODULES: dict[str, tuple[str, ...]] = {
     "rlzoo.sandbox": ("rlzoo.agents.sandbox",),
     "rlzoo.head": ("rlzoo.models.head",), "rlzoo.logprobs": ("rlzoo.models.logprobs",),
     "rlzoo.model_check": ("rlzoo.models.model_check",), "rlzoo.models": ("rlzoo.models.build",),
-    "rlzoo.lora": ("rlzoo.models.lora",), "rlzoo.rewardmodel": ("rlzoo.models.reward_model",),
+    "rlzoo.lora": ("rlzoo.models.lora",), "rlzoo.rewardmodel": ("rlzoo.models.reward_model", "rlzoo.tasks.prompts"),
     "rlzoo.rollout": ("rlzoo.models.decode", "rlzoo.core.batch", "rlzoo.core.tokens"),
     "rlzoo.sampler": ("rlzoo.rollout.sampler",), "rlzoo.scoring": ("rlzoo.rollout.scoring",),
-    "rlzoo.rollout_queue": ("rlzoo.rollout.staleness",), "rlzoo.async_rollout": ("rlzoo.rollout.async_generator",),
+    "rlzoo.rollout_queue": ("rlzoo.rollout.staleness",), "rlzoo.async_rollout": ("rlzoo.run.async_generator",),
     "rlzoo.learner": ("rlzoo.learn.learner", "rlzoo.core.ratios"),
     "rlzoo.correcting": ("rlzoo.learn.correcting", "rlzoo.core.ratios"),
     "rlzoo.rundir": ("rlzoo.run.rundir", "rlzoo.plan.run_input"), "rlzoo.checkpoint": ("rlzoo.run.checkpoint",),
@@ -62,9 +64,11 @@ OLD_MODULES: dict[str, tuple[str, ...]] = {
     "rlzoo.cli": ("rlzoo.commands.cli",), "rlzoo.ab": ("rlzoo.commands.ab",),
     "rlzoo.compare": ("rlzoo.commands.compare",), "rlzoo.explain": ("rlzoo.commands.explain",),
     "rlzoo.export": ("rlzoo.commands.export",), "rlzoo.sweep": ("rlzoo.commands.sweep",),
-    "rlzoo.sft": ("rlzoo.commands.sft",), "rlzoo.rm": ("rlzoo.commands.rm",),
+    "rlzoo.sft": ("rlzoo.run.sft_trainer",),
+    "rlzoo.rm": ("rlzoo.run.rm_trainer", "rlzoo.tasks.pairs", "rlzoo.learn.bradley_terry"),
     "rlzoo.golden": ("rlzoo.commands.golden",), "rlzoo.launcher": ("rlzoo.commands.launcher",),
     "rlzoo.tool_checks": ("rlzoo.testing.tool_checks",), "rlzoo.env_checks": ("rlzoo.testing.env_checks",),
+    "rlzoo.testing": ("rlzoo.testing.component_checks", "rlzoo.testing.tool_checks", "rlzoo.testing.env_checks"),
 }
 """Old module (API 2.0) -> the modules its names live in now, searched in order."""
 
@@ -75,8 +79,6 @@ def deprecated_attribute(old: str, name: str, stacklevel: int = 3) -> Any:
 
     :raises AttributeError: ``old`` never had ``name`` (the new modules lack it too).
     """
-    from rlzoo.api import HOME
-
     homes = OLD_MODULES[old]
     if HOME.get(name) in homes:
         homes, where = (HOME[name],), "rlzoo.api"

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from rlzoo.config.params import build_params
 from rlzoo.core.errors import ConfigError, TrainingError
-from rlzoo.testing import check_component
+from rlzoo.api import check_component
 import zoo
 from zoo import REGISTRY, builtin_names
 

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from rlzoo.core.batch import BatchCounts
 from rlzoo.config.params import build_params
 from rlzoo.core.errors import ConfigError
-from rlzoo.testing import check_component
+from rlzoo.api import check_component
 import zoo
 from zoo import builtin_names
 

@@ -177,10 +177,10 @@ def test_the_sampler_and_sft_build_prompts_in_one_place() -> None:
     from pathlib import Path
 
     root = Path(__file__).parents[1] / "rlzoo"
-    for module in ("rollout/sampler.py", "commands/sft.py", "run/evaluation.py"):
+    for module in ("rollout/sampler.py", "run/sft_trainer.py", "run/evaluation.py"):
         text = (root / module).read_text()
         assert "apply_chat_template" not in text, f"{module} builds prompts itself"
-    assert "prompt_format.encode" in (root / "commands" / "sft.py").read_text()
+    assert "prompt_format.encode" in (root / "run" / "sft_trainer.py").read_text()
 
 
 def test_eval_at_start_logs_step_0_and_leaves_training_alone(capsys, tmp_path) -> None:

@@ -50,6 +50,9 @@ def test_the_surface_names_each_object_once() -> None:
     ("from rlzoo.models import build_policy", "build_policy", "rlzoo.models.build"),
     ("from rlzoo.config import load_config", "load_config", "rlzoo.plan.planner"),
     ("from rlzoo.rewardmodel import RunningMoments", "RunningMoments", "rlzoo.api"),
+    ("from rlzoo.testing import check_component", "check_component", "rlzoo.api"),  # the kit is public via rlzoo.api
+    ("from rlzoo.testing import check_tool", "check_tool", "rlzoo.api"),
+    ("from rlzoo.testing import KIND_CHECKS", "KIND_CHECKS", "rlzoo.testing.component_checks"),
 ])
 def test_an_api_2_0_import_path_still_works_and_names_the_new_one(statement: str, name: str, new: str) -> None:
     namespace: dict = {}
@@ -72,3 +75,13 @@ def test_an_old_path_without_the_name_is_an_attribute_error() -> None:
         warnings.simplefilter("ignore")
         with pytest.raises(ImportError, match="no_such_name"):
             exec("from rlzoo.masked import no_such_name", {})
+
+
+def test_the_test_kit_from_rlzoo_api_passes_the_documented_deprecation_recipe() -> None:
+    """docs/plugins.md: run a plugin's tests with -W error::DeprecationWarning; the kit's public
+    path must pass it (``rlzoo.testing``, its API 2.0 path, warns: see above)."""
+    code = ("from rlzoo.api import build_registry, check_component, check_environment, check_tool, "
+            "make_plugin_manager, CHECKED_KINDS; "
+            "registry = build_registry(make_plugin_manager()); "
+            "check_component(registry.get('loss_agg', 'token-mean'))")
+    subprocess.run([sys.executable, "-W", "error::DeprecationWarning", "-c", code], check=True, capture_output=True)

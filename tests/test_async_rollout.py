@@ -12,8 +12,9 @@ import pytest
 from collections import deque
 
 import torch
+from omegaconf import OmegaConf
 
-from rlzoo.rollout.async_generator import AsyncRollout, _failure
+from rlzoo.run.async_generator import AsyncRollout, _failure
 from rlzoo.core.batch import RolloutBatch
 from rlzoo.plan.planner import load_config
 from rlzoo.core.errors import ConfigError
@@ -77,25 +78,26 @@ class _Scripted(AsyncRollout):
                                 stale_batches=stale_batches)
         self.versions = deque(versions)
 
-    def _receive(self, step: int) -> tuple[int, RolloutBatch, dict]:
+    def _receive(self, step: int) -> tuple[int, RolloutBatch, dict, float]:
         version = self.versions.popleft()
         batch = RolloutBatch(prompt_ids=torch.ones(2, 1, dtype=torch.long), prompt_mask=torch.ones(2, 1),
                              response_ids=torch.ones(2, 2, dtype=torch.long), response_mask=torch.ones(2, 2),
                              group_ids=torch.zeros(2, dtype=torch.long), scores=torch.full((2,), float(version)),
                              truncated=torch.zeros(2, dtype=torch.bool), prompts=["a", "a"], completions=["x", "y"],
                              references=["x", "x"])
-        return version, batch, {"made_by": version}
+        return version, batch, {"made_by": version}, 0.25 * version  # reload seconds, scripted
 
 
 def test_batches_beyond_the_bound_are_dropped_or_kept_as_configured() -> None:
     # step 5 trains version 4: batches of versions 1, 2 are 3 and 2 versions old, 3 is 1 old
     dropping = _Scripted(1, "drop", [1, 2, 3, 4])
-    batch, staleness, dropped, state = dropping.next(5)
-    assert (staleness, dropped, state, float(batch.scores[0])) == (1, 2, {"made_by": 3}, 3.0)
+    got = dropping.next(5)
+    assert (got.staleness, got.dropped, got.sampler_state, float(got.batch.scores[0])) == (1, 2, {"made_by": 3}, 3.0)
+    assert got.reload_s == 0.25 + 0.5 + 0.75        # the generator's reloads before the dropped batches count too
     assert list(dropping.versions) == [4]
     keeping = _Scripted(1, "keep", [1, 2])
-    batch, staleness, dropped, state = keeping.next(5)
-    assert (staleness, dropped, state) == (3, 0, {"made_by": 1})
+    got = keeping.next(5)
+    assert (got.staleness, got.dropped, got.sampler_state, got.reload_s) == (3, 0, {"made_by": 1}, 0.25)
 
 
 def test_a_generator_failure_is_one_line_with_where_it_was_raised() -> None:
@@ -128,6 +130,13 @@ def test_an_async_run_trains_within_its_bound_on_weights_synced_every_n_steps(tm
     assert made_by[steps] > 0                                                    # the generator was synced
     assert all(value >= 0 for _, value in curves["rollout/dropped"])
     assert len(curves["policy/loss"]) == steps and "rollout/mismatch_k3" in curves
+    # the generator's weight reloads are timed there and logged here (issue 47 item 17e)
+    reloads = {step: value for step, value in curves["timing/generator_reload_s"]}
+    dropped = {step: value for step, value in curves["rollout/dropped"]}
+    assert sorted(reloads) == list(range(1, steps + 1)) and reloads[1] > 0       # its first load of the weights
+    for step in range(2, steps + 1):
+        if not dropped[step]:  # a reload before this batch exactly when its version is new
+            assert (reloads[step] > 0) == (made_by[step] != made_by[step - 1]), (step, reloads, made_by)
 
 
 @pytest.mark.slow
@@ -146,3 +155,22 @@ def test_the_generator_settles_the_reward_model_statistics_after_each_batch(tmp_
     moments = state["ranks"][0]["sampler"]["rewards"]["0:reward_model"]["moments"]
     assert moments["pending"] == [0.0, 0.0, 0.0] and moments["m2"] > 0
     assert moments["count"] >= 3 * 16 and moments["count"] % 16 == 0, moments
+
+
+@pytest.mark.slow
+def test_the_generator_prints_what_the_trainer_prints(tmp_path: Path) -> None:
+    """The spawned generator takes the trainer's transformers output settings: loading a
+    model.path printed transformers' 'Loading weights' progress bar there on every start,
+    which the CLI hides in the trainer (issue 47 item 17c)."""
+    from rlzoo.models.build import build_char_tokenizer, build_tiny_model
+
+    tokenizer = build_char_tokenizer("0123456789=")
+    shape = OmegaConf.create(dict(arch="qwen2", hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2,
+                                  num_kv_heads=1))
+    build_tiny_model(shape, tokenizer, 256).save_pretrained(str(tmp_path / "model"))
+    tokenizer.save_pretrained(str(tmp_path / "model"))
+    done = _cli(tmp_path / "run", f"run_dir={tmp_path / 'run'}", *ASYNC, f"model.path={tmp_path / 'model'}",
+                "trainer.total_steps=2")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "rlzoo: rollout generator process started" in done.stdout
+    assert "Loading weights" not in done.stderr + done.stdout, done.stderr[-2000:]

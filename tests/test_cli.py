@@ -13,6 +13,7 @@ import yaml
 
 from rlzoo.commands.cli import main
 from rlzoo.contract.hookspecs import KIND_TITLES
+from zoo import fake_distribution
 
 
 def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -174,7 +175,7 @@ def test_unknown_key_in_config_file(capsys, tmp_path: Path) -> None:
 def test_two_plugins_registering_one_name_names_both(capsys, plugin_module) -> None:
     name = plugin_module(
         """
-        from rlzoo import hookimpl
+        from rlzoo.api import hookimpl
         def token_mean(loss, mask, counts=None):
             return (loss * mask).sum()
 
@@ -193,18 +194,11 @@ def test_missing_plugin_module_from_config_is_named(capsys) -> None:
     assert_usage_error(code, out, err, "no_such_rlzoo_plugin", "failed to import")
 
 
-def _fake_distribution(root: Path, module: str) -> None:
-    dist = root / "broken_rlzoo_plugin-0.1.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-rlzoo-plugin\nVersion: 0.1\n")
-    (dist / "entry_points.txt").write_text(f"[rlzoo]\nbroken = {module}\n")
-
-
 def test_plugin_that_fails_to_import_is_named_and_the_rest_still_listed(
     capsys, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    (tmp_path / "broken_rlzoo_mod.py").write_text("raise RuntimeError('boom at import')\n")
-    _fake_distribution(tmp_path, "broken_rlzoo_mod")
+    fake_distribution(tmp_path, "broken-rlzoo-plugin", "broken_rlzoo_mod", "raise RuntimeError('boom at import')\n",
+                      entry="broken")
     monkeypatch.syspath_prepend(str(tmp_path))
     code, out, err = run_cli(capsys, "list")
     assert code == 2

@@ -15,7 +15,7 @@ from rlzoo.plan.run_input import engine_input
 from rlzoo.plan.planner import load_config
 from rlzoo.core.errors import ConfigError
 from rlzoo.contract.loading import build_registry, make_plugin_manager, module_plugin
-from rlzoo.testing import check_component
+from rlzoo.api import check_component
 from zoo import PM as REGISTRY_PM
 from zoo import REGISTRY, builtin_names
 

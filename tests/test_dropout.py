@@ -19,7 +19,7 @@ import transformers
 from transformers import AutoConfig, AutoModelForCausalLM
 
 import zoo
-from rlzoo.rollout import async_generator as async_rollout
+from rlzoo.run import async_generator as async_rollout
 from rlzoo.run import trainer as trainer_module
 from rlzoo.commands.cli import main
 from rlzoo.plan.run_input import load_run

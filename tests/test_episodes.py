@@ -258,7 +258,7 @@ def test_a_run_trains_and_evaluates_on_episodes(tmp_path: Path) -> None:
 
 
 def test_the_kit_checks_environments() -> None:
-    from rlzoo.testing import check_component, check_environment
+    from rlzoo.api import check_component, check_environment
 
     for name in ("calculator", "feedback_test"):
         check_component(REGISTRY.get("environment", name), registry=REGISTRY)
@@ -357,7 +357,7 @@ def test_the_calculator_demonstrates_a_call_then_the_answer_and_sft_trains_on_it
         tmp_path: Path, capsys) -> None:
     from rlzoo.commands.cli import main
     from rlzoo.agents.episodes import replay
-    from rlzoo.commands.sft import _demonstrations
+    from rlzoo.run.sft_trainer import _demonstrations
 
     tools = registered_tools(REGISTRY)
     plain, hermes = CalculatorEnv(CalculatorEnvParams(), tools, "plain"), CalculatorEnv(CalculatorEnvParams(), tools,

@@ -247,7 +247,7 @@ def test_rewards_receive_the_rows_of_a_file_task(capsys, tmp_path: Path, plugin_
     seen = tmp_path / "seen.jsonl"
     module = plugin_module(f"""
         import json
-        from rlzoo import hookimpl
+        from rlzoo.api import hookimpl
         def by_level(completions, rows):
             with open({str(seen)!r}, "a") as handle:
                 handle.write(json.dumps(rows) + "\\n")

@@ -198,7 +198,7 @@ def test_a_sweep_resumes_its_started_runs_with_their_overrides(tmp_path: Path) -
 STEPS_PLUGIN = """
 import os, signal, time
 from pathlib import Path
-from rlzoo import hookimpl
+from rlzoo.api import hookimpl
 @hookimpl
 def rlzoo_step_end(step, metrics, ctx):
     markers = os.environ.get("RLZOO_TEST_MARKERS")
@@ -355,7 +355,7 @@ def test_a_run_resumes_with_the_plugins_it_started_with(capsys, tmp_path: Path, 
     from rlzoo.run.resume import plugin_modules
 
     name = plugin_module("""
-        from rlzoo import hookimpl
+        from rlzoo.api import hookimpl
         def half(prompts, completions, references):
             return [0.5] * len(completions)
 
@@ -375,7 +375,7 @@ def test_a_run_resumes_with_the_plugins_it_started_with(capsys, tmp_path: Path, 
 def test_a_sweep_resumes_a_failed_run_that_uses_plugins(tmp_path: Path) -> None:
     (tmp_path / "rlzoo_test_flaky.py").write_text(textwrap.dedent("""
         import os
-        from rlzoo import hookimpl
+        from rlzoo.api import hookimpl
         from rlzoo.core.errors import TrainingError
 
         @hookimpl
@@ -686,7 +686,7 @@ def test_torchrun_group_kill_and_rank_death_resume_to_the_uninterrupted_result(t
 
 ASYNC_PLUGIN = """
 import os, signal, time
-from rlzoo import hookimpl
+from rlzoo.api import hookimpl
 from rlzoo_plugins.rewards import sorted_digits
 
 CALLS = [0]
@@ -974,6 +974,69 @@ def test_runs_whose_threads_oversubscribe_the_cores_warn_once_naming_the_fix(cap
         other.kill()
         other.wait()
     assert processes.oversubscription(processes.usable_cores(), registry) is None  # alone: fits
+
+
+def test_other_work_by_hand() -> None:
+    from rlzoo.core.processes import other_work
+
+    # 400 ticks on 4 cores: 300 busy, 100 of them this process's -> 200/400 of 4 cores = 2 cores' worth
+    assert other_work((1000, 5000), (1300, 5400), own=100, cores=4) == 2.0
+    assert other_work((1000, 5000), (1050, 5400), own=100, cores=4) == 0.0    # own ticks counted twice: floored
+    assert other_work((1000, 5000), (1000, 5000), own=0, cores=4) == 0.0      # no tick passed
+
+
+def test_the_busy_machine_warning_names_trainer_threads_1(monkeypatch) -> None:
+    from rlzoo.core import processes
+
+    monkeypatch.setattr(processes, "usable_cores", lambda: 2)
+    said = processes.machine_busy(2, 1.0)
+    assert said is not None and "about 1.0 of its" in said and "this run's 2 torch threads" in said
+    assert "trainer.threads=1" in said
+    assert processes.machine_busy(1, 1.9) is None            # one thread: nothing to advise
+    assert processes.machine_busy(2, 0.3) is None            # a little other work
+    assert processes.machine_busy(2, None) is None           # /proc unreadable
+    monkeypatch.setattr(processes, "usable_cores", lambda: 8)
+    assert processes.machine_busy(4, 2.0) is None            # the threads still get a core each
+
+
+def test_busy_cores_sees_another_program_spinning() -> None:
+    """Another program (no rlzoo run, no record) spinning on a core is about one core's worth of
+    work; the registry of rlzoo runs never saw it."""
+    from rlzoo.core import processes
+
+    if processes.busy_cores(0.01) is None:
+        pytest.skip("no /proc/stat here")
+    spinner = subprocess.Popen([sys.executable, "-c", SPIN])
+    try:
+        time.sleep(0.3)
+        assert processes.busy_cores(0.5) >= 0.5
+    finally:
+        spinner.kill()
+        spinner.wait()
+
+
+SPIN = "import time\nend = time.time() + 30\nwhile time.time() < end: pass"
+
+
+@pytest.mark.slow
+def test_a_run_of_several_threads_beside_a_busy_program_warns_naming_trainer_threads_1(capsys, tmp_path: Path,
+                                                                                       monkeypatch) -> None:
+    from rlzoo.core import processes
+
+    cores = processes.usable_cores()
+    if cores < 2 or processes.busy_cores(0.01) is None:
+        pytest.skip("needs 2 cores and /proc/stat")
+    monkeypatch.setattr(processes, "REGISTRY", tmp_path / "threads")  # no rlzoo run to count: only the spinner
+    spinner = subprocess.Popen([sys.executable, "-c", SPIN])
+    try:
+        time.sleep(0.3)
+        overrides = [*TINY, f"trainer.threads={cores}", "trainer.total_steps=1", "eval.size=0"]
+        assert main(["train", *overrides, f"run_dir={tmp_path / 'run'}"]) == 0
+    finally:
+        spinner.kill()
+        spinner.wait()
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "busy with other work" in line]
+    assert len(warnings) == 1 and "trainer.threads=1" in warnings[0], warnings
 
 
 @pytest.mark.parametrize("subcommand", ["train", "rm"])

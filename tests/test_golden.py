@@ -40,7 +40,7 @@ def test_replayed_reward_gain_is_within_the_golden_band(name: str, tmp_path: Pat
 
 
 FLIP = """
-from rlzoo import hookimpl
+from rlzoo.api import hookimpl
 class Flip:
     @hookimpl
     def rlzoo_before_update(self, batch, ctx):

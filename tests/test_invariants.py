@@ -9,9 +9,9 @@ import pytest
 import torch
 
 import zoo
-from rlzoo import testing
+from rlzoo.testing import component_checks as testing
 from rlzoo.contract.kinds import KINDS
-from rlzoo.testing import (
+from rlzoo.api import (
     CHECKED_KINDS,
     check_advantage_estimator,
     check_component,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import pytest
 import yaml
@@ -130,10 +130,40 @@ def test_explain_lists_the_keys_whose_record_says_so() -> None:
     shown = {k.key for k in explain_cmd.knobs(load_config(REGISTRY, ["rollout_correction=[tis]"]), None)}
     assert {"algo", "seed", "model.path", "trainer.lr", "kl.coef", "kl.estimator.name", "eval.holdout",
             "rollout_correction[0].cap", "advantage.name", "task.num_digits"} <= shown
-    assert not shown & {"trainer.threads", "trainer.device", "trainer.micro_batch_size", "model.dtype",
-                        "logging.log_every", "checkpoint.every", "rm.steps", "teacher.path"}
+    # what a run computes, which explain left out (issue 47 item 17d): the answer a reward reads, a teacher,
+    # the weights' dtype, the embedded model's shape, a plugin module's hooks
+    assert {"answer_format.name", "teacher.path", "model.dtype", "model.hidden_size", "model.arch", "plugins",
+            "model.system_prompt", "model.lora.rank"} <= shown
+    assert not shown & {"trainer.threads", "trainer.device", "trainer.micro_batch_size", "run_dir", "resume",
+                        "model.gradient_checkpointing", "logging.log_every", "checkpoint.every", "rm.steps",
+                        "launcher.nproc"}
     for path, key in keys.key_records().items():
         assert any(k == path or k.startswith((path + ".", path + "[")) for k in shown) == key.explain, path
+
+
+def test_every_key_is_explained_or_its_record_says_why_not() -> None:
+    """A key changes what a run computes (``rlzoo explain`` lists it) or its record says why not
+    (how, where or when a run computes, what it records): a new key cannot be left out by default."""
+    for path, key in keys.key_records().items():
+        assert key.explain != bool(key.not_explained), (
+            f"{path}: explain={key.explain}, not_explained={key.not_explained!r}: set explain=True, or say in "
+            "not_explained why it changes nothing a run computes")
+
+
+def test_a_new_key_with_neither_is_caught(monkeypatch: pytest.MonkeyPatch) -> None:
+    forgotten = Key("forgotten", int, 1, "a key whose author decided nothing")
+    run = next(s for s in keys.TABLE if s.entries and getattr(s.entries[0], "name", "") == "algo")
+    monkeypatch.setattr(keys, "TABLE", tuple(Section(None, (*run.entries, forgotten)) if s is run else s
+                                             for s in keys.TABLE))
+    record = keys.key_records()["forgotten"]
+    assert record.explain is False and record.not_explained == ""  # what the test above fails on
+
+
+def test_explain_marks_the_tiny_models_shape_unused_under_a_model_path(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text("{}")
+    rows = {k.key: k for k in explain_cmd.knobs(load_config(REGISTRY, [f"model.path={tmp_path}"]), None)}
+    assert rows["model.hidden_size"].unused == "model.path is set: the embedded model is not built"
+    assert rows["model.dtype"].unused == ""
 
 
 def test_records_are_well_formed() -> None:
@@ -245,3 +275,53 @@ def test_a_key_added_as_one_record_reaches_schema_checks_explain_resume_and_docs
     assert "| `trainer.fake_knob` | `3` | > 0 | a knob only this test has |" in \
         key_docs.keys_markdown(keys.key_records(), "grpo", {})
     assert "  fake_knob: 3" in layers.default_config_path().read_text()
+
+
+# ------------------------------------------------------------------ booleans read one way
+
+BOOLEAN_KEYS = sorted(path for path, key in keys.key_records().items() if key.type in (bool, Optional[bool]))
+
+
+def test_there_are_boolean_keys_to_check() -> None:
+    assert {"logging.doctor", "eval.at_start", "rollout.record", "model.chat_template"} <= set(BOOLEAN_KEYS)
+
+
+@pytest.mark.parametrize("path", BOOLEAN_KEYS)
+@pytest.mark.parametrize("value", ["2", "1", "0", "maybe", "0.5"])
+def test_a_boolean_key_takes_true_or_false_only(path: str, value: str) -> None:
+    """OmegaConf alone reads 2 as true and refuses 'maybe': every boolean key refuses both."""
+    with pytest.raises(ConfigError, match=rf"^invalid value for {re.escape(path)}: .*; a boolean is true or false"):
+        load_config(REGISTRY, [f"{path}={value}"])
+
+
+@pytest.mark.parametrize("path", BOOLEAN_KEYS)
+def test_a_boolean_key_takes_yaml_booleans(path: str) -> None:
+    assert OmegaConf.select(load_config(REGISTRY, [f"{path}=false"]).cfg, path) is False
+    assert OmegaConf.select(load_config(REGISTRY, [f"{path}=true"]).cfg, path) is True
+
+
+def test_a_boolean_in_a_config_file_and_a_nullable_one(tmp_path: Path) -> None:
+    assert OmegaConf.select(load_config(REGISTRY, ["model.chat_template=null"]).cfg, "model.chat_template") is None
+    (tmp_path / "run.yaml").write_text("logging:\n  doctor: 2\n")
+    with pytest.raises(ConfigError, match=r"^invalid value for logging.doctor: 2; a boolean is true or false$"):
+        load_config(REGISTRY, [], config_file=tmp_path / "run.yaml")
+
+
+def test_a_boolean_component_parameter_takes_true_or_false_only() -> None:
+    with pytest.raises(ConfigError, match=r"^invalid parameter for rollout.backend 'vllm': sleep=2; a boolean is "
+                                          r"true or false$"):
+        load_config(REGISTRY, ["rollout.backend={name: vllm, sleep: 2}"])
+
+
+@pytest.mark.parametrize("override, message", [
+    ("rollout=vllm", "rollout='vllm': rollout is a section of keys, not a value; did you mean rollout.backend=vllm?"),
+    ("model=/m/dir", "model='/m/dir': model is a section of keys, not a value; did you mean model.path=/m/dir?"),
+    ("trainer=bf16", "trainer='bf16': trainer is a section of keys, not a value; did you mean trainer.precision=bf16?"),
+    ("kl=k3", "kl='k3': kl is a section of keys, not a value; did you mean kl.estimator=k3?"),
+    ("eval=0", "eval=0: eval is a section of keys, not a value; set its keys, e.g. eval.every=..., eval.size=..."),
+])
+def test_a_section_given_one_value_names_the_key_it_belongs_to(override: str, message: str) -> None:
+    """``rollout=vllm`` looks like ``algo=grpo``; it said "Merge error: str is not a subclass of RolloutConfig"."""
+    with pytest.raises(ConfigError) as error:
+        load_config(REGISTRY, [override])
+    assert str(error.value).startswith(message)

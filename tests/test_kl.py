@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from rlzoo.config.params import build_params
 from rlzoo.core.errors import ConfigError
-from rlzoo.testing import check_component
+from rlzoo.api import check_component
 from rlzoo_plugins import kl as kl_module
 import zoo
 from zoo import REGISTRY, builtin_names

@@ -31,16 +31,16 @@ LAYERS: tuple[str, ...] = (
 )
 """The folders of rlzoo/, lowest first. A module imports only from its own folder or a
 lower one. The package root's modules (``__init__``, ``compat``, ``api``) sit below every
-folder: they import nothing of rlzoo at module level (``api`` resolves each public name by
-its module path on first use, ``compat`` an old path the same way); ``__main__`` sits above all."""
+folder: they import nothing of rlzoo's folders at module level (``api`` resolves each public name
+by its module path on first use, ``compat`` an old path the same way, from ``api``'s table);
+``__main__`` sits above all."""
 
 TOP = {"__init__": -1, "compat": -1, "api": -1, "__main__": len(LAYERS)}
 """Modules at rlzoo/'s top level and their layer (-1: below every folder)."""
 
-LAZY_ALLOWED = {"commands/cli.py", "compat.py"}
+LAZY_ALLOWED = {"commands/cli.py"}
 """Modules that import rlzoo modules inside functions: the CLI imports the module of the
-subcommand it runs only (``rlzoo --help`` must not import torch); ``compat`` reads the
-public surface's table when an old import path is used."""
+subcommand it runs only (``rlzoo --help`` must not import torch)."""
 
 MAX_LINES = 500
 

@@ -381,3 +381,61 @@ def test_the_config_read_scan_sees_every_kind_of_read() -> None:
     passing = ("ctx = RunContext(cfg=run.setup.hook_config, plan=plan)\n"
                "write(path, run.setup.config_yaml)\nlr = self.plan.optimizer.lr\n")
     assert config_reads(passing) == []
+
+
+# ------------------------------------------------------------------ settings a run accepts but should hear about
+
+def test_a_warm_up_longer_than_the_run_is_a_plan_warning() -> None:
+    plan = load_config(REGISTRY, ["trainer.warmup_steps=500", "trainer.total_steps=100"]).plan
+    assert ("trainer.warmup_steps=500 > trainer.total_steps=100: the learning rate never reaches trainer.lr=0.0005 "
+            "(the last step's is 0.2 of it)") in plan.warnings
+    assert not [w for w in load_config(REGISTRY, ["trainer.warmup_steps=100", "trainer.total_steps=100"]).plan.warnings
+                if "warmup" in w]
+
+
+def test_a_truncation_cap_below_one_is_a_plan_warning_naming_the_correction() -> None:
+    plan = load_config(REGISTRY, ["algo=bypass_pg_is", "rollout_correction.cap=0.5"]).plan
+    said = [w for w in plan.warnings if "cap=0.5 < 1" in w]
+    assert len(said) == 1 and said[0].startswith("rollout_correction 'seq_tis': cap=0.5 < 1 cuts every weight")
+    plan = load_config(REGISTRY, ["rollout_correction=[{name: seq_tis, cap: 3}, {name: tis, cap: 0.5}]"]).plan
+    assert [w.split(":")[0] for w in plan.warnings if "< 1 cuts" in w] == ["rollout_correction[1] 'tis'"]
+    assert not [w for w in load_config(REGISTRY, ["algo=bypass_pg_is"]).plan.warnings if "< 1 cuts" in w]
+
+
+def test_a_parameter_dataclass_speaks_through_its_warnings_method() -> None:
+    """The generic door (docs/plugins.md, parameters): any chosen component's ``warnings()``."""
+    from dataclasses import dataclass
+
+    from rlzoo.api import hookimpl
+
+    @dataclass
+    class LoudParams:
+        level: int = 0
+
+        def warnings(self) -> list[str]:
+            return [f"level={self.level} is loud"] if self.level > 3 else []
+
+    class Plugin:
+        @hookimpl
+        def rlzoo_register_loss_aggregations(self, register):
+            def loud_mean(loss, mask, params=None):
+                return (loss * mask).sum() / mask.sum().clamp(min=1)
+            register("loud-mean", loud_mean, params=LoudParams)
+
+    pm = make_plugin_manager()
+    pm.register(Plugin(), name="loud")
+    registry = build_registry(pm)
+    assert "loss_agg 'loud-mean': level=5 is loud" in load_config(registry, ["loss_agg={name: loud-mean, level: 5}"]
+                                                                      ).plan.warnings
+    assert not [w for w in load_config(registry, ["loss_agg=loud-mean"]).plan.warnings if "loud" in w]
+
+
+def test_vllm_threads_beyond_the_cores_is_a_warning() -> None:
+    from rlzoo_plugins.vllm_cores import usable
+    from rlzoo_plugins.vllm_rollout import VLLMParams
+
+    cores = len(usable())
+    assert VLLMParams(threads=cores).warnings() == [] and VLLMParams(threads=0).warnings() == []
+    assert VLLMParams(threads=cores + 62).warnings() == [
+        f"threads={cores + 62} is more than the {cores} core(s) this process may use: on a CPU the engine runs "
+        f"{cores} OpenMP thread(s), one per core (threads=0: all of them)"]

@@ -14,7 +14,7 @@ import pytest
 from rlzoo.api import (build_registry, check_component, ConfigError, DuplicateComponentError, Environment, Example,
                        make_plugin_manager, module_plugin, Tool)
 from rlzoo.commands.cli import main
-from rlzoo.commands.sft import _unfit
+from rlzoo.run.sft_trainer import _unfit
 from rlzoo.agents.episodes import EpisodeLimits
 from rlzoo.contract.registry import Registry
 from rlzoo.plan.planner import load_config

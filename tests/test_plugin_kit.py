@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import random
 import sys
-import textwrap
 import uuid
 from pathlib import Path
 
@@ -17,10 +16,11 @@ from rlzoo.commands.cli import main
 from rlzoo.core.errors import ConfigError
 from rlzoo.contract.loading import build_registry, make_plugin_manager, module_plugin
 from rlzoo.tasks.task import Example, Task
-from rlzoo.testing import CHECKED_KINDS, check_component, check_reward, check_task
+from zoo import fake_distribution
+from rlzoo.api import CHECKED_KINDS, check_component, check_reward, check_task
 
 REWARD = """
-from rlzoo import hookimpl
+from rlzoo.api import hookimpl
 def shouty(completions):
     return [float(c.isupper()) for c in completions]
 
@@ -78,18 +78,10 @@ def test_list_json_carries_parameters(capsys) -> None:
     assert entries["vanilla_pg"]["params"] == [] and entries["ppo_clip"]["inputs"]
 
 
-def _fake_distribution(root: Path, dist: str, module: str, source: str) -> None:
-    (root / f"{module}.py").write_text(textwrap.dedent(source))
-    info = root / f"{dist.replace('-', '_')}-0.1.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text(f"[rlzoo]\nmain = {module}\n")
-
-
 def test_a_name_collision_in_an_installed_package_is_listed_and_refuses_runs(
         capsys, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    _fake_distribution(tmp_path, "clashing-rlzoo-pkg", "clashing_rlzoo_mod", """
-        from rlzoo import hookimpl
+    fake_distribution(tmp_path, "clashing-rlzoo-pkg", "clashing_rlzoo_mod", """
+        from rlzoo.api import hookimpl
         def mine(loss, mask, counts=None):
             return (loss * mask).sum()
 

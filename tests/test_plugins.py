@@ -241,7 +241,7 @@ def test_import_rlzoo_loads_no_plugin() -> None:
 
 
 RECORDER = """
-from rlzoo import hookimpl
+from rlzoo.api import hookimpl
 CALLS = []
 
 @hookimpl
@@ -358,7 +358,7 @@ def test_a_misspelt_or_undecorated_hook_is_an_error_naming_the_plugin(capsys, pl
                                                                       fragments: list[str]) -> None:
     from rlzoo.commands.cli import main
 
-    name = plugin_module("from rlzoo import hookimpl\n" + source)
+    name = plugin_module("from rlzoo.api import hookimpl\n" + source)
     code = main(["config", f"plugins=[{name}]"])
     err = capsys.readouterr().err
     assert code == 2 and "Traceback" not in err
@@ -369,7 +369,7 @@ def test_a_misspelt_or_undecorated_hook_is_an_error_naming_the_plugin(capsys, pl
 
 SHAPES = """
 import torch
-from rlzoo import hookimpl
+from rlzoo.api import hookimpl
 def column(logp, advantages, response_mask):
     return (-advantages * logp).sum(-1, keepdim=True), {"clipfrac": torch.tensor(0.), "approx_kl": torch.tensor(0.)}
 
@@ -433,7 +433,7 @@ def test_lifecycle_hooks_are_called_through_pluggy_so_tracing_shows_them(tmp_pat
 
 
 ORDER = """
-from rlzoo import hookimpl
+from rlzoo.api import hookimpl
 class Mark:
     def __init__(self, label):
         self.label = label
@@ -488,7 +488,7 @@ def test_extensions_run_in_list_order_then_modules_and_see_each_others_changes(t
 def test_a_component_that_needs_the_reference_gets_its_log_probs(tmp_path: Path, plugin_module) -> None:
     source = """
 import torch
-from rlzoo import hookimpl
+from rlzoo.api import hookimpl
 SEEN = []
 
 def anchored(logp, advantages, response_mask, ref_logp):

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from rlzoo.config.params import build_params
 from rlzoo.core.errors import ConfigError
-from rlzoo.testing import check_component
+from rlzoo.api import check_component
 from rlzoo_plugins import clip_losses, loss_parts, reinforce_losses, sequence_losses
 import zoo
 from zoo import builtin_names

@@ -96,7 +96,7 @@ def test_diff_lists_the_knobs_that_differ_with_their_sources(capsys) -> None:
 
 def test_explain_and_diff_work_for_a_third_party_preset_with_its_card(capsys, plugin_module) -> None:
     name = plugin_module("""
-from rlzoo import hookimpl
+from rlzoo.api import hookimpl
 @hookimpl
 def rlzoo_register_algorithms(register):
     register("grpo_wide", {"policy_loss": {"name": "ppo_clip", "clip_high": 0.4}, "trainer": {"num_mini_batches": 2}},

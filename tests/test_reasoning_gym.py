@@ -16,7 +16,7 @@ from rlzoo.plan.planner import load_config  # noqa: E402
 from rlzoo.core.errors import ConfigError  # noqa: E402
 from rlzoo.rollout.scoring import Rewards  # noqa: E402
 from rlzoo.tasks.task import Holdout  # noqa: E402
-from rlzoo.testing import check_task  # noqa: E402
+from rlzoo.api import check_task  # noqa: E402
 from zoo import REGISTRY  # noqa: E402
 
 ARITH = "task={name: reasoning_gym, dataset: basic_arithmetic, config: {min_terms: 2, max_terms: 2, max_digits: 2}}"

@@ -1,4 +1,5 @@
-"""``rlzoo rm`` (rlzoo/commands/rm.py): the Bradley–Terry loss by hand, the data checks, and a run
+"""``rlzoo rm`` (rlzoo/run/rm_trainer.py; its pairs in rlzoo/tasks/pairs.py, its loss in
+rlzoo/learn/bradley_terry.py): the Bradley–Terry loss by hand, the data checks, and a run
 that learns held-out preferences, resumes exactly and writes a directory reward_model loads."""
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ from safetensors.torch import load_file
 
 import zoo
 from rlzoo.commands.cli import main
-from rlzoo.commands.rm import batch_rows, bradley_terry, load_pairs, split_pairs
+from rlzoo.core.errors import ConfigError
+from rlzoo.learn.bradley_terry import bradley_terry
+from rlzoo.tasks.pairs import batch_rows, load_pairs, split_pairs
 from zoo import REGISTRY
 
 TINY = [*zoo.TINY, "rm.batch_size=16", "rm.eval_every=0", "trainer.lr=0.003"]
@@ -208,7 +211,7 @@ def test_some_tied_pairs_are_a_warning(tmp_path: Path, capsys) -> None:
                  f"run_dir={tmp_path / 'run'}"]) == 0
     assert "rlzoo: warning: rm.data" in capsys.readouterr().err
     # the message itself, by hand
-    from rlzoo.commands.rm import load_pairs, tie_warning
+    from rlzoo.tasks.pairs import load_pairs, tie_warning
 
     assert tie_warning(load_pairs(data), "p") == ("rm.data 'p': chosen == rejected in 1 of 3 pairs (rows 2): they add "
                                                   "a constant to the loss and teach nothing")
@@ -224,7 +227,7 @@ def test_fit_context_keeps_the_last_tokens() -> None:
 def test_a_text_past_the_context_keeps_its_end_and_allocates_nothing_big(tmp_path: Path, capsys) -> None:
     """A 200,000-character response: the tiny backbone's context stops at TINY_CONTEXT (1024)
     and the text keeps its last 1024 tokens, with one warning; a second of CPU, not 40 GB."""
-    from rlzoo.commands.rm import TINY_CONTEXT
+    from rlzoo.run.rm_trainer import TINY_CONTEXT
 
     data = _pairs_file(tmp_path / "prefs.jsonl", [("1=", "12" * 100_000, "2"), ("2=", "2", "1")])
     run = tmp_path / "run"
@@ -285,3 +288,94 @@ def test_a_pickled_reward_model_checkpoint_is_refused_on_resume(tmp_path: Path, 
     line = _error_line(capsys)
     assert f"cannot load the model in {str(weights)!r}" in line, line
     assert not marker.exists()
+
+
+# ------------------------------------------------------------------ every architecture rlzoo train accepts
+
+NO_CLASSIFIER = {
+    "codegen": {"rotary_dim": 4, "n_ctx": 256}, "cohere": {}, "cohere2": {},
+    "falcon_h1": {"mamba_d_ssm": 64, "mamba_d_state": 8, "mamba_n_heads": 4, "mamba_chunk_size": 16},
+    "granite": {}, "granitemoe": {"num_local_experts": 2, "num_experts_per_tok": 1}, "hyperclovax": {},
+    "nanochat": {}, "vaultgemma": {},
+}
+"""Architectures transformers has no ``...ForSequenceClassification`` for (5.24), with the
+overrides that make a tiny one: ``rlzoo rm`` puts the critic's value head on their backbone."""
+
+
+def _causal_lm_dir(arch: str, path: Path) -> Path:
+    """A tiny random ``arch`` causal LM with a character tokenizer, saved to ``path``."""
+    import string
+
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from rlzoo.models.build import build_char_tokenizer
+
+    tokenizer = build_char_tokenizer(string.digits + string.ascii_letters + string.punctuation + " ")
+    config = AutoConfig.for_model(arch, vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
+                                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                                  max_position_embeddings=256, pad_token_id=tokenizer.pad_token_id,
+                                  bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                                  **NO_CLASSIFIER[arch])
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(str(path))
+    tokenizer.save_pretrained(str(path))
+    return path
+
+
+@pytest.mark.parametrize("arch", sorted(NO_CLASSIFIER))
+def test_rm_trains_a_reward_model_on_an_architecture_without_a_classifier_class(arch: str, tmp_path: Path) -> None:
+    """The reward model is the backbone with a value head (an rlzoo critic directory), and the
+    ``reward_model`` reward function scores with what was trained (the head starts at 0)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES
+
+    assert arch not in MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES  # else this test tests nothing new
+    lm = _causal_lm_dir(arch, tmp_path / "lm")
+    run = tmp_path / "run"
+    assert main(["rm", *zoo.TINY, f"model.path={lm}", "rm.data=task", "rm.task_pairs=32", "rm.steps=3",
+                 "rm.batch_size=8", "rm.eval_fraction=0.25", "trainer.lr=0.01", f"run_dir={run}"]) == 0
+    out = run / "reward_model"
+    assert (out / "value_head.safetensors").is_file() and (out / "tokenizer.json").is_file()
+    component = REGISTRY.get("reward", "reward_model")
+    scorer = component.bind(component.params(path=str(out))).build(device=torch.device("cpu"))
+    scores = scorer(prompts=["321=", "321="], completions=["123", "312"])
+    assert scores.shape == (2,) and torch.isfinite(scores).all() and bool((scores != 0).any())
+
+
+def test_a_value_head_reward_model_resumes_exactly(tmp_path: Path) -> None:
+    lm = _causal_lm_dir("granite", tmp_path / "lm")
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    common = ["rm", *zoo.TINY, f"model.path={lm}", "rm.data=task", "rm.task_pairs=32", "rm.batch_size=8",
+              "rm.eval_every=0", "checkpoint.every=2", "trainer.lr=0.01"]
+    assert main([*common, "rm.steps=4", f"run_dir={straight}"]) == 0
+    assert main([*common, "rm.steps=2", f"run_dir={split}"]) == 0
+    assert main(["rm", f"resume={split}", "rm.steps=4"]) == 0
+    for name in ("model.safetensors", "value_head.safetensors"):
+        a, b = load_file(straight / "reward_model" / name), load_file(split / "reward_model" / name)
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_held_out_share_that_leaves_less_than_a_batch_is_a_warning(tmp_path: Path, capsys) -> None:
+    data = sorting_pairs(tmp_path / "prefs.jsonl", count=40)
+    assert main(["rm", *TINY, f"rm.data={data}", "rm.steps=1", "rm.batch_size=4", "rm.eval_fraction=0.999",
+                 f"run_dir={tmp_path / 'run'}"]) == 0
+    assert ("rlzoo: warning: rm.eval_fraction=0.999 leaves 1 of 40 pairs for training, fewer than rm.batch_size=4: "
+            "each step repeats them") in capsys.readouterr().err
+    assert main(["rm", *TINY, f"rm.data={data}", "rm.steps=1", "rm.batch_size=4", f"run_dir={tmp_path / 'ok'}"]) == 0
+    assert "warning" not in capsys.readouterr().err
+
+
+def test_rm_is_checked_as_an_rm_run_not_as_rl_training(capsys, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`rlzoo rm launcher.nproc=N` was refused for rollout.prompts_per_step (16, not divisible by
+    3), a key rm never reads; now rm's own split of rm.batch_size is what is checked, before any
+    process starts, and on a rank (WORLD_SIZE set) no RL check refuses the rm config either."""
+    from rlzoo.run.resume import load_run_config
+
+    assert main(["rm", "launcher.nproc=3", "rm.data=task", "rm.batch_size=7", "rm.steps=1"]) == 2
+    assert capsys.readouterr().err == ("rlzoo: error: rm.batch_size=7 does not split over 3 processes: each trains on "
+                                       "an equal share of a step's pairs; use a multiple of 3\n")
+    monkeypatch.setenv("WORLD_SIZE", "2")  # as torchrun sets it for each rank
+    rl_only = ["rm.data=task", "rollout.prompts_per_step=3", "rollout.n=1", "advantage=grpo"]
+    with pytest.raises(ConfigError, match="need groups of completions"):
+        load_run_config(REGISTRY, rl_only)  # an RL run with these keys is still refused
+    plan = load_run_config(REGISTRY, rl_only, reward_model=True).plan
+    assert plan.world == 1 and plan.episodes is None

@@ -127,13 +127,29 @@ def test_null_reference_answers_are_refused_or_warned(capsys, tmp_path: Path) ->
     assert len(lines) == 1 and "Traceback" not in err, err
     assert ("task 'file': every reference answer is null (all 10 examples), but reward 'exact_match' compares "
             "completions with them") in lines[0]
+    for blank in ("", "  "):  # exact match would reward the empty completion
+        empty = _jsonl(tmp_path / "empty.jsonl", [{"prompt": f"{a}+{a}=", "answer": blank} for a in range(10)])
+        assert main(["train", f"task={{name: file, path: {empty}}}", "reward=exact_match", *short,
+                     f"run_dir={run}"]) == 2
+        assert "every reference answer is empty (all 10 examples)" in capsys.readouterr().err
+        assert not run.exists()
+    mixed = _jsonl(tmp_path / "mixed.jsonl", [{"prompt": f"{a}+{a}=", "answer": None if a % 2 else ""}
+                                              for a in range(10)])
+    assert main(["train", f"task={{name: file, path: {mixed}}}", "reward=exact_match", *short, f"run_dir={run}"]) == 2
+    assert "every reference answer is null or empty (all 10 examples)" in capsys.readouterr().err
     assert not run.exists()
     out = tmp_path / "m"
     assert main(["sft", f"task={{name: file, path: {none}}}", *short, "--steps", "1", "--out", str(out)]) == 2
-    assert "but rlzoo sft trains on them (the text 'None')" in capsys.readouterr().err
+    assert "but rlzoo sft trains on them (the text 'None', or nothing)" in capsys.readouterr().err
     assert not out.exists()
     some = _jsonl(tmp_path / "some.jsonl", [{"prompt": f"{a}+{a}=", "answer": None if a < 3 else str(2 * a)}
                                             for a in range(10)])
+    some_empty = _jsonl(tmp_path / "some-empty.jsonl", [{"prompt": f"{a}+{a}=", "answer": "" if a < 2 else str(2 * a)}
+                                                        for a in range(10)])
+    assert main(["train", f"task={{name: file, path: {some_empty}}}", "reward=exact_match", *short,
+                 f"run_dir={tmp_path / 'run-empty'}"]) == 0
+    assert ("rlzoo: warning: task 'file': 2 of 10 examples have an empty reference answer, but reward "
+            "'exact_match' compares") in capsys.readouterr().err
     assert main(["train", f"task={{name: file, path: {some}}}", "reward=exact_match", *short, f"run_dir={run}"]) == 0
     assert ("rlzoo: warning: task 'file': 3 of 10 examples have a null reference answer, but reward 'exact_match' "
             "compares") in capsys.readouterr().err

@@ -16,9 +16,9 @@ from typing import Any, Literal, Optional
 import pytest
 import tool_fns
 
-from rlzoo.core.errors import PluginError, UnknownComponentError
+from rlzoo.core.errors import PluginError, RefusedComponentError, UnknownComponentError
 from rlzoo.contract.loading import build_registry, make_plugin_manager, module_plugin
-from rlzoo.testing import check_component, check_tool
+from rlzoo.api import check_component, check_tool
 from rlzoo.contract.tool_schema import Tool, tool_from_callable
 from rlzoo.agents import sandbox
 from rlzoo.agents.tool_calls import ToolCall, call_tool, parse_tool_calls, tool_call_style
@@ -555,8 +555,9 @@ def test_rlzoo_list_lists_the_tools(capsys) -> None:
 
 
 def _register(**meta):
-    def hook(register):
-        register(meta.pop("name", "bad"), meta.pop("fn", _no_hint), **meta)
+    def hook(register):  # called once per registry built
+        given = dict(meta)
+        register(given.pop("name", "bad"), given.pop("fn", _no_hint), **given)
     return module_plugin(rlzoo_register_tools=hook)
 
 
@@ -569,7 +570,10 @@ def _register(**meta):
 def test_a_tool_that_cannot_be_described_is_refused_at_registration(meta: dict, message: str) -> None:
     pm = make_plugin_manager(load_entry_points=False)
     pm.register(_register(**meta), name="bad-plugin")
-    errors = build_registry(pm).load_errors  # a plugin that fails to register is reported, the rest load
+    with pytest.raises(RefusedComponentError) as refused:  # a run stops: the tool is refused at registration
+        build_registry(pm)
+    assert message in str(refused.value) and refused.value.kind == "tool", refused.value
+    errors = build_registry(pm, strict=False).load_errors  # the rest load (rlzoo list)
     assert len(errors) == 1 and isinstance(errors[0], PluginError) and message in str(errors[0]), errors
 
 

@@ -84,7 +84,7 @@ def test_same_seed_same_result_different_seed_differs(capsys, tmp_path: Path) ->
 
 KILLER = """
 import os, signal
-from rlzoo import hookimpl
+from rlzoo.api import hookimpl
 @hookimpl
 def rlzoo_step_end(step, metrics, ctx):
     if os.environ.get("RLZOO_TEST_SIGNAL_AT") == str(step):
@@ -150,7 +150,7 @@ def test_resume_without_checkpoint_is_a_clear_error(capsys, tmp_path: Path) -> N
 
 BAD_REWARDS = """
 import math
-from rlzoo import hookimpl
+from rlzoo.api import hookimpl
 def raises(prompts, completions, references):
     for c in completions:
         if len(c) >= 0:
@@ -190,7 +190,7 @@ def test_failing_reward_function_is_named_with_the_sample(capsys, tmp_path: Path
 
 NAN_LOSS = """
 import torch
-from rlzoo import hookimpl
+from rlzoo.api import hookimpl
 def nan_loss(logp, old_logp, advantages, response_mask):
     return logp * float("nan"), {"clipfrac": torch.tensor(0.0), "approx_kl": torch.tensor(0.0)}
 

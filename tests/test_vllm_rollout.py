@@ -73,6 +73,8 @@ def test_the_plan_prints_the_async_and_the_per_rank_core_splits(canned) -> None:
                                   "trainer.threads=1"]).plan.models["rollout"]
     assert "in a process of its own that the generator process starts (rollout.mode=async)" in line
     assert "synced in memory when the trainer publishes them (rollout.weight_sync_every)" in line
+    assert "evaluation runs in the trainer on rlzoo's KV-cache loop, so no second engine shares the trainer's cores" \
+        in line
     assert ("the trainer's 1 torch thread(s) pinned to core(s) 0 of 0-3 (trainer.threads), the engine's 3 OpenMP "
             "thread(s) on core(s) 1-3") in line
     line = load_config(REGISTRY, ["rollout.backend={name: vllm, threads: 1}", *SERVABLE, "rollout.mode=async",
@@ -120,20 +122,36 @@ def test_core_splits_by_hand() -> None:
 
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
                     reason="pins threads to cores: needs Linux and 2 usable cores")
-def test_an_async_trainer_keeps_to_its_cores_until_closed_and_starts_no_engine_unless_it_evaluates(
+def test_an_async_trainer_keeps_to_its_cores_until_closed_and_evaluates_without_an_engine(
         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The trainer of an async run (role evaluator) starts no second engine on its cores (it
+    did when the run evaluated): it generates with rlzoo's own loop on its policy, exactly as
+    the hf backend does."""
+    import contextlib
+
+    from rlzoo_plugins.rollout_backends import HFRollout
+
     before, threads = sorted(os.sched_getaffinity(0)), torch.get_num_threads()
     model, tok = _tiny()
     torch.set_num_threads(1)                                        # trainer.threads=1
     try:
         backend = vllm_rollout.VLLMRollout(model, tok, torch.device("cpu"), "float32", VLLMParams(threads=1),
-                                           role="evaluator")
+                                           role="evaluator", generation_context=contextlib.nullcontext)
         tasks = [int(tid) for tid in os.listdir("/proc/self/task")]
         assert all(sorted(os.sched_getaffinity(tid)) == before[:1] for tid in tasks)    # every thread of it
         assert os.environ[vllm_cores.CORES_ENV] == ",".join(map(str, before))         # what its generator splits
         assert vllm_cores.usable() == before and backend.cores == before[:1]
         backend.sync_weights(lambda: model.state_dict().items())                         # no engine: nothing to do
-        assert backend._finalizer is None
+        prompts = [[1, 2, 3], [4, 5]]
+        torch.manual_seed(7)
+        got = backend.generate(prompts, num_samples=3, max_new_tokens=5, temperature=1.0, top_p=0.9)
+        torch.manual_seed(7)
+        want = HFRollout(model, tok, torch.device("cpu"), "float32", contextlib.nullcontext).generate(
+            prompts, num_samples=3, max_new_tokens=5, temperature=1.0, top_p=0.9)
+        assert torch.equal(got.response_ids, want.response_ids) and torch.equal(got.logp, want.logp)
+        assert backend._finalizer is None and not hasattr(backend, "process")           # never an engine
+        with pytest.raises(TrainingError, match="runs no engine"):
+            backend.engine_info()
         backend.close()
         assert sorted(os.sched_getaffinity(0)) == before and vllm_cores.CORES_ENV not in os.environ
     finally:
@@ -146,7 +164,7 @@ def test_the_backend_is_told_its_role() -> None:
     """A sync run's trainer generates its batches; under rollout.mode=async the generator
     process does, and the trainer's backend only evaluates."""
     from rlzoo.plan.run_input import engine_input
-    from rlzoo.rollout.parts import RunParts
+    from rlzoo.run.parts import RunParts
 
     sync = engine_input(load_config(REGISTRY, []))
     assert RunParts(sync, torch.device("cpu")).role == "trainer"
@@ -695,6 +713,23 @@ def test_an_async_run_generates_on_the_generators_engine_apart_from_the_trainer_
     assert READY.findall(capfd.readouterr().out) == [("0", str(cores[-1]))]
     resumed = read_scalars(tmp_path / "async")
     assert [step for step, _ in resumed["rollout/staleness"]][-1] == 4 and resumed["rollout/staleness"][-1][1] == 0
+
+
+@_vllm
+@pytest.mark.slow
+@pytest.mark.skipif(len(vllm_cores.usable()) < 2, reason="rollout.mode=async splits the cores: needs 2")
+def test_an_async_run_evaluates_without_a_second_engine_and_logs_the_generators_reload(
+        tmp_path, capfd: pytest.CaptureFixture) -> None:
+    """Evaluation in the trainer of an async run started an engine of its own on the
+    trainer's cores; now the generator's is the only one, evaluation runs on rlzoo's loop,
+    and the generator's reload of published weights into its engine is logged."""
+    cores = vllm_cores.usable()
+    curves = _train(tmp_path, "async_eval", "rollout.mode=async", "trainer.total_steps=3", "eval.size=4",
+                    "eval.every=2", "eval.n=2")
+    assert READY.findall(capfd.readouterr().out) == [("0", str(cores[-1]))]   # the generator's engine alone
+    assert [step for step, _ in curves["eval/greedy_accuracy"]] == [2, 3]
+    reloads = dict(curves["timing/generator_reload_s"])
+    assert sorted(reloads) == [1, 2, 3] and reloads[1] > 0 and all(value >= 0 for value in reloads.values())
 
 
 @_vllm

@@ -3,6 +3,9 @@ a newly registered component without anyone editing a list."""
 
 from __future__ import annotations
 
+import textwrap
+from pathlib import Path
+
 from rlzoo.contract.loading import load_registry
 
 TINY = ["model.hidden_size=32", "model.intermediate_size=64", "model.num_layers=1", "model.num_heads=2",
@@ -12,6 +15,21 @@ TINY = ["model.hidden_size=32", "model.intermediate_size=64", "model.num_layers=
 completions a step, one torch thread."""
 
 PM, REGISTRY = load_registry()
+
+
+def fake_distribution(root: Path, dist: str, module: str, source: str, entry: str = "main",
+                      requires: tuple[str, ...] = ()) -> str:
+    """An installed plugin package as ``importlib.metadata`` sees it, without pip: ``module``
+    (``source`` dedented) and a ``dist``-0.1 ``.dist-info`` with its ``rlzoo`` entry point
+    ``entry`` and ``Requires-Dist`` lines for ``requires``, in ``root`` (put ``root`` on
+    ``sys.path``). Returns the plugin's name, ``dist:entry``."""
+    (root / f"{module}.py").write_text(textwrap.dedent(source))
+    info = root / f"{dist.replace('-', '_')}-0.1.dist-info"
+    info.mkdir()
+    requirements = "".join(f"Requires-Dist: {requirement}\n" for requirement in requires)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 0.1\n{requirements}")
+    (info / "entry_points.txt").write_text(f"[rlzoo]\n{entry} = {module}\n")
+    return f"{dist}:{entry}"
 
 
 def builtin_names(kind: str) -> tuple[str, ...]:

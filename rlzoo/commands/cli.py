@@ -12,10 +12,11 @@ import os
 import sys
 import textwrap
 from collections.abc import Sequence
+from pathlib import Path
 
 from rlzoo.contract.hookspecs import KIND_TITLES, REGISTRATION_HOOKS
 from rlzoo.core.deferred import defer_imports
-from rlzoo.core.errors import ConfigError, DuplicateComponentError, RlzooError, say
+from rlzoo.core.errors import ConfigError, DuplicateComponentError, RefusedComponentError, RlzooError, say
 from rlzoo.core.processes import share_cores_politely
 
 EXIT_USAGE = 2
@@ -118,7 +119,8 @@ def _parser() -> argparse.ArgumentParser:
 
     explain = sub.add_parser("explain", help="the run's knobs with their sources, and its run plan",
                              description="Resolve the config as `rlzoo train` would and print every "
-                             "algorithmic knob with its value, the layer that set it and, for a preset's "
+                             "knob that changes what the run computes with its value, the layer that set it and, "
+                             "for a preset's "
                              "knobs, the preset card's source and deviation; then the run plan (models, "
                              "passes, KL placement and units, aggregation, update structure) and warnings "
                              "for choices that cannot act.")
@@ -195,11 +197,11 @@ def _resolve_registry(args: argparse.Namespace):
     return pm, registry, None
 
 
-def _resolve(args: argparse.Namespace):
+def _resolve(args: argparse.Namespace, reward_model: bool = False):
     from rlzoo.run.resume import load_run_config
 
     pm, registry, _ = _resolve_registry(args)
-    resolved = load_run_config(registry, args.overrides, args.config)
+    resolved = load_run_config(registry, args.overrides, args.config, reward_model)
     return pm, registry, resolved
 
 
@@ -293,10 +295,9 @@ def _cmd_ab(args: argparse.Namespace) -> int:
 
 
 def _quiet_transformers() -> None:
-    from transformers.utils import logging as hf_logging
+    from rlzoo.models.hf_output import quiet_transformers
 
-    hf_logging.disable_progress_bar()
-    hf_logging.set_verbosity_error()
+    quiet_transformers()
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
@@ -337,29 +338,35 @@ def _launch_torchrun(args: argparse.Namespace, resolved, nproc: int, subcommand:
 
 
 def _cmd_sft(args: argparse.Namespace) -> int:
-    from rlzoo.commands.sft import run_sft
+    from rlzoo.plan.run_input import engine_input
+    from rlzoo.run.sft_trainer import default_out, run_sft
 
     _, registry, resolved = _resolve(args)
     _quiet_transformers()
-    out = run_sft(resolved, steps=args.steps, out_dir=args.out, target=args.target,
-                  batch_size=args.batch_size)
+    run = engine_input(resolved)
+    out_dir = Path(args.out) if args.out else default_out(resolved.cfg.run_name, run.components.task.name)
+    out = run_sft(run, out_dir, steps=args.steps, target=args.target, batch_size=args.batch_size,
+                  out_flag="--out" if args.out else "the default --out")
     print(f"saved the SFT model to {out}; train from it with model.path={out}")
     return 0
 
 
 def _cmd_rm(args: argparse.Namespace) -> int:
     from rlzoo.core.distributed import launched_by_torchrun
-    from rlzoo.commands.rm import check_world, run_rm
+    from rlzoo.plan.planner import reward_model_plan
+    from rlzoo.plan.run_input import engine_input
+    from rlzoo.run.rm_trainer import check_world, run_rm
 
-    _, _, resolved = _resolve(args)
+    _, _, resolved = _resolve(args, reward_model=True)  # rm trains no policy: the RL plan's checks do not apply
+    rm = reward_model_plan(resolved.cfg)
     if args.overwrite and resolved.cfg.resume:
         raise ConfigError("--overwrite starts a new run in place of another; it does not go with resume=")
     nproc = int(resolved.cfg.launcher.nproc)
     if nproc > 1 and not launched_by_torchrun():
-        check_world(resolved.cfg, nproc)
+        check_world(rm.batch_size, nproc)
         return _launch_torchrun(args, resolved, nproc, "rm")
     _quiet_transformers()
-    out = run_rm(resolved, overwrite=args.overwrite)
+    out = run_rm(engine_input(resolved), rm, overwrite=args.overwrite)
     if int(os.environ.get("RANK", "0")) == 0:
         print(f"saved the reward model to {out}; score with reward={{name: reward_model, path: {out}}}")
     return 0
@@ -367,7 +374,6 @@ def _cmd_rm(args: argparse.Namespace) -> int:
 
 def _cmd_sweep(args: argparse.Namespace) -> int:
     from datetime import datetime
-    from pathlib import Path
 
     from rlzoo.commands.sweep import run_sweep
 
@@ -435,9 +441,10 @@ def _cmd_list(args: argparse.Namespace) -> int:
         for c in registry.components(kind)
     ]
     # a plugin that failed to load is an error of the whole listing; with --kind only a name
-    # collision in that kind is (the kind is listed, the broken plugin reported as a warning)
+    # collision or a refused component in that kind is (the kind is listed, the rest reported as a warning)
     fatal = [e for e in registry.load_errors
-             if not args.kind or (isinstance(e, DuplicateComponentError) and e.kind == args.kind)]
+             if not args.kind or (isinstance(e, (DuplicateComponentError, RefusedComponentError))
+                                  and e.kind == args.kind)]
     errors = [str(e) for e in registry.load_errors]
     if args.json:
         print(json.dumps({"components": entries, "errors": errors}, indent=2))

@@ -12,6 +12,7 @@ docs/config.md's key tables :func:`keys_markdown_text`'s (tests check all three 
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,6 +23,7 @@ from rlzoo.config.key_record import show
 from rlzoo.config.keys import TABLE, explained_keys, key_records
 from rlzoo.contract.kinds import COMPONENT_FIELDS
 from rlzoo.plan.planner import load_config
+from rlzoo.plan.settings import TinyModel
 from rlzoo.config.resolved import ResolvedConfig
 from rlzoo.config.preset_cards import Preset, load_preset
 from rlzoo.contract.registry import Registry
@@ -47,6 +49,9 @@ class Knob:
     unused: str = ""
     card_key: str = ""
 
+
+TINY_SHAPE = frozenset(f.name for f in dataclasses.fields(TinyModel)) - {"max_positions"}
+"""The ``model.*`` keys of the embedded tiny model's shape (read only without ``model.path``)."""
 
 EXPANDED_LISTS = ("rollout_correction",)
 """Lists of component choices shown one row per parameter (``rollout_correction[0].threshold``)."""
@@ -82,6 +87,8 @@ def _unused(key: str, resolved: ResolvedConfig) -> str:
         return "no critic in this run"
     if key in ("eval.every", "eval.n", "eval.threshold", "eval.at_start") and int(resolved.cfg.eval.size) == 0:
         return "eval.size = 0: no evaluation"
+    if key.removeprefix("model.") in TINY_SHAPE and resolved.cfg.model.path:
+        return "model.path is set: the embedded model is not built"
     return ""
 
 

@@ -58,7 +58,12 @@ class Key:
     :ivar check: what ``choices`` and ``range`` cannot say: called with the value, raises
         :class:`ConfigError` (its docstring's first line is what docs/config.md shows).
     :ivar resumable: ``resume=`` may change it (``None``: as its section says).
-    :ivar explain: ``rlzoo explain`` lists it, an algorithmic knob (``None``: as its section says).
+    :ivar explain: ``rlzoo explain`` lists it: it changes what a run computes (``None``: as its
+        section says).
+    :ivar not_explained: for a key ``rlzoo explain`` does not list, why: it changes how, where or
+        when a run computes, or what it records, not what it computes (``""``: its section's
+        reason). Every key has one or the other (``tests/test_keys.py``), so a new key is a
+        decision, not a default.
     :ivar old: the value a run saved before the key existed ran with (``resume=`` fills it
         in); :data:`NEW` for a key that 0.2's first runs had.
     :ivar renamed_from: its rlzoo 0.1 name (an error naming this one), or ``""``.
@@ -76,6 +81,7 @@ class Key:
     check: Callable[[Any], None] | None = None
     resumable: bool | None = None
     explain: bool | None = None
+    not_explained: str = ""
     old: Any = NEW
     renamed_from: str = ""
     path: str = ""
@@ -108,6 +114,7 @@ class Section:
     :ivar doc: the mapping's comment in ``configs/default.yaml``, or ``""``.
     :ivar resumable: the default of its keys' ``resumable``.
     :ivar explain: the default of its keys' ``explain``.
+    :ivar not_explained: the default of its keys' ``not_explained`` (those not explained).
     :ivar rules: the checks that read several keys, registered here.
     """
 
@@ -116,6 +123,7 @@ class Section:
     doc: str = ""
     resumable: bool = False
     explain: bool = False
+    not_explained: str = ""
     rules: tuple[Rule, ...] = ()
 
 

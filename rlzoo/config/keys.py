@@ -50,22 +50,24 @@ class _Derived:
 _CACHE: list[tuple[tuple[Section, ...], _Derived]] = []
 
 
-def _walk(section: Section, prefix: str, resumable: bool, explain: bool,
+def _walk(section: Section, prefix: str, resumable: bool, explain: bool, not_explained: str,
           keys: dict[str, Key], rules: list[Rule]) -> None:
-    """Every key below ``section`` with its path, ``resumable`` and ``explain`` filled in."""
+    """Every key below ``section`` with its path, ``resumable``, ``explain`` and ``not_explained``
+    filled in."""
     rules.extend(section.rules)
     for entry in section.entries:
         if isinstance(entry, Section):
             _walk(entry, f"{prefix}{entry.name}.", entry.resumable or resumable, entry.explain or explain,
-                  keys, rules)
+                  entry.not_explained or not_explained, keys, rules)
             continue
         path = prefix + entry.name
         if path in keys:
             raise ValueError(f"config key {path} has two records")
+        explained = explain if entry.explain is None else entry.explain
         keys[path] = dataclasses.replace(
             entry, path=path,
             resumable=resumable if entry.resumable is None else entry.resumable,
-            explain=explain if entry.explain is None else entry.explain)
+            explain=explained, not_explained=entry.not_explained or ("" if explained else not_explained))
 
 
 def _class_name(path: str) -> str:
@@ -106,7 +108,8 @@ def _derived() -> _Derived:
     keys: dict[str, Key] = {}
     rules: list[Rule] = []
     for section in TABLE:
-        _walk(section, f"{section.name}." if section.name else "", section.resumable, section.explain, keys, rules)
+        _walk(section, f"{section.name}." if section.name else "", section.resumable, section.explain,
+              section.not_explained, keys, rules)
     top: list[Key | Section] = []
     for section in TABLE:
         top.extend(section.entries if section.name is None else (section,))

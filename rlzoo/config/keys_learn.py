@@ -81,7 +81,7 @@ TEACHER = Section("teacher", (
         "a local model directory: the teacher of on-policy distillation (advantage=opd, kl.target=teacher)",
         "frozen, with the policy's tokenizer; loaded only when a component reads `teacher_logp` or the KL's "
         "target is the teacher"),
-))
+), explain=True)
 
 TRAINER = Section("trainer", (
     Key("total_steps", int, 1000, "training steps (one rollout each)", range="> 0", resumable=True),
@@ -99,7 +99,8 @@ TRAINER = Section("trainer", (
         "must divide the sequences per step (per process)", range="> 0", renamed_from="trainer.mini_batches"),
     Key("micro_batch_size", int, 64, "sequences per forward/backward",
         "their gradients accumulate over the mini-batch", range="> 0",
-        resumable=True, explain=False),
+        resumable=True, explain=False,
+        not_explained="splits a mini-batch for memory: the gradients accumulate to the same sum (up to rounding)"),
     Key("micro_batch_tokens", Optional[int], None,
         "token positions per forward/backward, instead of micro_batch_size sequences (null: off)",
         "each mini-batch (and each pass before the update) is split into micro-batches that compute at most this "
@@ -108,7 +109,8 @@ TRAINER = Section("trainer", (
         "is the fixed split's (every aggregation divides by the mini-batch's counts), the memory of a micro-batch "
         "is bounded by the budget instead of by its longest sequence, and `rlzoo doctor --plan` estimates with "
         "it. It must hold the longest sequence (the longest prompt + `rollout.max_new_tokens`): refused before "
-        "any model is built otherwise", check=_micro_batch_tokens, resumable=True, explain=False, old=None),
+        "any model is built otherwise", check=_micro_batch_tokens, resumable=True, explain=False, old=None,
+        not_explained="splits a mini-batch for memory: the gradients accumulate to the same sum (up to rounding)"),
     Key("padding_free", Optional[bool], None,
         "pack the sequences of the training-side passes without padding (null: where exact; true | false)",
         "the update, old-log-prob, reference, teacher and critic forwards lay each micro-batch's sequences one "
@@ -117,19 +119,20 @@ TRAINER = Section("trainer", (
         "load-time model check finds the packed forward equal to each sequence alone (not on models with "
         "convolution or recurrent layers, or whose mask ignores position ids: padded there, with one warning); "
         "`true`: refused on such a model; `false`: always padded, the check skipped", resumable=True,
-        explain=False, old=False),
+        explain=False, old=False, not_explained="how a forward lays out its sequences: the same numbers, rounded"),
     Key("max_grad_norm", Optional[float], 1.0, "gradient clipping to this global L2 norm; null: no clipping",
         "the norm is logged as `grad_norm` either way; `0` is refused", check=_max_grad_norm),
     Key("entropy_coef", float, 0.0, "entropy bonus: loss -= c * agg(H)", range=">= 0"),
     Key("logprob_chunk_size", int, 1024, "tokens per chunk of the log-prob/entropy head", range="> 0",
-        resumable=True, explain=False),
+        resumable=True, explain=False, not_explained="how the head is chunked: the same log-probs"),
     Key("logprob_keep_mb", float, 256, "keep the head's log-softmax for backward up to this size (MiB), else recompute",
         "the size of a forward's response tokens × vocabulary × 4 bytes: speed for memory, the same numbers "
         "either way ([design.md](design.md#log-probs-from-hidden-states-in-chunks))", range=">= 0",
-        resumable=True, explain=False),
+        resumable=True, explain=False, not_explained="speed for memory: the same numbers either way"),
     Key("device", str, "cpu", "cpu | cuda | auto (cuda when there is one)", choices=("cpu", "cuda", "auto"),
-        explain=False),
-    Key("threads", int, 0, "torch threads; 0 keeps torch's choice", range=">= 0", resumable=True, explain=False),
+        explain=False, not_explained="where the run computes, not what"),
+    Key("threads", int, 0, "torch threads; 0 keeps torch's choice", range=">= 0", resumable=True, explain=False,
+        not_explained="how many threads compute it, not what"),
     Key("precision", str, "fp32", "fp32 | bf16: bfloat16 compute (autocast) over float32 master weights",
         "the matmuls (the LM head's too) run in bfloat16, the logits are cast to float32 before the softmax, so "
         "log-probs, entropies, values, KL and losses are float32 (CPU and GPU alike); with `model.dtype=bfloat16` "

@@ -16,7 +16,7 @@ LOGGING = Section("logging", (
     Key("doctor", bool, True, "every eval.every steps, doctor's checks on the curves so far as one-line warnings "
         "(rlzoo doctor)", "the same detectors and thresholds as `rlzoo doctor RUN_DIR` "
         "([diagnostics.md](diagnostics.md)); `false` silences them", old=False),
-), resumable=True)
+), resumable=True, not_explained="what a run logs and prints, not what it computes")
 
 EVAL = Section("eval", (
     Key("every", int, 100, "evaluate every N steps and after the last (0: only after the last)",
@@ -36,7 +36,7 @@ CHECKPOINT = Section("checkpoint", (
     Key("every", int, 100, "steps between checkpoints (0: only at the end)", "one is also written on Ctrl-C",
         range=">= 0", resumable=True),
     Key("keep", int, 2, "checkpoints kept on disk", range="> 0", resumable=True),
-))
+), not_explained="what a run keeps on disk: a resume from any checkpoint is exact")
 
 DISTRIBUTED = Section("distributed", (
     Key("strategy", str, "ddp", "ddp | fsdp (FSDP2 fully_shard: for a model that does not fit one device)",
@@ -44,12 +44,15 @@ DISTRIBUTED = Section("distributed", (
     Key("backend", str, "auto", "auto (nccl on CUDA, gloo on CPU) | gloo | nccl", choices=("auto", "gloo", "nccl")),
     Key("timeout_s", float, 600, "a collective waiting longer fails the job (a dead or stuck rank)", range="> 0",
         resumable=True),
-), doc="used under torchrun (WORLD_SIZE > 1); see docs/scaling.md")
+), doc="used under torchrun (WORLD_SIZE > 1); see docs/scaling.md",
+    not_explained="how processes share the work: losses and batch statistics are the global batch's, as in one "
+                  "process")
 
 LAUNCHER = Section("launcher", (
     Key("nproc", int, 1, "> 1: `rlzoo train` (and `rlzoo rm`) runs itself under torchrun with this many processes",
         "it runs `torchrun --standalone`", range="> 0"),
-))
+), not_explained="how many processes share the work: losses and batch statistics are the global batch's, as in one "
+                 "process")
 
 RM = Section("rm", (
     Key("data", Optional[str], None,
@@ -66,4 +69,5 @@ RM = Section("rm", (
     Key("chat_template", Optional[bool], None,
         "null: render with the tokenizer's chat template when it has one; true | false", old=None),
     Key("task_pairs", int, 2000, "pairs generated with rm.data=task", range="> 0", old=2000),
-), doc="`rlzoo rm`: a reward model from preference pairs (docs/reward-models.md)")
+), doc="`rlzoo rm`: a reward model from preference pairs (docs/reward-models.md)",
+   not_explained="rlzoo rm's run, not rlzoo train's, which explain describes (an rm run's plan.txt lists these)")

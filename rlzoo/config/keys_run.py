@@ -61,16 +61,19 @@ RUN = Section(None, (
     Key("seed", int, 0, "seeds torch, Python and the prompt sampler; CPU runs are bit-reproducible",
         check=_seed, explain=True),
     Key("run_name", Optional[str], None, "default: `<algo>-<task>-s<seed>-<timestamp>`",
-        "`run_dir=` places a run elsewhere", check=_run_name),
+        "`run_dir=` places a run elsewhere", check=_run_name, not_explained="names the run's directory"),
     Key("run_dir", Optional[str], None, "default: `runs/<run_name>`",
         "a directory holding another run is refused unless `rlzoo train --overwrite` "
-        "([failure and recovery](training.md#a-run-directory-belongs-to-one-run))"),
+        "([failure and recovery](training.md#a-run-directory-belongs-to-one-run))",
+        not_explained="where the run writes"),
     Key("resume", Optional[str], None, "path of a run directory to continue",
         "its `config.yaml` becomes the base layer, its `plugins` load again, and only "
-        "[some keys](training.md#what-a-resume-may-change) may differ"),
+        "[some keys](training.md#what-a-resume-may-change) may differ",
+        not_explained="continues a run exactly: what it computes is the saved config's (whose knobs explain lists)"),
     Key("plugins", list[str], [], "extra plugin modules to import, e.g. [my_pkg.my_plugin]",
         "module names (`[my_reward]`, `[my_pkg.plugin]`: importable from the current directory or an installed "
-        "package) or `.py` file paths (`[my_reward.py]`, `[lib/rewards.py]`, relative to the current directory)"),
+        "package) or `.py` file paths (`[my_reward.py]`, `[lib/rewards.py]`, relative to the current directory)",
+        explain=True),
     Key("extensions", list[Any], [], "lifecycle extensions to enable, e.g. [dynamic_sampling]",
         "each a name or a mapping with `name` and parameters",
         explain=True),
@@ -89,11 +92,10 @@ TASK = Section(None, (
         "where a completion's answer is: plain (all of it), answer_tag, boxed, last_number, exact_line",
         "for rewards that read `answers`, the `{format}` hint and `eval/strict_accuracy` "
         "([tasks.md](tasks.md#instructions-system-prompts-and-answer-formats))", old="plain"),
-))
+), explain=True)
 
 MODEL = Section("model", (
-    Key("path", Optional[str], None, "a local Hugging Face model directory; null builds the embedded tiny model",
-        explain=True),
+    Key("path", Optional[str], None, "a local Hugging Face model directory; null builds the embedded tiny model"),
     Key("arch", str, "qwen2", "architecture of the embedded model", choices=("qwen2", "llama")),
     Key("hidden_size", int, 64, "embedded model: width of the residual stream", range="> 0"),
     Key("intermediate_size", int, 256, "embedded model: width of the MLP", range="> 0"),
@@ -103,7 +105,8 @@ MODEL = Section("model", (
     Key("dtype", str, "float32", "the weights' dtype (float16 is refused: rollout.dtype=float16 generates in it)",
         "AdamW on float16 weights turns most of them NaN in one step", choices=("float32", "bfloat16"),
         check=_model_dtype),
-    Key("gradient_checkpointing", bool, False, "recompute activations in backward (memory for time)"),
+    Key("gradient_checkpointing", bool, False, "recompute activations in backward (memory for time)",
+        explain=False, not_explained="recomputes the same activations in backward: memory for time"),
     Key("chat_template", Optional[bool], None,
         "null: prompts become a user turn when the tokenizer has a chat template; true | false",
         "`true` is an error for a tokenizer without one"),
@@ -127,7 +130,7 @@ MODEL = Section("model", (
             "a name that matches no layer, or one of the embeddings, is refused with the model's linear-layer names",
             check=_lora_modules, old=LORA_MODULES),
     ), doc="LoRA adapters through peft (pip install 'rlzoo[lora]'); see docs/training.md, \"LoRA\""),
-))
+), explain=True)
 
 ROLLOUT = Section("rollout", (
     Key("prompts_per_step", int, 16, "prompts (groups) per step", range="> 0"),

@@ -29,10 +29,10 @@ from omegaconf.errors import (
 )
 
 from rlzoo.config.choices import CHOICE_PATHS, choose_components, take_choices, task_default_reward
-from rlzoo.config.keys import renamed_keys, run_schema
+from rlzoo.config.keys import key_records, renamed_keys, run_schema
 from rlzoo.config.preset_cards import Preset, card_problems, load_preset, preset_label, read_preset
 from rlzoo.config.resolved import ResolvedConfig
-from rlzoo.config.schema import check_values, schema_keys, type_message
+from rlzoo.config.schema import check_booleans, check_values, schema_keys, type_message
 from rlzoo.config.yamlfile import read_yaml
 from rlzoo.contract.kinds import COMPONENT_FIELDS
 from rlzoo.contract.registry import Registry
@@ -184,6 +184,8 @@ def resolve_layers(registry: Registry, layers: Layers) -> ResolvedConfig:
 
     :raises ConfigError: the first problem, one line.
     """
+    for _, layer in layers.labelled:
+        check_sections(registry, layer)
     choices = take_choices(layers.labelled)
     cfg = merge_into_schema(layers, choices.sources)
     check_merged(cfg)
@@ -193,6 +195,28 @@ def resolve_layers(registry: Registry, layers: Layers) -> ResolvedConfig:
                           extensions=[(c, p) for c, p, _ in chosen.items("extensions")], sources=choices.sources,
                           rewards=[(c, p, w) for c, p, w in chosen.items("reward")], registry=registry,
                           corrections=[(c, p) for c, p, _ in chosen.items("rollout_correction")])
+
+
+def check_sections(registry: Registry, layer: dict[str, Any]) -> None:
+    """Refuse a section of keys given one value (``rollout=vllm``, ``model=/path``), naming
+    the key the value probably belongs to: a component field of the section that has a
+    component of that name (``rollout.backend=vllm``), a key whose choices hold it, or the
+    section's ``path``; else a few of the section's keys.
+
+    :raises ConfigError: one line.
+    """
+    records = key_records()
+    for section, value in layer.items():
+        keys = [path for path in [*records, *COMPONENT_FIELDS] if path.startswith(f"{section}.")]
+        if not keys or isinstance(value, dict):
+            continue
+        fits = [path for path, kind in COMPONENT_FIELDS.items() if path in keys and isinstance(value, str)
+                and value in registry.names(kind)]
+        fits += [path for path in keys if path in records and value in records[path].choices]
+        fits += [path for path in keys if path.endswith(".path") and isinstance(value, str)]
+        hint = (f"did you mean {fits[0]}={value}?" if fits else
+                f"set its keys, e.g. {', '.join(f'{k}=...' for k in keys[:4])}")
+        raise ConfigError(f"{section}={value!r}: {section} is a section of keys, not a value; {hint}")
 
 
 def labelled_layers(registry: Registry, overrides: list[str] | None, config_file: str | Path | None,
@@ -364,8 +388,10 @@ def merge_into_schema(layers: Layers, sources: dict[str, str]) -> DictConfig:
         OmegaConf.update(schema, path, None if path in COMPONENT_FIELDS else [], force_add=True)
     OmegaConf.set_struct(schema, True)
     cfg = schema
+    types = {path: key.type for path, key in key_records().items()}
     for label, layer in layers.labelled:
         try:
+            check_booleans(layer, types, "value for")
             cfg = _merge_checked(cfg, layer)
         except ConfigError as exc:
             raise ConfigError(f"{layers.preset_label}: {exc}" if label.startswith("preset ") else str(exc)) from exc

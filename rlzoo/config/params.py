@@ -8,6 +8,7 @@ did-you-mean, types, ranges in ``__post_init__``) and instantiates it.
 from __future__ import annotations
 
 import dataclasses
+import typing
 from typing import Any
 
 from omegaconf import OmegaConf
@@ -15,7 +16,7 @@ from omegaconf.errors import OmegaConfBaseException, ValidationError
 
 from rlzoo.core.errors import ConfigError, did_you_mean
 from rlzoo.contract.registry import Component, Registry
-from rlzoo.config.schema import check_numbers, type_message
+from rlzoo.config.schema import check_booleans, check_numbers, type_message
 
 def build_params(component: Component, given: dict[str, Any], where: str | None = None) -> Any:
     """Validate ``given`` against the component's parameter dataclass and instantiate it.
@@ -39,6 +40,7 @@ def build_params(component: Component, given: dict[str, Any], where: str | None 
                 f"{', '.join(names) or '(none)'}.{hint}"
             )
     check_numbers(given, f"parameter for {label}:", sep="=")
+    check_booleans(given, _annotations(component.params), f"parameter for {label}:", sep="=")
     try:
         node = OmegaConf.merge(OmegaConf.structured(component.params), given)
         return OmegaConf.to_object(node)
@@ -49,6 +51,15 @@ def build_params(component: Component, given: dict[str, Any], where: str | None 
         raise ConfigError(f"invalid parameter for {label}: {exc}") from exc
     except OmegaConfBaseException as exc:
         raise ConfigError(f"invalid parameters for {label}: {exc}") from exc
+
+
+def _annotations(params: type) -> dict[str, Any]:
+    """Each field of a parameter dataclass -> its type (string annotations resolved where they can be)."""
+    try:
+        hints = typing.get_type_hints(params)
+    except (NameError, TypeError):  # an annotation naming something its module does not define
+        hints = {}
+    return {f.name: hints.get(f.name, f.type) for f in dataclasses.fields(params)}
 
 
 def resolve_component(

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import re
 import string
-from typing import Any
+from typing import Any, Optional
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ValidationError
@@ -106,6 +106,38 @@ def check_numbers(data: Any, label: str, sep: str = ": ") -> None:
     if big:
         raise ConfigError(f"invalid {label} {big[0][0]}{sep}{big[0][1]}; config integers must fit in int64 "
                           f"(|n| <= {INT64_MAX})")
+
+
+BOOLEAN_TYPES = (bool, Optional[bool])
+"""The annotations of a boolean key or parameter (``null`` allowed for the second)."""
+
+
+def check_booleans(data: Any, annotations: dict[str, Any], label: str, sep: str = ": ") -> None:
+    """Refuse a boolean key or parameter given anything but ``true`` / ``false`` (YAML's
+    booleans; also ``null`` where its type is ``Optional[bool]``): OmegaConf would read a
+    number as ``bool(n)`` (``2`` as true) and a few words as booleans, while other words
+    fail, so rlzoo reads booleans one way: YAML's.
+
+    :param data: a config layer or a component's given parameters (a nested dict, before
+        any merge converts it).
+    :param annotations: dotted key -> its declared type; keys of other types are not looked at.
+    :param label: how the message introduces the key (``"value for"``).
+    :raises ConfigError: one line naming the key, its value and what a boolean is.
+    """
+    for key, annotation in annotations.items():
+        if annotation not in BOOLEAN_TYPES:
+            continue
+        node: Any = data
+        for part in key.split("."):
+            node = node.get(part, _ABSENT) if isinstance(node, dict) else _ABSENT
+        if node is _ABSENT or isinstance(node, bool) or (node is None and annotation is not bool) or (
+                isinstance(node, str) and node.startswith("${")):  # an interpolation: its value is checked after
+            continue
+        allowed = "true or false" + (" (or null)" if annotation is not bool else "")
+        raise ConfigError(f"invalid {label} {key}{sep}{node!r}; a boolean is {allowed}")
+
+
+_ABSENT = object()
 
 
 def check_values(cfg: DictConfig) -> None:

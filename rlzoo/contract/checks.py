@@ -11,12 +11,13 @@ three stages later.
 
 from __future__ import annotations
 
+import difflib
 import inspect
 from typing import Any, Callable, Protocol
 
 import torch
 
-from rlzoo.core.errors import ConfigError, PluginError, TrainingError
+from rlzoo.core.errors import ConfigError, PluginError, TrainingError, did_you_mean
 from rlzoo.contract.kinds import KINDS
 
 
@@ -80,12 +81,30 @@ def _named_inputs(label: str, fn: Any, known: dict[str, Any], has_params: bool, 
         elif parameter.name in known:
             inputs.append(parameter.name)
         elif parameter.default is parameter.empty:
-            raise PluginError(f"{label} takes {parameter.name!r}, which is not an input of its kind; "
-                              f"the engine passes {', '.join(known) or 'no inputs'}"
-                              f"{' and params' if has_params else ''} ({where})")
+            raise PluginError(f"{label} takes {parameter.name!r}, which is not an input of its kind."
+                              f"{did_you_mean(parameter.name, known)} The engine passes "
+                              f"{', '.join(known) or 'no inputs'}{' and params' if has_params else ''} ({where})")
+        elif close_input(parameter.name, known):
+            raise PluginError(f"{label} takes {parameter.name!r} (with a default), which is not an input of its "
+                              f"kind, so the engine never passes it.{did_you_mean(parameter.name, known)} The "
+                              f"engine passes {', '.join(known)}{' and params' if has_params else ''} ({where})")
     if has_params and not takes_params:
         raise PluginError(f"{label} declares a parameter dataclass but its function takes no 'params'")
     return tuple(inputs)
+
+
+CLOSE_INPUT = 0.85
+"""How similar (``difflib`` ratio) a defaulted parameter's name must be to an input's to be
+refused as its misspelling: ``group_id``/``group_ids`` 0.94, ``ref_logprobs``/``ref_logp`` 0.80 (not
+refused), ``mask``/``loss_mask`` 0.62."""
+
+
+def close_input(name: str, known: dict[str, Any]) -> bool:
+    """``name`` looks like a misspelt input of ``known`` (``group_id`` for ``group_ids``,
+    ``token_reward`` for ``token_rewards``): a parameter with a default and such a name would
+    silently never be passed. Closer than :func:`rlzoo.core.errors.did_you_mean`'s threshold, so
+    a parameter of the function's own (``scale``, ``eps``) is never taken for one."""
+    return bool(difflib.get_close_matches(name, list(known), n=1, cutoff=CLOSE_INPUT))
 
 
 def derived_needs(kind: str, inputs: tuple[str, ...]) -> frozenset[str]:

@@ -15,7 +15,9 @@ A registration hook receives a ``register`` callback and calls it once per compo
                  description="...", paper="arXiv:2501.00000")
 
 ``register(name, fn, *, params=None, needs=(), description="", paper=None, aliases=(),
-retired_aliases=None, **meta)``: see :meth:`rlzoo.contract.registry.Registry.add`. Two plugins
+retired_aliases=None, **meta)``: see :meth:`rlzoo.contract.registry.Registry.add`. A ``params``
+dataclass may define ``warnings(self) -> list[str]``: lines the run plan lists as warnings
+for values it accepts but that likely mislead. Two plugins
 registering one name (or alias) of the same kind is an error that names both plugins.
 
 **Inputs are passed by name.** The engine calls every component with keyword arguments
@@ -26,8 +28,13 @@ input is how a component asks for it: an advantage estimator that names ``values
 the run build a critic, one that names ``baseline_scores`` a greedy rollout, a loss that
 names ``ref_logp`` a reference model (the *needs* derived from the signature; see
 ``rlzoo list``). The signature is checked when the component registers: a parameter that
-is not an input of its kind (and has no default), ``*args`` / ``**kwargs``, or a declared
-``needs`` entry whose inputs the function never takes is an error naming the plugin.
+is not an input of its kind (and has no default, or has one but is named like an input:
+``group_id``), ``*args`` / ``**kwargs``, or a declared ``needs`` entry whose inputs the
+function never takes is an error naming the plugin, and a did-you-mean for a misspelt input.
+Such a component is *refused*: it is not registered (the plugin's other components are),
+and :func:`rlzoo.contract.loading.build_registry` raises
+:class:`rlzoo.core.errors.RefusedComponentError`, so no run starts until it is fixed or its
+plugin is skipped (docs/plugins.md, "Loading, and how to control it").
 Outputs are checked on every call: a wrong shape or a missing required metric stops the
 run with the component and its package named.
 
@@ -145,7 +152,8 @@ def rlzoo_register_rollout_corrections(register: Register) -> None:
     ``advantages``, ``response_mask``; all ``(B, T)``) and gets ``(weights, metrics)``:
     ``weights`` ``(B, T)`` multiply the per-token policy loss (detached; 0 drops a token,
     and it stays in the aggregation's denominator), and ``metrics`` is a dict of detached
-    scalars logged as ``rollout_correction/<name>/<key>``. A correction that names ``logp``
+    scalars logged as ``rollout_correction/<name>/<key>``: exactly the ones it returns (rlzoo
+    computes no metric for it, and it receives no other correction's). A correction that names ``logp``
     is called in every update micro-batch, and so is one that names ``old_logp`` under
     ``trainer.old_logp=rollout`` (verl's bypass: it gets the current policy's log-probs,
     detached, as ``old_logp``); any other once per step over the whole batch
@@ -190,11 +198,15 @@ def rlzoo_register_loss_aggregations(register: Register) -> None:
     :param register: call ``register(name, fn, ...)`` once per mode.
 
     The engine calls ``fn(loss=..., mask=..., counts=..., params=...)`` (the ones ``fn``
-    names) with ``(B, T)`` tensors and gets a scalar. ``counts`` is a
-    :class:`rlzoo.core.batch.BatchCounts` of the *global* batch (valid tokens, non-empty
-    sequences, the configured max response length) so the sum of the results over
-    micro-batches (and ranks) equals the mode computed on the whole batch; with
-    ``counts=None`` the mode normalises by the given tensors alone.
+    names) once per update micro-batch with its ``(B, T)`` tensors (the mask is ``loss_mask``,
+    or ``response_mask`` for the value loss) and sums the scalars. ``counts`` is a
+    :class:`rlzoo.core.batch.BatchCounts` of the whole mini-batch over every micro-batch and
+    rank, and all the mode learns of it: the mask's valid tokens, its non-empty sequences and
+    ``max_response_length``, the *configured* ``rollout.max_new_tokens`` (not the longest
+    response); no other batch-wide number is passed or computable here
+    (``rlzoo.core.distributed.batch_sum`` is local in the update). So the sum of the results
+    equals the mode computed on the whole mini-batch; with ``counts=None`` the mode
+    normalises by the given tensors alone.
     """
 
 
@@ -330,7 +342,7 @@ def rlzoo_register_tools(register: Register) -> None:
         memory) runs each call in a child process, killed after ``timeout_s`` seconds, whose
         address space may grow by ``memory_mb`` MiB; ``fn`` must then be a module-level
         function. ``examples`` are argument dicts the testing kit calls the tool with
-        (:func:`rlzoo.testing.check_component`).
+        (:func:`rlzoo.api.check_component`).
     """
 
 

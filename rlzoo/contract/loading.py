@@ -24,7 +24,7 @@ from typing import Any
 import pluggy
 
 from rlzoo.contract import hookspecs
-from rlzoo.core.errors import DuplicateComponentError, PluginError, did_you_mean
+from rlzoo.core.errors import DuplicateComponentError, PluginError, RefusedComponentError, did_you_mean
 from rlzoo.contract.registry import Registry
 
 ENTRY_POINT_GROUP = "rlzoo"
@@ -134,15 +134,13 @@ class PluginManager(pluggy.PluginManager):
                 plugin = ep.load()
             except Exception as exc:  # noqa: BLE001 - any import failure is reported
                 self.load_errors.append(
-                    PluginError(
-                        f"plugin {name!r} (entry point {ep.value!r}) failed to import: "
-                        f"{type(exc).__name__}: {exc}"
-                    )
-                )
+                    PluginError(f"plugin {name!r} (entry point {ep.value!r}) failed to import: {type(exc).__name__}: "
+                                f"{exc}. {import_fix(exc, ep, dist, name)}", plugin=name, package=dist))
                 continue
             try:
                 self.register_plugin(plugin, name=name, package=dist)
             except PluginError as exc:
+                exc.plugin, exc.package = name, dist
                 self.load_errors.append(exc)
 
     def load_modules(self, modules: Iterable[str]) -> None:
@@ -160,6 +158,49 @@ class PluginManager(pluggy.PluginManager):
             if self.is_registered(module):  # an installed plugin's own module: its entry point loaded it
                 continue
             self.register_plugin(module, name=name, package=item)
+
+
+def import_fix(exc: BaseException, ep: md.EntryPoint, dist: str, name: str) -> str:
+    """What to do about an installed plugin that failed to import: the missing dependency's
+    pip name where the plugin's package declares it (a requirement that is not installed),
+    else how to see the traceback; and the switch that skips the plugin."""
+    module = ep.value.split(":")[0].strip()
+    skip = f"or skip the plugin: RLZOO_DISABLE_PLUGINS={name}"
+    missing = exc.name.split(".")[0] if isinstance(exc, ModuleNotFoundError) and exc.name else None
+    if missing is None:
+        return f"Its traceback: python -c 'import {module}'; fix {dist}, {skip}"
+    if missing == module.split(".")[0]:
+        return f"{dist} is installed without its own module {missing!r}: reinstall it (pip install --force-reinstall " \
+               f"{dist}), {skip}"
+    absent = _absent_requirements(dist)
+    wanted = [req for req in absent if _normalised(req) == _normalised(missing)] or (absent if len(absent) == 1 else [])
+    if wanted:
+        return f"It needs {wanted[0]}, a dependency of {dist} that is not installed: pip install {wanted[0]}; {skip}"
+    return (f"Install the package that provides the module {missing!r} ({dist} does not declare it; its pip name may "
+            f"differ from the module's), {skip}")
+
+
+def _normalised(name: str) -> str:
+    """A distribution or module name as PEP 503 compares them."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _absent_requirements(dist: str) -> list[str]:
+    """The requirements of distribution ``dist`` (those not behind an extra) that are not installed."""
+    try:
+        requires = md.distribution(dist).requires or []
+    except md.PackageNotFoundError:
+        return []
+    absent = []
+    for requirement in requires:
+        found = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", requirement)
+        if found is None or "extra" in requirement.partition(";")[2]:
+            continue
+        try:
+            md.distribution(found.group(1))
+        except md.PackageNotFoundError:
+            absent.append(found.group(1))
+    return absent
 
 
 def _required_args(fn: Any) -> list[str]:
@@ -261,24 +302,48 @@ def build_registry(pm: PluginManager, strict: bool = True) -> Registry:
                 try:
                     registry.add(_kind, name, fn, plugin=_p, package=_pkg, **meta)
                 except DuplicateComponentError as exc:
+                    exc.plugin, exc.package = _p, _pkg
                     if strict:
                         raise
                     registry.load_errors.append(exc)
+                except PluginError as exc:  # this component only: the plugin's others still register
+                    registry.refuse(RefusedComponentError(f"{exc}. {_refusal(_kind, name, _p)}", _kind, str(name),
+                                                          plugin=_p, package=_pkg))
 
             try:
                 caller(register=register)
             except DuplicateComponentError:
                 raise
             except PluginError as exc:
+                exc.plugin, exc.package = plugin_name, package
                 registry.load_errors.append(exc)
             except Exception as exc:  # noqa: BLE001
                 registry.load_errors.append(
                     PluginError(
                         f"plugin {plugin_name!r} ({package}) failed in {hook_name}: "
-                        f"{type(exc).__name__}: {exc}"
+                        f"{type(exc).__name__}: {exc}", plugin=plugin_name, package=package
                     )
                 )
+    refused = registry.refused()
+    if strict and refused:
+        if len(refused) == 1:
+            raise refused[0]
+        raise RefusedComponentError(f"{len(refused)} components were refused at registration:\n"
+                                    + "\n".join(f"  - {e}" for e in refused), refused[0].kind, refused[0].name,
+                                    plugin=refused[0].plugin, package=refused[0].package)
     return registry
+
+
+def _refusal(kind: str, name: str, plugin: str) -> str:
+    """What a refused component means and the way out, after the reason it was refused."""
+    if plugin.startswith(("module:", "file:")):
+        way_out = " or the plugin leaves plugins=[...]"
+    elif ":" in plugin and not plugin.startswith(("<", "extension:")):
+        way_out = f" or the plugin is skipped: RLZOO_DISABLE_PLUGINS={plugin}"
+    else:
+        way_out = ""
+    return (f"The plugin loaded, but its {kind} {name!r} is refused at registration, and no run starts until it is "
+            f"fixed{way_out}")
 
 
 def load_registry(modules: Iterable[str] = ()) -> tuple[PluginManager, Registry]:

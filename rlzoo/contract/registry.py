@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rlzoo.contract.checks import BoundComponent, check_declared_needs, derived_needs, inspect_inputs
-from rlzoo.core.errors import DuplicateComponentError, PluginError, UnknownComponentError, did_you_mean
+from rlzoo.core.errors import (DuplicateComponentError, PluginError, RefusedComponentError, UnknownComponentError,
+                               did_you_mean)
 from rlzoo.contract.kinds import KINDS
 from rlzoo.contract.tool_schema import ToolsByName, registered_tool
 
@@ -122,7 +123,18 @@ class Registry:
         self._components: dict[str, dict[str, Component]] = {k: {} for k in KINDS}
         self._aliases: dict[str, dict[str, str]] = {k: {} for k in KINDS}
         self.load_errors: list[PluginError] = []
-        """Plugins that failed to import or register; the rest of the registry is usable."""
+        """Plugins that failed to import or register, and components refused at registration
+        (:class:`~rlzoo.core.errors.RefusedComponentError`); the rest of the registry is usable."""
+
+    def refuse(self, error: RefusedComponentError) -> None:
+        """Record a component refused at registration: it stays out of the registry, and
+        :meth:`get` of its name says why."""
+        self.load_errors.append(error)
+
+    def refused(self, kind: str | None = None) -> list[RefusedComponentError]:
+        """The components refused at registration (of ``kind``, or all)."""
+        return [e for e in self.load_errors
+                if isinstance(e, RefusedComponentError) and (kind is None or e.kind == kind)]
 
     def add(
         self,
@@ -230,6 +242,9 @@ class Registry:
             )
         component = self._owner(kind, str(name))
         if component is None:
+            for refusal in self.refused(kind):
+                if refusal.name == str(name):
+                    raise UnknownComponentError(f"{kind} {name!r} is not registered: {refusal}")
             for candidate in self._components[kind].values():
                 if str(name) in candidate.retired_aliases:
                     raise UnknownComponentError(
@@ -241,9 +256,14 @@ class Registry:
                 for c in sorted(self._components[kind].values(), key=lambda c: c.name)
             ) or "(none registered)"
             failed = ""
-            if self.load_errors:  # the component may live in a plugin that did not load
-                failed = (f" {len(self.load_errors)} plugin(s) failed to load and may hold it: "
-                          + "; ".join(str(e) for e in self.load_errors))
+            unloaded = [e for e in self.load_errors if not isinstance(e, RefusedComponentError)]
+            if unloaded:  # the component may live in a plugin that did not load
+                failed = (f" {len(unloaded)} plugin(s) failed to load and may hold it: "
+                          + "; ".join(str(e) for e in unloaded))
+            refused = self.refused(kind)
+            if refused:
+                failed += (" Refused at registration: "
+                           + ", ".join(f"{kind} {e.name!r} (plugin {e.plugin!r})" for e in refused) + ".")
             raise UnknownComponentError(
                 f"unknown {kind} {name!r}; registered: {listed}.{did_you_mean(name, choices)}{failed}"
             )

@@ -18,8 +18,11 @@ class BatchCounts:
 
     :ivar tokens: valid (mask = 1) tokens in the global batch.
     :ivar sequences: sequences with at least one valid token in the global batch.
-    :ivar max_response_length: the configured maximum response length (T_max of
-        ``seq-mean-token-sum-norm``), a constant independent of padding.
+    :ivar max_response_length: the configured maximum response length (``rollout.max_new_tokens``,
+        T_max of ``seq-mean-token-sum-norm``), a constant independent of padding: not the
+        longest response of the batch.
+
+    These three are all an aggregation learns of the batch beyond its micro-batch.
     """
 
     tokens: float

@@ -20,7 +20,18 @@ class UnknownComponentError(ConfigError):
 
 
 class PluginError(RlzooError):
-    """A plugin failed to load, register or run; the message names the plugin."""
+    """A plugin failed to load, register or run; the message names the plugin.
+
+    :ivar plugin: the plugin's name (``dist:entry-point``, ``module:...``, ``file:...``, or the
+        name it was registered under), ``None`` when unknown.
+    :ivar package: the distribution (package) it came from, ``None`` when unknown. A plugin
+        author's test filters ``registry.load_errors`` by it (docs/plugins.md, "Testing your plugin").
+    """
+
+    def __init__(self, message: str, *, plugin: str | None = None, package: str | None = None) -> None:
+        super().__init__(message)
+        self.plugin = plugin
+        self.package = package
 
 
 class DuplicateComponentError(PluginError):
@@ -29,9 +40,30 @@ class DuplicateComponentError(PluginError):
     :ivar kind: that kind (``None`` when unknown).
     """
 
-    def __init__(self, message: str, kind: str | None = None) -> None:
-        super().__init__(message)
+    def __init__(self, message: str, kind: str | None = None, *, plugin: str | None = None,
+                 package: str | None = None) -> None:
+        super().__init__(message, plugin=plugin, package=package)
         self.kind = kind
+
+
+class RefusedComponentError(PluginError):
+    """A plugin loaded, but one component it registered breaks the contract (a signature
+    naming an input its kind does not have, unknown needs, a parameter class that is no
+    dataclass, a tool whose schema cannot be built, ...): that component is not registered.
+
+    Like a name collision it stops every run (:func:`rlzoo.contract.loading.build_registry`
+    raises it), while ``rlzoo list`` and a registry built with ``strict=False`` keep the
+    plugin's other components.
+
+    :ivar kind: the component's kind.
+    :ivar name: the name it was registered under.
+    """
+
+    def __init__(self, message: str, kind: str, name: str, *, plugin: str | None = None,
+                 package: str | None = None) -> None:
+        super().__init__(message, plugin=plugin, package=package)
+        self.kind = kind
+        self.name = name
 
 
 class TrainingError(RlzooError):

@@ -20,6 +20,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from rlzoo.contract.checks import BoundComponent
 from rlzoo.core import distributed
 from rlzoo.core.batch import BatchCounts, RolloutBatch
 from rlzoo.learn.correcting import Corrections, offpolicy_metrics
@@ -67,12 +68,15 @@ def adamw(params: Any, lr: float, betas: tuple[float, float], weight_decay: floa
     return torch.optim.AdamW(params, lr=lr, betas=betas, weight_decay=weight_decay, fused=fused or None)
 
 
-def non_finite(stage: str, component: str) -> str:
-    """What a non-finite value in ``stage`` is called in errors."""
-    return f"non-finite value in {stage} (component {component!r})"
+def non_finite(stage: str, component: BoundComponent) -> str:
+    """What a non-finite value in ``stage`` is called in errors: the component that computed it,
+    its package, and the plugin kit's check that tests it where such values most often come from."""
+    c = component.component
+    return (f"non-finite value in {stage} (component {c.name!r} of package {c.package or '?'}; "
+            f"rlzoo.api.check_component(registry.get({c.kind!r}, {c.name!r})) tests it on its kind's edge cases)")
 
 
-def check_finite(value: torch.Tensor, stage: str, component: str) -> None:
+def check_finite(value: torch.Tensor, stage: str, component: BoundComponent) -> None:
     """:raises TrainingError: ``value`` holds NaN or inf (the stage and component named)."""
     if not bool(torch.isfinite(value).all()):
         raise TrainingError(f"{non_finite(stage, component)}; the step was stopped and no checkpoint was "
@@ -170,7 +174,7 @@ class Learner:
             self.critic_optimizer = adamw(models.critic.parameters(), o.critic_lr, o.betas, o.weight_decay)
             self.critic_scheduler = torch.optim.lr_scheduler.LambdaLR(self.critic_optimizer, factor)
 
-    def _check_finite(self, value: torch.Tensor, stage: str, component: str) -> None:
+    def _check_finite(self, value: torch.Tensor, stage: str, component: BoundComponent) -> None:
         """:func:`check_finite` in a single process; under torchrun, record the first
         non-finite value as :attr:`failure` and carry on (every rank raises it later)."""
         if not self.dist.enabled:
@@ -299,7 +303,7 @@ class Learner:
             values=batch.old_values, baseline_scores=batch.baseline_scores, old_logp=batch.old_logp,
             ref_logp=batch.ref_logp, reward_scores=batch.reward_scores, teacher_logp=batch.teacher_logp,
             sum_pi_squared=batch.old_sum_pi_squared, reward_weights=self.reward_weights.to(mask.device))
-        self._check_finite(advantages, "advantage estimation", self.advantage.name)
+        self._check_finite(advantages, "advantage estimation", self.advantage)
         batch.advantages, batch.returns = advantages, returns
         metrics["advantages/mean"] = float(masked_mean(advantages, mask))
         if batch.teacher_logp is not None and batch.old_logp is not None:  # what distillation drives to 0
@@ -328,7 +332,7 @@ class Learner:
                 policy_loss = functools.partial(self._policy_loss, counts=counts, means=means)
                 self._accumulate(models.policy_forward, mini, policy_loss)
                 grad_norms.append(self._clip_and_step(models.policy, self.optimizer, "policy gradient",
-                                                      self.policy_loss.name))
+                                                      self.policy_loss))
                 if models.critic is not None:
                     self._critic_step(mini, means)
         metrics = means.result(self.dist)
@@ -364,7 +368,7 @@ class Learner:
                 (loss * self.dist.world).backward()  # DDP averages over ranks; counts are global
 
     def _clip_and_step(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, stage: str,
-                       component: str) -> float:
+                       component: BoundComponent) -> float:
         """Clip the gradient norm to the plan's ``max_grad_norm`` (``None``: no clipping), refuse a non-finite one,
         step; returns the norm before clipping."""
         max_norm = self.plan.optimizer.max_grad_norm
@@ -406,7 +410,7 @@ class Learner:
         means.add("entropy", float(masked_mean(entropy.detach(), mask)), weight)
         if "entropy" in plan.terms:
             loss = loss + plan.terms["entropy"].coef * self._term("entropy", mb, entropy, counts)
-        self._check_finite(loss, "policy loss", self.policy_loss.name)
+        self._check_finite(loss, "policy loss", self.policy_loss)
         return loss
 
     def _kl_target_logp(self, batch: RolloutBatch) -> torch.Tensor | None:
@@ -432,7 +436,7 @@ class Learner:
             token_loss, value_metrics = self.value_loss(values=values, old_values=mb.old_values,
                                                         returns=mb.returns, response_mask=getattr(mb, mask))
             loss = self.plan.terms["value"].coef * self._term("value", mb, token_loss, counts)
-            self._check_finite(loss, "value loss", self.value_loss.name)
+            self._check_finite(loss, "value loss", self.value_loss)
             weight = float(getattr(mb, mask).sum())
             means.add("value/loss", float(loss.detach()) * counts[mask].tokens / max(weight, 1.0), weight)
             for key, value in value_metrics.items():
@@ -440,7 +444,7 @@ class Learner:
             return loss
 
         self._accumulate(models.critic_forward, mini, micro_loss)
-        norm = self._clip_and_step(models.critic, self.critic_optimizer, "value gradient", self.value_loss.name)
+        norm = self._clip_and_step(models.critic, self.critic_optimizer, "value gradient", self.value_loss)
         means.add("value/grad_norm", norm, 1.0)
 
     # ---------------------------------------------------------------- state

@@ -424,7 +424,8 @@ def build_run_models(plan: RunPlan, task: Any, task_name: str, device: torch.dev
         reference.to(device)
         set_fast_paths(reference, fast_paths(policy))
     if plan.model.gradient_checkpointing:
-        policy.gradient_checkpointing_enable()
+        enable = getattr(policy, "activation_checkpointing_enable", None) or policy.gradient_checkpointing_enable
+        enable()  # transformers 5.2x renamed it (the old name warns that it goes in v6)
         if plan.lora is not None:  # frozen embeddings: reentrant checkpointing (transformers 4's
             policy.enable_input_require_grads()  # default) needs a block input that requires grad
     reference_forward = ResponseForward(reference) if reference is not None else None

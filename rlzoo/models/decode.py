@@ -67,9 +67,11 @@ SAMPLE_BLOCK = 256
 
 
 def _cache_kwarg(model: PreTrainedModel) -> str:
-    """The forward's KV-cache argument: ``cache`` (transformers >= 5.2x) or ``past_key_values``."""
+    """The forward's KV-cache argument: ``cache`` (transformers >= 5.2x) or ``past_key_values``;
+    a peft model passes its keyword arguments on to the model it wraps, whose name it is."""
+    inner = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model
     try:
-        parameters = inspect.signature(model.forward).parameters
+        parameters = inspect.signature(inner.forward).parameters
     except (TypeError, ValueError):
         return "past_key_values"
     return "cache" if "cache" in parameters else "past_key_values"

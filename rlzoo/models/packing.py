@@ -26,11 +26,9 @@ Two layouts (:attr:`rlzoo.models.head.FastPaths.packing`):
   the widest row; for a model whose attention is not ``sdpa`` (e.g. Gemma-2's eager
   attention with its softcap) or whose layers do not pass keyword arguments down.
 
-Whether a model attends within each sequence given such position ids is a property of its
-code, not of this module: a recurrent or convolutional layer (LFM2, Mamba), or a model whose
-mask ignores ``position_ids`` (OPT, MPT), mixes neighbouring sequences. The load-time check
-(:mod:`rlzoo.models.model_check`) measures the packed forward against each sequence alone and
-records which layout a model runs, if any.
+Whether a model keeps each sequence to itself this way is a property of its code (a
+convolution or recurrent state, LFM2's or Mamba's, runs across the boundary; MPT's mask ignores
+``position_ids``): the load-time check (:mod:`rlzoo.models.model_check`) decides per model.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Reward models: a frozen network that reads prompt + response and returns one score.
 
 One module holds what the scorer (the ``reward_model`` reward function) and the trainer
-(``rlzoo rm``, :mod:`rlzoo.commands.rm`) must agree on, so a directory ``rlzoo rm`` writes scores
+(``rlzoo rm``, :mod:`rlzoo.run.rm_trainer`) must agree on, so a directory ``rlzoo rm`` writes scores
 exactly as it was trained:
 
 - **the text** (:func:`reward_text`): with a chat template (``chat_template`` true, or
@@ -38,11 +38,13 @@ from typing import Any, Callable
 
 import torch
 from transformers import AutoConfig, AutoModelForSequenceClassification, PreTrainedModel, PreTrainedTokenizerBase
+from transformers.models.auto.modeling_auto import MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES
 
 from rlzoo.core.errors import ConfigError
 from rlzoo.core.dtypes import DTYPES
 from rlzoo.models.build import ValueModel, check_tokenizer_fits, load_tokenizer, unreadable_model
 from rlzoo.core.tokens import left_pad
+from rlzoo.tasks.prompts import Text, plain_text
 
 VALUE_HEAD_FILE = "value_head.safetensors"
 """Marks an rlzoo critic directory (:class:`rlzoo.models.build.ValueModel`): scored by its value head."""
@@ -57,17 +59,8 @@ the policy's, which the checkpoint keeps in this directory beside it."""
 PROBE_TEXT = "Hello, world! 0123456789"
 """Encoded at load: a tokenizer that gives it no token has lost its vocabulary files."""
 
-Text = str | list[dict[str, str]]
-"""A prompt or response: plain text, or chat messages (``[{"role": ..., "content": ...}]``)."""
-
-
 def _messages(value: Text, role: str) -> list[dict[str, str]]:
     return list(value) if isinstance(value, list) else [{"role": role, "content": value}]
-
-
-def plain_text(value: Text) -> str:
-    """The text of a prompt or response: itself, or its messages' contents joined."""
-    return value if isinstance(value, str) else "".join(str(m.get("content", "")) for m in value)
 
 
 def uses_chat_template(tokenizer: PreTrainedTokenizerBase, chat_template: bool | None) -> bool:
@@ -214,19 +207,31 @@ def load_reward_model(path: str | Path, dtype: str, device: torch.device) -> tup
     if reason is not None:
         raise ConfigError(reason)
     path = Path(path)
-    torch_dtype: Any = "auto" if dtype == "auto" else DTYPES[dtype]
     with unreadable_model(path):
         tokenizer = load_tokenizer(tokenizer_dir(path))
-        if (path / VALUE_HEAD_FILE).is_file():
-            config = AutoConfig.from_pretrained(str(path))
-            model: torch.nn.Module = ValueModel.from_policy_config(config)
-            model.load_from(path)
-            saved = str(getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or "float32")
-            model.to(DTYPES.get(saved.removeprefix("torch."), torch.float32) if dtype == "auto" else DTYPES[dtype])
-        else:
-            model = AutoModelForSequenceClassification.from_pretrained(str(path), dtype=torch_dtype)
+        model = read_scorer(path, dtype)
     _check_tokenizer(path, model, tokenizer)
     return model.to(device).eval().requires_grad_(False), tokenizer
+
+
+def read_scorer(path: str | Path, dtype: str) -> torch.nn.Module:
+    """The model of a reward-model directory as it was saved: an rlzoo critic (backbone +
+    :data:`VALUE_HEAD_FILE`) or a ``...ForSequenceClassification`` (``rlzoo rm`` resumes
+    from it; :func:`load_reward_model` freezes it). Call under
+    :func:`rlzoo.models.build.unreadable_model`.
+
+    :param dtype: ``auto`` (the dtype its ``config.json`` records) or a key of
+        :data:`rlzoo.core.dtypes.DTYPES`.
+    """
+    path = Path(path)
+    if (path / VALUE_HEAD_FILE).is_file():
+        config = AutoConfig.from_pretrained(str(path))
+        model = ValueModel.from_policy_config(config)
+        model.load_from(path)
+        saved = str(getattr(config, "dtype", None) or getattr(config, "torch_dtype", None) or "float32")
+        return model.to(DTYPES.get(saved.removeprefix("torch."), torch.float32) if dtype == "auto" else DTYPES[dtype])
+    return AutoModelForSequenceClassification.from_pretrained(str(path),
+                                                              dtype="auto" if dtype == "auto" else DTYPES[dtype])
 
 
 def sequence_scores(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -235,7 +240,7 @@ def sequence_scores(model: torch.nn.Module, input_ids: torch.Tensor, attention_m
     position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
     last = attention_mask.shape[1] - 1 - attention_mask.long().flip(-1).argmax(-1)  # (B,) last valid index
     rows = torch.arange(input_ids.shape[0], device=input_ids.device)
-    if isinstance(model, ValueModel):
+    if isinstance(getattr(model, "module", model), ValueModel):  # also under DDP: called through the wrapper
         return model(input_ids, attention_mask, position_ids)[rows, last].float()
     head = getattr(model, "score", None)
     if not isinstance(head, torch.nn.Linear):  # an encoder classifier: its own pooling
@@ -258,9 +263,15 @@ def score_ids(model: torch.nn.Module, ids: list[list[int]], pad_id: int, batch_s
     return torch.cat(out) if out else torch.zeros(0)
 
 
-def from_causal_lm(policy: PreTrainedModel) -> PreTrainedModel:
-    """A one-label ``...ForSequenceClassification`` with ``policy``'s architecture and
-    backbone weights; its ``score`` head starts at zero (every score 0, as the critic's)."""
+def from_causal_lm(policy: PreTrainedModel) -> torch.nn.Module:
+    """A reward model with ``policy``'s architecture and backbone weights whose head starts
+    at zero (every score 0, as the critic's): a one-label ``...ForSequenceClassification``
+    where transformers has that class for the architecture, else (CodeGen, Cohere, Granite,
+    Falcon-H1, ...) an rlzoo critic (:class:`rlzoo.models.build.ValueModel`: the backbone and a
+    linear value head), which :func:`sequence_scores` reads at the last token and
+    :func:`load_reward_model` loads alike."""
+    if policy.config.model_type not in MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES:
+        return ValueModel.from_policy_config(policy.config, state_from=policy).to(policy.dtype)
     config = policy.config.__class__.from_dict(policy.config.to_dict())
     config.num_labels = 1
     config.id2label, config.label2id = {0: "score"}, {"score": 0}

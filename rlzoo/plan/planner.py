@@ -27,7 +27,7 @@ from rlzoo.plan.consistency import (LORA_INSTALL, check_async, check_consistency
 from rlzoo.plan.episode_rules import episode_plan
 from rlzoo.plan.learning import CorrectionStep, KLPlan, LossTerm, OptimizerPlan, UpdatePlan
 from rlzoo.plan.records import LoraPlan, RolloutPlan, RunPlan
-from rlzoo.plan.settings import CadencePlan, ComputePlan, EvalPlan, ModelPlan, PromptPlan, TinyModel
+from rlzoo.plan.settings import CadencePlan, ComputePlan, EvalPlan, ModelPlan, PromptPlan, RewardModelPlan, TinyModel
 
 __all__ = ["LORA_INSTALL", "CorrectionStep", "KLPlan", "LoraPlan", "LossTerm", "PlannedConfig", "RolloutPlan",
            "RunPlan", "UpdatePlan", "build_plan", "load_config", "peft_problem"]
@@ -50,25 +50,32 @@ def _world(cfg: Any) -> int:
 
 
 def load_config(registry: Registry, overrides: list[str] | None = None, config_file: str | Path | None = None,
-                base: dict[str, Any] | None = None, base_label: str = "base") -> PlannedConfig:
+                base: dict[str, Any] | None = None, base_label: str = "base",
+                reward_model: bool = False) -> PlannedConfig:
     """The resolved config of a run with its plan decided (``resolved.plan``): the layers
     merged and the components chosen (:func:`rlzoo.config.layers.resolve_config`, which
-    documents the parameters), then :func:`build_plan`. Raises
-    :class:`~rlzoo.core.errors.ConfigError` on any bad input or inconsistent combination,
-    before anything is built or written."""
+    documents the parameters), then :func:`build_plan` (``reward_model``: for ``rlzoo rm``).
+    Raises :class:`~rlzoo.core.errors.ConfigError` on any bad input or inconsistent
+    combination, before anything is built or written."""
     resolved = resolve_config(registry, overrides, config_file, base, base_label)
     fields = {f.name: getattr(resolved, f.name) for f in dataclasses.fields(resolved)}
-    return PlannedConfig(**fields, plan=build_plan(resolved))
+    return PlannedConfig(**fields, plan=build_plan(resolved, reward_model))
 
 
-def build_plan(resolved: ResolvedConfig) -> RunPlan:
+def build_plan(resolved: ResolvedConfig, reward_model: bool = False) -> RunPlan:
     """Decide the run plan of ``resolved``; every consistency check of a run lives here.
 
+    :param reward_model: the plan of an ``rlzoo rm`` run, which reads the model, optimizer,
+        compute, cadence and held-out share of the plan (and the task and its rewards), and
+        trains no policy: the checks of RL training (groups, prompts split over the
+        processes, KL, a teacher, the asynchronous rollout, episodes, the rollout backend's)
+        do not apply, and the RL records are those of one process. Its own checks are
+        :func:`reward_model_plan`'s and :func:`rlzoo.run.rm_trainer.check_world`.
     :raises ConfigError: one line naming the conflicting keys and how to resolve them.
     """
     cfg = resolved.cfg
     comps = resolved.components
-    world = _world(cfg)
+    world = 1 if reward_model else _world(cfg)
     kl_on = float(cfg.kl.coef) > 0
     to_teacher = kl_on and cfg.kl.target == "teacher"
     acting = [c for path, c in comps.items()
@@ -81,9 +88,11 @@ def build_plan(resolved: ResolvedConfig) -> RunPlan:
         needs |= target_needs(component.needs) if is_kl_to_teacher else component.needs
     if "critic" in needs and "value_loss" in comps:
         needs |= comps["value_loss"].needs
-    check_consistency(resolved, needs, kl_on, world)
-    check_async(resolved, world)
-    episodes = episode_plan(resolved, needs, kl_on, world)
+    episodes = None
+    if not reward_model:
+        check_consistency(resolved, needs, kl_on, world)
+        check_async(resolved, world)
+        episodes = episode_plan(resolved, needs, kl_on, world)
 
     lora = _lora_plan(cfg)
     models = {"policy": "trained" if lora is None else f"base weights frozen, rank-{lora.rank} LoRA adapters trained"}
@@ -150,7 +159,7 @@ def build_plan(resolved: ResolvedConfig) -> RunPlan:
     if cfg.rollout.dtype and cfg.rollout.dtype != cfg.model.dtype:
         models["rollout"] = (f"a {cfg.rollout.dtype} copy of the policy for generation, synced after each "
                              "update (rollout.dtype)")
-    describe = comps["rollout.backend"].meta.get("plan")
+    describe = None if reward_model else comps["rollout.backend"].meta.get("plan")
     if describe is not None:  # a backend that says what it runs beside the trainer, refusing what it cannot run
         models["rollout"] = describe(cfg, resolved.params["rollout.backend"], world)
 
@@ -217,6 +226,16 @@ def _optimizer_plan(cfg: Any) -> OptimizerPlan:
                          max_grad_norm=None if t.max_grad_norm is None else float(t.max_grad_norm),
                          schedule=str(t.lr_schedule), warmup_steps=int(t.warmup_steps),
                          schedule_steps=int(t.total_steps))
+
+
+def reward_model_plan(cfg: Any) -> RewardModelPlan:
+    """``rlzoo rm``'s record, from the resolved config's ``rm`` section (its values checked by the schema)."""
+    rm = cfg.rm
+    return RewardModelPlan(data=None if rm.data is None else str(rm.data), steps=int(rm.steps),
+                           batch_size=int(rm.batch_size), eval_fraction=float(rm.eval_fraction),
+                           eval_every=int(rm.eval_every),
+                           chat_template=None if rm.chat_template is None else bool(rm.chat_template),
+                           task_pairs=int(rm.task_pairs))
 
 
 def _eval_plan(cfg: Any) -> EvalPlan:
@@ -349,4 +368,28 @@ def _inert_choices(resolved: ResolvedConfig, plan: RunPlan) -> list[str]:
                             f"{', '.join(set_lora)} has no effect; set model.lora.rank > 0 for LoRA")
     if "critic" not in plan.needs and resolved.sources.get("value_loss.name") == "command line":
         warnings.append("value_loss is set but no component needs a critic: it has no effect")
-    return warnings
+    o = plan.optimizer
+    if o.warmup_steps > plan.cadence.total_steps:
+        warnings.append(f"trainer.warmup_steps={o.warmup_steps} > trainer.total_steps={plan.cadence.total_steps}: the "
+                        f"learning rate never reaches trainer.lr={o.lr:g} (the last step's is "
+                        f"{plan.cadence.total_steps / o.warmup_steps:.2g} of it)")
+    return warnings + _parameter_warnings(resolved)
+
+
+def _parameter_warnings(resolved: ResolvedConfig) -> list[str]:
+    """What the chosen components' parameters say of themselves: a parameter dataclass may
+    define ``warnings() -> list[str]`` for values it accepts but that likely mislead (docs/plugins.md)."""
+    chosen = [(path, component, resolved.params.get(path)) for path, component in resolved.components.items()]
+    chosen += [(f"rollout_correction[{i}]" if len(resolved.corrections) > 1 else "rollout_correction", component,
+                params) for i, (component, params) in enumerate(resolved.corrections)]
+    chosen += [(f"reward[{i}]" if len(resolved.rewards) > 1 else "reward", component, params)
+               for i, (component, params, _) in enumerate(resolved.rewards)]
+    chosen += [(f"extensions[{i}]", component, params) for i, (component, params) in enumerate(resolved.extensions)]
+    seen: set[int] = set()
+    out = []
+    for where, component, params in chosen:
+        said = getattr(params, "warnings", None)
+        if callable(said) and id(params) not in seen:
+            seen.add(id(params))
+            out += [f"{where} {component.name!r}: {line}" for line in said()]
+    return out

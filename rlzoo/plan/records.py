@@ -49,7 +49,7 @@ class RolloutPlan:
     :ivar staleness: step t trains on the rollouts of the policy of step t − staleness
         (``rollout.staleness``; :mod:`rlzoo.rollout.staleness`); 0 is on-policy.
     :ivar mode: ``sync`` (the trainer generates) or ``async`` (a generator process does,
-        :mod:`rlzoo.rollout.async_generator`; ``rollout.mode``).
+        :mod:`rlzoo.run.async_generator`; ``rollout.mode``).
     :ivar weight_sync_every: async: the generator receives the newest weights after every
         this many steps (``rollout.weight_sync_every``).
     :ivar max_staleness: async: the bound on a trained batch's age in policy versions

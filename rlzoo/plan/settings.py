@@ -1,4 +1,5 @@
-"""The records of what a run is built from and how it runs: models, compute, evaluation, cadence, prompts.
+"""The records of what a run is built from and how it runs: models, compute, evaluation, cadence, prompts,
+and ``rlzoo rm``'s reward-model run.
 
 Plain frozen records decided by :func:`rlzoo.plan.planner.build_plan` from the config
 sections of the same names, so that the engine reads the plan, never the config.
@@ -173,3 +174,26 @@ class PromptPlan:
     format_hint: str = ""
     system_prompt: str | None = None
     chat_template: bool | None = None
+
+
+@dataclass(frozen=True)
+class RewardModelPlan:
+    """What ``rlzoo rm`` trains on and how (the ``rm`` section; docs/reward-models.md).
+
+    :ivar data: a preference file (``.jsonl`` / ``.parquet``), ``"task"`` (pairs ranked by the
+        task's reward) or ``None`` (not set: ``rlzoo rm`` refuses to start).
+    :ivar steps: optimizer steps.
+    :ivar batch_size: pairs per optimizer step (split over the processes under torchrun).
+    :ivar eval_fraction: the share of the pairs held out for pairwise accuracy.
+    :ivar eval_every: evaluate every N steps and after the last (0: only after the last).
+    :ivar chat_template: render with the tokenizer's chat template (``None``: when it has one).
+    :ivar task_pairs: how many pairs ``data="task"`` generates.
+    """
+
+    data: str | None
+    steps: int
+    batch_size: int
+    eval_fraction: float
+    eval_every: int
+    chat_template: bool | None
+    task_pairs: int

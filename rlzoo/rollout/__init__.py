@@ -1,4 +1,4 @@
-"""Rollout: prompts to scored completions (the sampler), staleness, the asynchronous generator.
+"""Rollout: prompts to scored completions (the sampler), staleness.
 """
 
 from rlzoo.compat import package_getattr

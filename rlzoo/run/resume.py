@@ -164,20 +164,21 @@ def plugin_modules(overrides: list[str] | None, config_file: str | Path | None) 
 
 
 def load_run_config(registry: Registry, overrides: list[str] | None = None,
-                    config_file: str | Path | None = None) -> ResolvedConfig:
+                    config_file: str | Path | None = None, reward_model: bool = False) -> ResolvedConfig:
     """The config a command runs with: :func:`rlzoo.plan.planner.load_config`, or with
     ``resume=RUN_DIR`` the run's saved config as the base layer, its changes checked
-    (:func:`resume_changes`) and recorded in ``resume_changes``.
+    (:func:`resume_changes`) and recorded in ``resume_changes``. ``reward_model``: the
+    config of an ``rlzoo rm`` run (no RL training checks: :func:`rlzoo.plan.planner.build_plan`).
 
     :raises ConfigError: any bad input, or a change a resume may not make.
     """
     resume = requested(overrides, config_file)
     if not resume:
-        return load_config(registry, overrides, config_file)
+        return load_config(registry, overrides, config_file, reward_model=reward_model)
     saved = with_added_keys(saved_config(resume))
     base = {**copy.deepcopy(saved), "resume": resume}
     resolved = load_config(registry, overrides, config_file, base=base,
-                                  base_label=f"run {Path(resume) / CONFIG_FILE}")
+                           base_label=f"run {Path(resume) / CONFIG_FILE}", reward_model=reward_model)
     try:
         resolved.resume_changes = resume_changes(saved, OmegaConf.to_container(resolved.cfg))  # type: ignore[arg-type]
     except ConfigError as exc:

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from rlzoo.core import distributed, processes
-from rlzoo.rollout.async_generator import AsyncRollout, GeneratorSpec, to_bytes
+from rlzoo.run.async_generator import AsyncRollout, GeneratorSpec, to_bytes
 from rlzoo.core.batch import RolloutBatch
 from rlzoo.run.checkpoint import CHECKPOINT_DIR, STATE_FILE, check_optimizer_fits, checkpoint_name, first_non_finite
 from rlzoo.run.context import RunContext
@@ -33,6 +33,7 @@ from rlzoo.core.events import read_scalars
 from rlzoo.learn.learner import Learner
 from rlzoo.learn.micro_batches import check_micro_batch_tokens
 from rlzoo.models.build import build_run_models, build_tokenizer
+from rlzoo.models.hf_output import transformers_output
 from rlzoo.models.head import fast_paths
 from rlzoo.models.model_check import report
 from rlzoo.contract.loading import PluginManager
@@ -40,7 +41,7 @@ from rlzoo.rollout.staleness import RolloutQueue
 from rlzoo.core.rng import global_rng_state, set_global_rng_state
 from rlzoo.run.rundir import RunDirectory, in_sweep, summary_line
 from rlzoo.plan.run_input import RunInput
-from rlzoo.rollout.parts import RunParts, device_type
+from rlzoo.run.parts import RunParts, device_type
 from rlzoo.core.stopping import StopRequest
 from rlzoo.tasks.prompts import PromptFormat
 from rlzoo.tasks.task import Holdout, check_encodable, check_references, probe_examples
@@ -62,6 +63,9 @@ class Trainer:
         self.dist = distributed.init(compute.backend, device_kind, compute.timeout_s)
         self.device = (torch.device(device_kind, self.dist.local_rank) if device_kind == "cuda"
                        and self.dist.enabled else torch.device(device_kind))
+        # other programs' load before this run computes (its own ranks would count as other work under torchrun)
+        busy = (processes.busy_cores() if self.device.type == "cpu" and torch.get_num_threads() > 1
+                and not self.dist.enabled else None)
         self.run_dir = RunDirectory(run.setup.run_dir, run.setup.resume, self.dist, overwrite)
         try:
             self._build(pm)
@@ -72,12 +76,14 @@ class Trainer:
         if self.device.type == "cpu":
             self.thread_record = processes.register(torch.get_num_threads())
             warning = processes.oversubscription(torch.get_num_threads())
+            if warning is None:
+                warning = processes.machine_busy(torch.get_num_threads(), busy)
             if warning and self.dist.is_main:
                 say(f"rlzoo: warning: {warning}")
 
     def _build(self, pm: PluginManager) -> None:
         """Everything after the run directory is claimed: models, sampler, learner, state
-        (the parts in :class:`rlzoo.rollout.parts.RunParts`' order)."""
+        (the parts in :class:`rlzoo.run.parts.RunParts`' order)."""
         resume_state = self.run_dir.load_state() if self.run_dir.resume_from is not None else None
         if resume_state is not None and int(resume_state["world_size"]) != self.dist.world:
             raise ConfigError(f"{self.run_dir.resume_from} was written by {resume_state['world_size']} "
@@ -190,10 +196,12 @@ class Trainer:
         """rollout.mode=async: the generator's next batch within the version bound, through
         the rollout lifecycle hooks here (the extensions and their state live in the
         trainer); the sampler mirrors the generator's prompt position, for checkpoints."""
-        batch, staleness, dropped, sampler_state = self.generator.next(self.step)
-        self.sampler.load_state_dict(sampler_state)
-        self.ctx.metrics["rollout/dropped"] = float(dropped)
+        received = self.generator.next(self.step)
+        batch, staleness = received.batch, received.staleness
+        self.sampler.load_state_dict(received.sampler_state)
+        self.ctx.metrics["rollout/dropped"] = float(received.dropped)
         self.ctx.metrics["rollout/beyond_bound"] = float(staleness > self.plan.rollout.max_staleness)
+        self.ctx.metrics["timing/generator_reload_s"] = received.reload_s
         self.pm.hook.rlzoo_after_rollout(batch=batch, ctx=self.ctx)
         self.pm.hook.rlzoo_shape_rewards(batch=batch, ctx=self.ctx)
         return batch, staleness
@@ -209,7 +217,7 @@ class Trainer:
         spec = GeneratorSpec(config_yaml=self.run_input.setup.config_yaml, device=str(self.device),
                              threads=torch.get_num_threads(), seed=self.run_input.setup.seed + 7919 * (self.step + 1),
                              sampler_state=to_bytes(self.sampler.state_dict()), parent=os.getpid(),
-                             paths=fast_paths(self.models.policy))
+                             paths=fast_paths(self.models.policy), transformers_output=transformers_output())
         self.generator = AsyncRollout(self.plan.rollout, spec, self.models.policy_weights(), self.step)
         if self.dist.is_main:
             print(f"rlzoo: rollout generator process started (pid {self.generator.pid}, rollout.mode=async)",

@@ -30,6 +30,14 @@ from rlzoo.core.errors import ConfigError
 from rlzoo.plan.settings import PromptPlan
 from rlzoo.tasks.task import Example
 
+Text = str | list[dict[str, str]]
+"""A prompt or response: plain text, or chat messages (``[{"role": ..., "content": ...}]``)."""
+
+
+def plain_text(value: Text) -> str:
+    """The text of a prompt or response: itself, or its messages' contents joined."""
+    return value if isinstance(value, str) else "".join(str(m.get("content", "")) for m in value)
+
 
 @dataclass(frozen=True)
 class PromptFormat(PromptPlan):

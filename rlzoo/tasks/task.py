@@ -169,27 +169,37 @@ def _unencodable(texts: list[str], tokenizer: Any) -> list[tuple[str, str]]:
     return bad
 
 
+def _missing(reference: Any) -> bool:
+    """A reference answer that gives nothing to compare with: null, or text that is empty or blank."""
+    return reference is None or (isinstance(reference, str) and not reference.strip())
+
+
 def check_references(task: Task, task_name: str, use: str | None) -> list[str]:
     """Check that the examples of a task that lists them (a file) have reference answers
     when something reads them: a reward that compares with a null reference scores 0
-    whatever the policy writes, and an SFT target would be the text ``None``.
+    whatever the policy writes, one that compares with an empty reference rewards the empty
+    completion, and an SFT target would be the text ``None`` or nothing.
 
     :param use: how the run reads the references, completing "but ..." (``reward
         'exact_match' compares completions with them``); ``None``: nothing reads them, no check.
-    :returns: a warning to print when some references are null.
-    :raises ConfigError: every reference is null (naming the count and the use).
+    :returns: a warning to print when some references are null or empty.
+    :raises ConfigError: every reference is null or empty (naming the count and the use).
     """
     examples = task.examples()
     if examples is None or use is None:
         return []
-    null = sum(example.reference is None for example in examples)
+    missing = [example.reference for example in examples if _missing(example.reference)]
+    kinds = " or ".join(k for k, there in (("null", any(r is None for r in missing)),
+                                          ("empty", any(r is not None for r in missing))) if there)
     where = f"task {task_name!r}"
-    if null and null == len(examples):
-        raise ConfigError(f"{where}: every reference answer is null (all {null} examples), but {use}: fill the "
-                          "answers, set task.answer_key to the column that holds them, or use a reward that reads "
-                          "none (reward_model)")
-    if null:
-        return [f"{where}: {null} of {len(examples)} examples have a null reference answer, but {use}"]
+    if missing and len(missing) == len(examples):
+        raise ConfigError(f"{where}: every reference answer is {kinds} (all {len(missing)} examples), but {use}: "
+                          "fill the answers, set task.answer_key to the column that holds them, or use a reward "
+                          "that reads none (reward_model)")
+    if missing:
+        article = "an" if kinds.startswith("empty") else "a"
+        return [f"{where}: {len(missing)} of {len(examples)} examples have {article} {kinds} reference answer, "
+                f"but {use}"]
     return []
 
 

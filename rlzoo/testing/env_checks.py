@@ -1,5 +1,5 @@
 """The testing kit's checks of an environment (kind ``environment``): what a plugin author
-runs on their own environment (``rlzoo.testing.check_environment``, or ``check_component``
+runs on their own environment (``rlzoo.api.check_environment``, or ``check_component``
 on its registration).
 
 :func:`check_environment` asserts, naming the environment and the rule broken: ``reset``

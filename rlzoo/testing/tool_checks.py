@@ -2,13 +2,12 @@
 
 ::
 
-    from rlzoo.testing import check_tool
-    from rlzoo.contract.tool_schema import tool_from_callable
+    from rlzoo.api import check_tool, tool_from_callable
 
     def test_my_tool():
         check_tool(tool_from_callable(my_tool), examples=[{"city": "Paris"}])
 
-:func:`rlzoo.testing.check_component` runs it on a registered tool with the ``examples``
+:func:`rlzoo.api.check_component` runs it on a registered tool with the ``examples``
 it registered. Each failure is an ``AssertionError`` naming the tool and what is wrong.
 """
 

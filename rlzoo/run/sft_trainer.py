@@ -1,4 +1,4 @@
-"""``rlzoo sft``: supervised fine-tuning on a task's reference answers (a warm-up).
+"""``rlzoo sft``'s run: supervised fine-tuning on a task's reference answers (a warm-up).
 
 Teacher-forced cross-entropy on ``prompt + target + EOS`` (the prompt built as RL builds it:
 instruction, system prompt and chat template, :mod:`rlzoo.tasks.prompts`) with the loss on the target
@@ -26,51 +26,55 @@ from typing import Any, Callable
 
 import torch
 
-from rlzoo.core.errors import ConfigError, say
-from rlzoo.models.dropout import disable_dropout
 from rlzoo.agents.episodes import EpisodeFormat, EpisodeLimits, environment_factory, episode_tensors, replay
-from rlzoo.learn.learner import adamw
-from rlzoo.models.logprobs import response_forward
+from rlzoo.core.errors import ConfigError, say
 from rlzoo.core.masked import masked_mean
-from rlzoo.models.model_check import check_model, report
-from rlzoo.plan.planner import PlannedConfig
-from rlzoo.plan.run_input import RunInput, engine_input
-from rlzoo.rollout.parts import RunParts
-from rlzoo.tasks.prompts import PromptFormat
 from rlzoo.core.tokens import left_pad
+from rlzoo.learn.learner import adamw
+from rlzoo.models.dropout import disable_dropout
+from rlzoo.models.logprobs import response_forward
+from rlzoo.models.model_check import check_model, report
+from rlzoo.plan.run_input import RunInput
+from rlzoo.run.parts import RunParts
 from rlzoo.run.rundir import check_new_output_dir
+from rlzoo.tasks.prompts import PromptFormat
 from rlzoo.tasks.task import Example, Holdout, check_references
 
 TARGETS = ("answer", "format")
 
 
-def run_sft(resolved: PlannedConfig, steps: int = 100,
-            out_dir: str | None = None, target: str = "answer", batch_size: int = 64,
-            lr: float | None = None) -> Path:
-    """Train the configured policy (``model.*``) on ``task`` examples; returns the model dir.
+def default_out(run_name: str | None, task_name: str) -> Path:
+    """Where ``rlzoo sft`` writes its model without ``--out``: ``runs/<run_name or sft>-<task>/model``."""
+    return Path("runs") / f"{run_name or 'sft'}-{task_name}" / "model"
+
+
+def run_sft(run: RunInput, model_dir: Path, steps: int = 100, target: str = "answer", batch_size: int = 64,
+            lr: float | None = None, out_flag: str = "--out") -> Path:
+    """Train ``run``'s policy (``model.*``) on its task's examples; returns ``model_dir``, the
+    directory the model is saved to.
 
     :param steps: optimizer steps of ``batch_size`` examples.
     :param target: ``answer`` (reference answers) or ``format`` (format-only targets).
     :param lr: learning rate (default ``trainer.lr``).
-    :raises ConfigError: before anything is built: a bad target or count, LoRA, or an
-        ``out_dir`` that exists and is not an empty directory (a run's directory, an
+    :param out_flag: how ``model_dir`` was given, for the refusal's words (``--out`` or ``the default --out``).
+    :raises ConfigError: before anything is built: a bad target or count, LoRA, or a
+        ``model_dir`` that exists and is not an empty directory (a run's directory, an
         earlier SFT model: nothing is written over).
     """
     if target not in TARGETS:
         raise ConfigError(f"unknown SFT target {target!r}; choose one of {', '.join(TARGETS)}")
     if steps < 1 or batch_size < 1:
         raise ConfigError(f"steps and batch_size must be >= 1, got {steps} and {batch_size}")
-    if resolved.plan.lora is not None:
-        raise ConfigError(f"rlzoo sft trains every weight of the model; model.lora.rank={resolved.plan.lora.rank} "
-                          "is for rlzoo train: set model.lora.rank=0")
-    cfg, run = resolved.cfg, engine_input(resolved)
     plan, seed, task_name = run.plan, run.setup.seed, run.components.task.name
-    model_dir = Path(out_dir or Path("runs") / f"{cfg.run_name or 'sft'}-{task_name}" / "model")
-    check_new_output_dir(model_dir, "--out" if out_dir else "the default --out")
+    if plan.lora is not None:
+        raise ConfigError(f"rlzoo sft trains every weight of the model; model.lora.rank={plan.lora.rank} "
+                          "is for rlzoo train: set model.lora.rank=0")
+    check_new_output_dir(model_dir, out_flag)
     parts = RunParts(run, torch.device("cpu"))  # seeded, as a run builds its parts
     task = parts.task
     reads = target == "answer" and run.components.environment is None  # its targets are the references
-    for warning in check_references(task, task_name, "rlzoo sft trains on them (the text 'None')" if reads else None):
+    use = "rlzoo sft trains on them (the text 'None', or nothing)" if reads else None
+    for warning in check_references(task, task_name, use):
         say(f"rlzoo: warning: {warning}")
     rng = random.Random(seed)
     model, tokenizer = parts.models.policy, parts.models.tokenizer

@@ -3,7 +3,7 @@
 With ``rollout.mode=async`` the trainer starts one generator process
 (``torch.multiprocessing``, spawn) that plans the run again from its saved config
 (:func:`rlzoo.plan.run_input.replan`), builds the task, its own copy of the policy, the
-rollout backend and the rewards as every run does (:class:`rlzoo.rollout.parts.RunParts`),
+rollout backend and the rewards as every run does (:class:`rlzoo.run.parts.RunParts`),
 and then loops: take the
 newest published weights, generate and score one batch (:meth:`rlzoo.rollout.sampler.Sampler.sample`),
 put it, with the policy version that generated it, into a bounded queue
@@ -48,10 +48,11 @@ import torch.multiprocessing as mp
 from rlzoo.core import processes
 from rlzoo.core.batch import RolloutBatch
 from rlzoo.core.errors import RlzooError, TrainingError
+from rlzoo.models.hf_output import set_transformers_output
 from rlzoo.models.head import FastPaths, set_fast_paths
 from rlzoo.plan.records import RolloutPlan
 from rlzoo.plan.run_input import replan
-from rlzoo.rollout.parts import RunParts
+from rlzoo.run.parts import RunParts
 from rlzoo.rollout.staleness import plain_batch
 from rlzoo.core.stopping import STOP_SIGNALS, die_with_parent
 
@@ -73,6 +74,9 @@ class GeneratorSpec:
     :ivar parent: the trainer's pid (the generator exits when it is gone).
     :ivar paths: the policy's fast paths as the trainer's load-time check decided them
         (:mod:`rlzoo.models.model_check`): the generator's copy runs the same (e.g. the cache mode).
+    :ivar transformers_output: what transformers prints in the trainer
+        (:func:`rlzoo.models.hf_output.transformers_output`), which the generator's fresh interpreter
+        takes (it printed a ``Loading weights`` progress bar the trainer's CLI hides).
     """
 
     config_yaml: str
@@ -82,6 +86,7 @@ class GeneratorSpec:
     sampler_state: bytes
     parent: int
     paths: FastPaths
+    transformers_output: tuple[int, bool] | None = None
 
 
 def to_bytes(value: Any) -> bytes:
@@ -108,6 +113,28 @@ def _stop_signals_blocked() -> Iterator[None]:
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+@dataclass
+class Received:
+    """A batch from the generator, as the trainer takes it (:meth:`AsyncRollout.next`).
+
+    :ivar batch: the scored batch.
+    :ivar staleness: how many versions older than the trained policy (``step − 1``) the
+        batch's policy is.
+    :ivar dropped: the batches before it that were beyond ``max_staleness`` under
+        ``stale_batches=drop``.
+    :ivar sampler_state: the generator's prompt sampler after this batch.
+    :ivar reload_s: seconds the generator spent loading published weights into its policy
+        and its backend (a vLLM engine's reload) before this batch and the dropped ones
+        (0: it generated with the weights it had).
+    """
+
+    batch: RolloutBatch
+    staleness: int
+    dropped: int
+    sampler_state: dict[str, Any]
+    reload_s: float
 
 
 class AsyncRollout:
@@ -148,26 +175,22 @@ class AsyncRollout:
                 self.weights[name].copy_(tensor.detach())
             self.version.value = version
 
-    def next(self, step: int) -> tuple[RolloutBatch, int, int, dict[str, Any]]:
-        """The batch step ``step`` trains on: ``(batch, staleness, dropped, sampler_state)``.
-
-        ``staleness`` is how many versions older than the trained policy (``step − 1``) the
-        batch's policy is; ``dropped`` counts the batches before it that were beyond
-        ``max_staleness`` under ``stale_batches=drop``; ``sampler_state`` is the generator's
-        prompt sampler after this batch.
+    def next(self, step: int) -> Received:
+        """The batch step ``step`` trains on, with what came with it (:class:`Received`).
 
         :raises TrainingError: the generator failed or died.
         """
-        dropped = 0
+        dropped, reload_s = 0, 0.0
         while True:
-            made_by, batch, sampler_state = self._receive(step)
+            made_by, batch, sampler_state, reloaded = self._receive(step)
+            reload_s += reloaded
             staleness = step - 1 - made_by
             if staleness > self.plan.max_staleness and self.plan.stale_batches == "drop":
                 dropped += 1
                 continue
-            return batch, staleness, dropped, sampler_state
+            return Received(batch, staleness, dropped, sampler_state, reload_s)
 
-    def _receive(self, step: int) -> tuple[int, RolloutBatch, dict[str, Any]]:
+    def _receive(self, step: int) -> tuple[int, RolloutBatch, dict[str, Any], float]:
         waiting_since = time.monotonic()
         while True:
             try:
@@ -183,7 +206,7 @@ class AsyncRollout:
                         "never returns?); the newest checkpoint stays resumable") from None
                 continue
             item = from_bytes(payload)
-            return int(item["version"]), RolloutBatch(**item["batch"]), item["sampler"]
+            return int(item["version"]), RolloutBatch(**item["batch"]), item["sampler"], float(item["reload_s"])
 
     def _check(self, step: int) -> None:
         """:raises TrainingError: the generator reported an error, or is gone."""
@@ -240,6 +263,8 @@ class _Generator:
 
     def __init__(self, spec: GeneratorSpec, weights: dict[str, torch.Tensor], version: Any, lock: Any) -> None:
         self.spec, self.shared, self.version, self.lock = spec, weights, version, lock
+        if spec.transformers_output is not None:
+            set_transformers_output(spec.transformers_output)
         torch.set_num_threads(max(1, spec.threads))
         run = replan(spec.config_yaml)
         device = torch.device(spec.device)
@@ -254,21 +279,26 @@ class _Generator:
         self.prompts = run.plan.rollout.prompts_per_process
         self.loaded = -1
 
-    def refresh(self) -> int:
-        """Load the newest published weights if they are new; their version."""
-        if self.version.value != self.loaded:
-            with self.lock, torch.no_grad():
-                self.policy.load_state_dict(self.shared, strict=True)
-                self.loaded = int(self.version.value)
-            self.sampler.backend.sync_weights(lambda: iter(self.policy.state_dict().items()))
-        return self.loaded
+    def refresh(self) -> tuple[int, float]:
+        """Load the newest published weights if they are new (into the policy, then its
+        backend: a vLLM engine reloads them); their version and the seconds that took."""
+        if self.version.value == self.loaded:
+            return self.loaded, 0.0
+        start = time.perf_counter()
+        with self.lock, torch.no_grad():
+            self.policy.load_state_dict(self.shared, strict=True)
+            self.loaded = int(self.version.value)
+        self.sampler.backend.sync_weights(lambda: iter(self.policy.state_dict().items()))
+        return self.loaded, time.perf_counter() - start
 
     def produce(self) -> bytes:
-        """One scored batch of the newest weights, with its version and the sampler's state."""
-        version = self.refresh()
+        """One scored batch of the newest weights, with its version, the sampler's state and
+        the time the weights took to load."""
+        version, reload_s = self.refresh()
         batch = self.sampler.sample(self.prompts)
         self.sampler.rewards.settle()  # one process: the running statistics fold in each batch after it
-        return to_bytes({"version": version, "batch": plain_batch(batch), "sampler": self.sampler.state_dict()})
+        return to_bytes({"version": version, "batch": plain_batch(batch), "sampler": self.sampler.state_dict(),
+                         "reload_s": reload_s})
 
 
 def _failure(exc: BaseException) -> str:
