@@ -190,6 +190,8 @@ class Learner:
         :func:`rlzoo.learn.micro_batches.token_micro_batches`, each trimmed of the padding columns
         none of its rows uses (:meth:`RolloutBatch.trimmed`)."""
         update = self.plan.update
+        if not len(batch):
+            return []
         if update.micro_batch_tokens is None:
             return [(rows, batch.select(rows)) for rows in torch.arange(len(batch)).split(update.micro_batch_size)]
         prompts = batch.prompt_mask.sum(-1).long().tolist()
