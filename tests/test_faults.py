@@ -826,9 +826,15 @@ def test_a_generator_crash_is_one_error_naming_it_and_a_nonzero_exit(tmp_path: P
                    timeout=180)
     assert failed.returncode == 2, failed.stderr[-3000:]
     line = error_line(failed.stderr)
+    trained = 2
+    if how == "kill" and "before step 2's batch" in line:
+        # SIGKILL also kills the queue's feeder thread: batch 2, put but not yet written to the
+        # pipe (the trainer was still on step 1), is lost with the process; the trainer then
+        # names step 2 truthfully. Seen under load in CI.
+        fragment, trained = fragment.replace("step 3", "step 2"), 1
     assert "the rollout generator process (pid" in line and fragment in line, line
     assert json.loads((run_dir / "status.json").read_text())["status"] == "failed"
-    assert steps(run_dir)[-1] == 0 and len(read_scalars(run_dir)["policy/loss"]) == 2
+    assert steps(run_dir)[-1] == 0 and len(read_scalars(run_dir)["policy/loss"]) == trained
 
 
 # ------------------------------------------------------------------ 9. one line, nothing half-written
