@@ -89,7 +89,7 @@ from rlzoo.diagnostics.roofline import (DTYPE_BYTES, ModelShapes, StepWork, mach
                                         roofline, step_flops)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling, also when it is imported by path
-from peak_rss import peak_rss_mb  # noqa: E402  (the workers' reader, shared with the other benchmarks)
+from peak_rss import RssCap, peak_rss_mb  # noqa: E402  (the workers' reader, shared with the other benchmarks)
 
 SETTINGS = {
     # micro_batch: rlzoo's sequences per forward/backward (all 64 at once where memory is no
@@ -102,9 +102,10 @@ SETTINGS = {
     "smollm2": dict(model="smollm2", prompts=4, n=8, new_tokens=24, kls=[0.04], micro_batch=8, lr=1e-5,
                     systems=["rlzoo", "rlzoo-bf16", "trl", "trl-bf16"]),
     # answers of 2 to 256 tokens: padding is most of what a padded pass computes; micro-batches of 2
-    # sequences in both systems keep each worker under 8 GB (TRL's reached 8.3 GB at 4)
+    # sequences in both systems (TRL's worker passed 8.3 GB at 4, 2026-11-29); worker_rss_gb: each
+    # worker is killed, with a message, past 6 GB resident (--worker-rss-gb changes or lifts it)
     "ragged": dict(model="smollm2", data="ragged", prompts=4, n=8, new_tokens=256, kls=[0.04], micro_batch=2,
-                   trl_micro_batch=2, lr=1e-5, systems=["rlzoo", "trl"]),
+                   trl_micro_batch=2, lr=1e-5, systems=["rlzoo", "trl"], worker_rss_gb=6),
     # SmolLM2-135M's shape built from config (random weights, 49,152 dummy words): benchmarks/gpu_bench.py's
     "smollm2-shape": dict(arch="llama", hidden=576, layers=30, heads=9, kv_heads=3, intermediate=1536,
                           vocab=49_152, prompts=8, n=8, new_tokens=128, kls=[0.04], micro_batch=64, lr=1e-5),
@@ -608,6 +609,15 @@ def worker_main(args: argparse.Namespace) -> None:
 BASELINE = "rlzoo@baseline"
 
 
+def worker_rss_cap_gb(args: argparse.Namespace) -> float | None:
+    """Each worker's resident-memory cap in GB: ``--worker-rss-gb`` (0: none), else the
+    setting's ``worker_rss_gb`` (None: no cap)."""
+    given = getattr(args, "worker_rss_gb", None)
+    if given is not None:
+        return given or None
+    return SETTINGS.get(getattr(args, "setting", ""), {}).get("worker_rss_gb")
+
+
 class Worker:
     def __init__(self, name: str, args: argparse.Namespace, model_dir: Path, data: Path, kl: float,
                  total: int) -> None:
@@ -625,19 +635,29 @@ class Worker:
             cmd += ["--spec", json.dumps(args.spec), "--device", args.device]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                      stderr=None)
+        cap_gb = worker_rss_cap_gb(args)
+        self.cap = RssCap(self.proc, cap_gb * 1024) if cap_gb else None
         self._expect("READY")
+
+    def _died(self, what: str) -> RuntimeError:
+        code = self.proc.wait()
+        if self.cap and self.cap.killed_at_mb is not None:
+            return RuntimeError(f"worker {self.name} {what}: killed at {self.cap.killed_at_mb:.0f} MB resident, over "
+                                f"its cap of {self.cap.cap_mb / 1024:g} GB (--worker-rss-gb; a smaller "
+                                "--micro-batch needs less)")
+        return RuntimeError(f"worker {self.name} {what} (exit {code})")
 
     def _expect(self, word: str) -> None:
         for line in self.proc.stdout:
             if line.strip() == word:
                 return
-        raise RuntimeError(f"worker {self.name} exited before {word} (exit {self.proc.wait()})")
+        raise self._died(f"exited before {word}")
 
     def _reply(self) -> dict:
         for line in self.proc.stdout:
             if line.startswith(MARK):
                 return json.loads(line[len(MARK):])
-        raise RuntimeError(f"worker {self.name} died (exit {self.proc.wait()})")
+        raise self._died("died")
 
     def step(self) -> dict:
         self.proc.stdin.write("STEP\n")
@@ -830,6 +850,9 @@ def main() -> None:
     parser.add_argument("--micro-batch", type=int,
                         help="sequences per forward/backward in rlzoo (and in TRL where the setting splits its batch: "
                         "ragged), instead of the setting's")
+    parser.add_argument("--worker-rss-gb", type=float, metavar="GB",
+                        help="kill a worker whose resident memory passes GB, with a message saying so (0: no cap; "
+                             "default: the setting's, 6 for ragged, none elsewhere)")
     parser.add_argument("--write", metavar="FILE", help="append the table to this Markdown file")
     parser.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)

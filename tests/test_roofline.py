@@ -317,3 +317,23 @@ def test_the_padding_table_gives_the_length_spread_and_each_passs_share():
     assert table.splitlines()[2] == ("| 0.04 | rlzoo | 10 completions, min 2, 10 % 3, median 40, 90 % 256, max 256, "
                                      "mean 73.8; 20% reach the 256-token budget | update 1.2% |")
     assert len(table.splitlines()) == 3
+
+
+def test_a_worker_past_its_rss_cap_is_killed_and_one_under_it_is_not():
+    import argparse
+    import subprocess
+
+    if not Path("/proc/self/status").is_file():
+        pytest.skip("VmRSS is Linux's")
+    compare = load("compare_trl")
+    grow = ("b = bytearray(300 * 2**20); b[::4096] = b'\\x01' * len(b[::4096]); "
+            "import time; time.sleep(30)")
+    proc = subprocess.Popen([sys.executable, "-c", grow])
+    cap = compare.RssCap(proc, 150, every_s=0.05)
+    assert proc.wait(timeout=25) == -9 and cap.killed_at_mb > 150
+    small = subprocess.Popen([sys.executable, "-c", "b = bytearray(2**20)"])
+    cap = compare.RssCap(small, 150, every_s=0.05)
+    assert small.wait(timeout=25) == 0 and cap.killed_at_mb is None
+    caps = [compare.worker_rss_cap_gb(argparse.Namespace(setting=setting, worker_rss_gb=given))
+            for setting, given in (("ragged", None), ("smollm2", None), ("ragged", 0.0), ("tiny", 3.0))]
+    assert caps == [6, None, None, 3.0]
