@@ -32,7 +32,11 @@ alike. Settings (issue 6):
   run from 2 tokens to the budget), KL 0.04, micro-batches of 2 sequences in both systems
   (``--micro-batch`` sets another size; TRL: ``per_device_train_batch_size=2``, 16
   gradient-accumulation steps, one generation of 32 completions per optimizer step: the same
-  work as rlzoo's 16 micro-batches; at 4, TRL's worker passed 8 GB). The
+  work as rlzoo's 16 micro-batches; at 4, TRL's worker passed 8 GB). Each worker of this
+  setting is killed past 6 GB resident, with a message naming the cap (``--worker-rss-gb``
+  changes it, 0 lifts it). ``--padding-only N`` runs only N of rlzoo's rollouts, nothing
+  timed, and prints their length spread and each layout's padding share (minutes, not the
+  hour a step of both systems takes on 2 cores). The
   run prints the spread of the completion lengths, and per system the share of the token
   positions its reference pass and update compute that are padding: rlzoo packs without
   padding (``trainer.padding_free``, issue 46), TRL's ``GRPOTrainer`` (1.16) has no
@@ -386,6 +390,39 @@ def worker_rlzoo(model_dir: Path, data: Path, spec: dict, kl: float, steps: int,
     if hasattr(trainer.sampler.backend, "engine_info"):  # the vLLM engine's own process
         step.extra_rss = lambda: trainer.sampler.backend.engine_info()["peak_rss_mb"]
     return step
+
+
+def rollout_padding(model_dir: Path, data: Path, spec: dict, rollouts: int) -> dict:
+    """``rollouts`` of rlzoo's own rollouts (no update, nothing timed) and, over them, the
+    share of the token positions that are padding in a pass over their micro-batches of
+    ``spec['micro_batch']`` sequences: rlzoo padded, rlzoo in the layout its policy's model
+    check chose (``rlzoo``), and TRL's (every row padded to the generation's longest prompt +
+    longest completion); also the completion and prompt lengths."""
+    from rlzoo.models.head import fast_paths
+    from rlzoo.models.logprobs import model_inputs
+    from rlzoo.plan.run_input import load_run
+    from rlzoo.contract.loading import build_registry, make_plugin_manager
+    from rlzoo.run.trainer import Trainer
+
+    pm = make_plugin_manager()
+    trainer = Trainer(load_run(build_registry(pm), rlzoo_overrides(model_dir, data, spec, 0.0, rollouts)), pm)
+    counts = {"real": 0.0, "rlzoo padded": 0.0, "rlzoo": 0.0, "trl": 0.0}
+    lengths: list[int] = []
+    prompt_lengths: list[int] = []
+    for _ in range(rollouts):
+        batch = trainer._produce()
+        responses, prompts = batch.response_mask.sum(-1).long().tolist(), batch.prompt_mask.sum(-1).long().tolist()
+        lengths += responses
+        prompt_lengths += prompts
+        counts["real"] += sum(responses) + sum(prompts)
+        counts["trl"] += len(responses) * (max(responses) + max(prompts))
+        for _, mb in trainer.learner._micro_batches(batch):
+            counts["rlzoo padded"] += mb.prompt_ids.numel() + mb.response_ids.numel()
+            counts["rlzoo"] += model_inputs(trainer.models.policy, mb.prompt_ids, mb.prompt_mask, mb.response_ids,
+                                            mb.response_mask).computed
+    padding = {name: 1 - counts["real"] / computed for name, computed in counts.items() if name != "real"}
+    return {"lengths": lengths, "prompt_lengths": prompt_lengths, "padding": padding,
+            "packing": fast_paths(trainer.models.policy).packing}
 
 
 PHASE_NAMES = {"old_s": "old pass", "reference_s": "reference pass", "optimize_s": "update"}
@@ -853,6 +890,9 @@ def main() -> None:
     parser.add_argument("--worker-rss-gb", type=float, metavar="GB",
                         help="kill a worker whose resident memory passes GB, with a message saying so (0: no cap; "
                              "default: the setting's, 6 for ragged, none elsewhere)")
+    parser.add_argument("--padding-only", type=int, metavar="N",
+                        help="only N of rlzoo's rollouts, nothing timed: print the completion-length spread and the "
+                             "share of padding a pass over their micro-batches computes in each layout, then exit")
     parser.add_argument("--write", metavar="FILE", help="append the table to this Markdown file")
     parser.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
@@ -882,6 +922,15 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         args.cache.mkdir(parents=True, exist_ok=True)
         model_dir, data = build_assets(args.setting, Path(tmp), args.cache)
+        if args.padding_only:
+            torch.set_num_threads(args.threads)
+            found = rollout_padding(model_dir, data, spec, args.padding_only)
+            shares = ", ".join(f"{name} {share:.1%}" for name, share in found["padding"].items())
+            print(f"{spread(found['lengths'], spec['new_tokens'])}\nprompts {min(found['prompt_lengths'])}-"
+                  f"{max(found['prompt_lengths'])} tokens; padding share of the positions a pass over micro-batches "
+                  f"of {spec['micro_batch']} computes: {shares} (rlzoo's layout: {found['packing']}); peak RSS "
+                  f"{peak_rss_mb():.0f} MB. Command: `python benchmarks/compare_trl.py {' '.join(sys.argv[1:])}`")
+            return
         shapes, prompt_len = ModelShapes.from_config(model_dir), prompt_tokens(model_dir, data)
         budget = step_work(spec, prompt_len, 0.0, {})                 # the shapes the matmuls are timed at
         measured = [(matmul_rates(shapes, budget, args.threads), memory_bandwidth(args.threads))]  # before

@@ -298,6 +298,22 @@ def test_ragged_workers_report_lengths_and_the_padding_each_pass_computes(smollm
     assert all(0 <= share < 1 for share in result["padding"].values())
 
 
+def test_rollout_padding_counts_each_layouts_positions_over_rlzoos_own_rollouts(smollm2_stand_in, tmp_path,
+                                                                                  monkeypatch):
+    compare, model_dir, _ = smollm2_stand_in
+    monkeypatch.chdir(tmp_path)
+    _, data = compare.build_assets("ragged", model_dir.parent, model_dir.parent)
+    spec = {**compare.SETTINGS["ragged"], "new_tokens": 12}
+    found = compare.rollout_padding(model_dir, data, spec, 1)
+    lengths, prompts = found["lengths"], found["prompt_lengths"]
+    assert len(lengths) == len(prompts) == 32
+    real = sum(lengths) + sum(prompts)
+    whole = 1 - real / (32 * (max(lengths) + max(prompts)))   # every row as wide as the batch's longest
+    assert found["padding"]["trl"] == pytest.approx(whole)
+    assert found["padding"]["rlzoo padded"] == pytest.approx(whole)   # a fixed split keeps the batch's widths
+    assert 0 <= found["padding"]["rlzoo"] <= found["padding"]["rlzoo padded"]
+
+
 def test_trl_takes_the_ragged_settings_micro_batches_with_one_generation_per_step():
     pytest.importorskip("trl")
     compare = load("compare_trl")
