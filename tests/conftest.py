@@ -8,6 +8,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+import torch
 from hypothesis import settings
 
 from rlzoo.core.processes import share_cores_politely
@@ -48,3 +49,13 @@ def plugin_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
         return name
 
     return write
+
+
+@pytest.fixture
+def one_thread():
+    """One torch thread for the test (model checks run outside a run here, which would set
+    trainer.threads=1)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

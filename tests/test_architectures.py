@@ -93,7 +93,9 @@ def test_fast_paths_equal_each_sequence_alone(arch: str) -> None:
     if arch in HYBRID:
         assert check.paths.cache == "dynamic" and "cache" in check.warning
     else:
-        assert check.warning is None and check.paths == FastPaths(transform=known_transform(model.config))
+        packing = check.paths.packing, check.paths.pack_min_share    # tests/test_packing.py: which and why
+        assert check.warning is None and check.paths == FastPaths(transform=known_transform(model.config),
+                                                                  packing=packing[0], pack_min_share=packing[1])
     assert check.rollout_error <= TOLERANCE and check.training_error <= TOLERANCE
 
     ids, mask = batch()
@@ -184,7 +186,7 @@ def test_the_check_leaves_the_rng_and_the_weights_as_they_were() -> None:
     check_model(model, torch.device("cpu"))
     assert torch.equal(torch.get_rng_state(), state)
     assert all(torch.equal(v, weights[k]) for k, v in model.state_dict().items())
-    assert fast_paths(model) == FastPaths()                     # qwen2: no transform, every fast path
+    assert fast_paths(model) == FastPaths(packing="segments", pack_min_share=1.0)  # qwen2: every fast path
 
 
 def test_known_transforms_are_read_from_the_config() -> None:

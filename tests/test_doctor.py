@@ -346,7 +346,8 @@ def test_memory_terms_of_the_default_run_by_hand(registry) -> None:
     layer = 416 * 1600 * 4
     head = 32 * 7 * 15 * 4                    # kept log-softmax of the 224 response tokens
     chunk = 224 * 15 * 4 * 2                  # one chunk's logits and log-softmax
-    assert activation_bytes(resolved, shapes, 6) == 2 * layer + head + chunk == parts["activations"]
+    mask = 416**2                             # a packed micro-batch's attention mask, a byte per pair
+    assert activation_bytes(resolved, shapes, 6) == 2 * layer + head + chunk + mask == parts["activations"]
     assert "critic" not in parts and "rollout copy" not in parts
     ppo = {p.name: p.bytes for p in memory_parts(load_config(registry, ["algo=ppo"]), shapes, 6, 0.0)}
     assert ppo["critic"] == 4 * (n + 64) * 4                  # weights, gradients, two moments; a d -> 1 head

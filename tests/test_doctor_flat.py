@@ -20,7 +20,7 @@ from rlzoo.core.tags import Tag
 from rlzoo.diagnostics import detectors, flat_start
 from rlzoo.diagnostics.run_record import RunRecord
 from rlzoo.diagnostics.watch import Watch
-from rlzoo.learn.learner import kl_gradient_share
+from rlzoo.learn.gradient_share import kl_gradient_share
 from rlzoo.run.summary import summary_line
 from rlzoo.tasks.answer_lengths import answer_token_lengths, check_budget
 

@@ -43,13 +43,7 @@ DROPOUT = {
 RUN = [*zoo.TINY, "eval.size=0", "logging.sample_every=0", "trainer.total_steps=1"]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """The checks run here outside a run, which would set trainer.threads=1."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")   # conftest.py
 
 
 def dropout_model(arch: str) -> torch.nn.Module:

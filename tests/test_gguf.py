@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from rlzoo.models import build as models
+from rlzoo.models import model_files
 from rlzoo.commands.cli import main
 
 TOKENS = ["<s>", "</s>", "<unk>"] + list(string.digits + string.ascii_lowercase + "+-=? ")
@@ -99,7 +100,8 @@ def test_a_gguf_path_without_the_gguf_package_exits_2_naming_the_pip_command(tmp
     path = tmp_path / "model.gguf"
     path.write_bytes(b"GGUF")
     real = importlib.util.find_spec
-    monkeypatch.setattr(models.importlib.util, "find_spec", lambda name, *a: None if name == "gguf" else real(name, *a))
+    monkeypatch.setattr(model_files.importlib.util, "find_spec",
+                        lambda name, *a: None if name == "gguf" else real(name, *a))
     code = main(["train", f"model.path={path}", f"run_dir={tmp_path / 'run'}", "logging.progress=false"])
     err = capsys.readouterr().err
     assert code == 2 and "is a GGUF file, which needs the gguf package: pip install 'rlzoo[gguf]'" in err

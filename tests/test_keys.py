@@ -119,7 +119,8 @@ def test_added_renamed_and_resumable_keys_come_from_the_records() -> None:
     assert "trainer.lr" not in schema.ADDED_KEYS
     assert schema.RENAMED_KEYS == {"trainer.ppo_epochs": "trainer.update_epochs",
                                    "trainer.mini_batches": "trainer.num_mini_batches", "kl.penalty": "kl.estimator"}
-    assert resume.RESUMABLE_KEYS == ("trainer.total_steps", "trainer.micro_batch_size", "trainer.logprob_chunk_size",
+    assert resume.RESUMABLE_KEYS == ("trainer.total_steps", "trainer.micro_batch_size", "trainer.micro_batch_tokens",
+                                     "trainer.padding_free", "trainer.logprob_chunk_size",
                                      "trainer.logprob_keep_mb", "trainer.threads", "logging.", "checkpoint.every",
                                      "checkpoint.keep", "distributed.timeout_s", "rm.steps", "rm.eval_every")
     assert resume.resumable("logging.progress") and not resume.resumable("trainer.lr")

@@ -274,3 +274,82 @@ def test_a_workers_peak_rss_is_its_own_not_its_parents():
                   .stdout.split()[-1])
     assert child < 600, child
     assert len(ballast) == 800 * 2**20
+
+
+def test_ragged_assets_are_their_own_rendered_word_problems(smollm2_stand_in):
+    compare, model_dir, _ = smollm2_stand_in
+    cache = model_dir.parent
+    ragged_dir, data = compare.build_assets("ragged", cache, cache)
+    assert ragged_dir == model_dir and data.name == "prompts-ragged.jsonl"
+    assert compare.smollm2_eval_path(data).name == "eval-ragged.jsonl"
+    rows = [json.loads(line) for line in data.read_text().splitlines()]
+    assert len(rows) == compare.SMOLLM2_PROMPTS and not rows[0]["prompt"].startswith("Calculate ")
+    assert "End your reply with the final answer as a number." in rows[0]["prompt"]
+
+
+def test_ragged_workers_report_lengths_and_the_padding_each_pass_computes(smollm2_stand_in, tmp_path, monkeypatch):
+    compare, model_dir, _ = smollm2_stand_in
+    monkeypatch.chdir(tmp_path)
+    _, data = compare.build_assets("ragged", model_dir.parent, model_dir.parent)
+    spec = {**compare.SETTINGS["ragged"], "new_tokens": 12}
+    result = compare.worker_rlzoo(model_dir, data, spec, 0.04, 1)()
+    assert len(result["lengths"]) == len(result["prompt_lengths"]) == 32
+    assert set(result["padding"]) == {"reference pass", "update"}
+    assert all(0 <= share < 1 for share in result["padding"].values())
+
+
+def test_rollout_padding_counts_each_layouts_positions_over_rlzoos_own_rollouts(smollm2_stand_in, tmp_path,
+                                                                                  monkeypatch):
+    compare, model_dir, _ = smollm2_stand_in
+    monkeypatch.chdir(tmp_path)
+    _, data = compare.build_assets("ragged", model_dir.parent, model_dir.parent)
+    spec = {**compare.SETTINGS["ragged"], "new_tokens": 12}
+    found = compare.rollout_padding(model_dir, data, spec, 1)
+    lengths, prompts = found["lengths"], found["prompt_lengths"]
+    assert len(lengths) == len(prompts) == 32
+    real = sum(lengths) + sum(prompts)
+    whole = 1 - real / (32 * (max(lengths) + max(prompts)))   # every row as wide as the batch's longest
+    assert found["padding"]["trl"] == pytest.approx(whole)
+    assert found["padding"]["rlzoo padded"] == pytest.approx(whole)   # a fixed split keeps the batch's widths
+    assert 0 <= found["padding"]["rlzoo"] <= found["padding"]["rlzoo padded"]
+
+
+def test_trl_takes_the_ragged_settings_micro_batches_with_one_generation_per_step():
+    pytest.importorskip("trl")
+    compare = load("compare_trl")
+    config = compare.trl_config(compare.SETTINGS["ragged"], 0.04, 1)
+    assert (config.per_device_train_batch_size, config.gradient_accumulation_steps) == (2, 16)
+    assert config.generation_batch_size == 32 and config.max_completion_length == 256
+    assert compare.trl_config(compare.SETTINGS["tiny"], 0.0, 1).gradient_accumulation_steps == 1
+
+
+def test_the_padding_table_gives_the_length_spread_and_each_passs_share():
+    compare = load("compare_trl")
+    lengths = [2, 5, 9, 40, 256, 256, 100, 3, 7, 60]
+    assert compare.spread(lengths, 256) == ("10 completions, min 2, 10 % 3, median 40, 90 % 256, max 256, mean 73.8; "
+                                            "20% reach the 256-token budget")
+    table = compare.padding_table({0.04: {"rlzoo": {"lengths": lengths, "padding": {"update": 0.012}},
+                                          "floor": {}}}, {"new_tokens": 256})
+    assert table.splitlines()[2] == ("| 0.04 | rlzoo | 10 completions, min 2, 10 % 3, median 40, 90 % 256, max 256, "
+                                     "mean 73.8; 20% reach the 256-token budget | update 1.2% |")
+    assert len(table.splitlines()) == 3
+
+
+def test_a_worker_past_its_rss_cap_is_killed_and_one_under_it_is_not():
+    import argparse
+    import subprocess
+
+    if not Path("/proc/self/status").is_file():
+        pytest.skip("VmRSS is Linux's")
+    compare = load("compare_trl")
+    grow = ("b = bytearray(300 * 2**20); b[::4096] = b'\\x01' * len(b[::4096]); "
+            "import time; time.sleep(30)")
+    proc = subprocess.Popen([sys.executable, "-c", grow])
+    cap = compare.RssCap(proc, 150, every_s=0.05)
+    assert proc.wait(timeout=25) == -9 and cap.killed_at_mb > 150
+    small = subprocess.Popen([sys.executable, "-c", "b = bytearray(2**20)"])
+    cap = compare.RssCap(small, 150, every_s=0.05)
+    assert small.wait(timeout=25) == 0 and cap.killed_at_mb is None
+    caps = [compare.worker_rss_cap_gb(argparse.Namespace(setting=setting, worker_rss_gb=given))
+            for setting, given in (("ragged", None), ("smollm2", None), ("ragged", 0.0), ("tiny", 3.0))]
+    assert caps == [6, None, None, 3.0]

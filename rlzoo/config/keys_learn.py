@@ -26,6 +26,21 @@ def _max_grad_norm(norm: Optional[float]) -> None:
                           "trainer.max_grad_norm=null turns clipping off")
 
 
+def _micro_batch_tokens(budget: Optional[int]) -> None:
+    """> 0 or `null`"""
+    if budget is not None and budget <= 0:
+        raise ConfigError(f"invalid value for trainer.micro_batch_tokens: {budget!r}; must be > 0 (token positions "
+                          "per forward/backward), or null for micro-batches of trainer.micro_batch_size sequences")
+
+
+def _budget_holds_a_sequence(cfg: DictConfig) -> None:
+    budget, new = cfg.trainer.micro_batch_tokens, int(cfg.rollout.max_new_tokens)
+    if budget is not None and budget < new + 1:
+        raise ConfigError(f"trainer.micro_batch_tokens={budget} is smaller than the longest sequence a step can "
+                          f"hold: at least {new + 1} tokens (a prompt of 1 token + rollout.max_new_tokens={new}); a "
+                          "sequence cannot be split across micro-batches: raise trainer.micro_batch_tokens")
+
+
 def _precision_needs_float32_weights(cfg: DictConfig) -> None:
     if cfg.trainer.precision == "bf16" and cfg.model.dtype != "float32":
         raise ConfigError(f"trainer.precision=bf16 computes in bfloat16 over float32 master weights, but "
@@ -86,6 +101,25 @@ TRAINER = Section("trainer", (
         "their gradients accumulate over the mini-batch", range="> 0",
         resumable=True, explain=False,
         not_explained="splits a mini-batch for memory: the gradients accumulate to the same sum (up to rounding)"),
+    Key("micro_batch_tokens", Optional[int], None,
+        "token positions per forward/backward, instead of micro_batch_size sequences (null: off)",
+        "each mini-batch (and each pass before the update) is split into micro-batches that compute at most this "
+        "many token positions, the sequences' own tokens when packed (`trainer.padding_free`), sequences × their "
+        "longest prompt + response when padded; balanced by tokens, as verl's dynamic batch size. The gradient "
+        "is the fixed split's (every aggregation divides by the mini-batch's counts), the memory of a micro-batch "
+        "is bounded by the budget instead of by its longest sequence, and `rlzoo doctor --plan` estimates with "
+        "it. It must hold the longest sequence (the longest prompt + `rollout.max_new_tokens`): refused before "
+        "any model is built otherwise", check=_micro_batch_tokens, resumable=True, explain=False, old=None,
+        not_explained="splits a mini-batch for memory: the gradients accumulate to the same sum (up to rounding)"),
+    Key("padding_free", Optional[bool], None,
+        "pack the sequences of the training-side passes without padding (null: where exact; true | false)",
+        "the update, old-log-prob, reference, teacher and critic forwards lay each micro-batch's sequences one "
+        "after another with position ids restarting per sequence, so no layer computes on padding "
+        "([training.md](training.md#padding-free-passes-and-token-budget-micro-batches)). `null`: wherever the "
+        "load-time model check finds the packed forward equal to each sequence alone (not on models with "
+        "convolution or recurrent layers, or whose mask ignores position ids: padded there, with one warning); "
+        "`true`: refused on such a model; `false`: always padded, the check skipped", resumable=True,
+        explain=False, old=False, not_explained="how a forward lays out its sequences: the same numbers, rounded"),
     Key("max_grad_norm", Optional[float], 1.0, "gradient clipping to this global L2 norm; null: no clipping",
         "the norm is logged as `grad_norm` either way; `0` is refused", check=_max_grad_norm),
     Key("entropy_coef", float, 0.0, "entropy bonus: loss -= c * agg(H)", range=">= 0"),
@@ -112,4 +146,5 @@ TRAINER = Section("trainer", (
         "policy π with μ instead, in each micro-batch (`algo=bypass_pg_is` and the other verl presets: "
         "[corrections](algorithms/corrections.md#bypass-trainerold_logprollout))",
         choices=("compute", "rollout"), old="compute"),
-), explain=True, rules=(Rule(("trainer.precision", "model.dtype"), _precision_needs_float32_weights),))
+), explain=True, rules=(Rule(("trainer.precision", "model.dtype"), _precision_needs_float32_weights),
+                         Rule(("trainer.micro_batch_tokens", "rollout.max_new_tokens"), _budget_holds_a_sequence)))

@@ -129,6 +129,25 @@ class RolloutBatch:
                 values[f.name] = value
         return RolloutBatch(**values)
 
+    def trimmed(self) -> "RolloutBatch":
+        """This batch without the padding columns no row uses: the prompts' leading columns
+        where every ``prompt_mask`` is 0, the responses' trailing ones where every
+        ``response_mask`` is 0 (every token field cut alike, as :meth:`concat` pads them).
+        The batch itself when there are none."""
+        used_prompt = self.prompt_mask.bool().any(0).nonzero()
+        used_response = self.response_mask.bool().any(0).nonzero()
+        first = int(used_prompt[0]) if len(used_prompt) else self.prompt_mask.shape[1]
+        last = int(used_response[-1]) + 1 if len(used_response) else 0
+        if first == 0 and last == self.response_mask.shape[1]:
+            return self
+        values: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, torch.Tensor) and value.dim() == 2 and f.name not in UNPADDED:
+                value = value[:, first:] if f.name.startswith("prompt_") else value[:, :last]
+            values[f.name] = value
+        return RolloutBatch(**values)
+
     def to(self, device: torch.device | str) -> "RolloutBatch":
         """A batch with every tensor on ``device`` (this one when they already are)."""
         values = {f.name: getattr(self, f.name) for f in fields(self)}

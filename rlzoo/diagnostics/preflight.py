@@ -38,8 +38,8 @@ from transformers import AutoConfig, AutoTokenizer, PreTrainedTokenizerBase
 from rlzoo.diagnostics.roofline import DTYPE_BYTES, ModelShapes, StepWork, machine, matmul_rates, memory_bandwidth
 from rlzoo.diagnostics.steptime import measure, step_seconds
 from rlzoo.core.errors import ConfigError
-from rlzoo.models.build import (GGUF_SUFFIX, build_char_tokenizer, check_gguf_path, check_model_dir, load_tokenizer,
-                               unreadable_model)
+from rlzoo.models.build import build_char_tokenizer
+from rlzoo.models.model_files import GGUF_SUFFIX, check_gguf_path, check_model_dir, load_tokenizer, unreadable_model
 from rlzoo.plan.records import RunPlan
 from rlzoo.tasks.prompts import PromptFormat
 from rlzoo.config.resolved import ResolvedConfig
@@ -231,30 +231,46 @@ def memory_parts(resolved: ResolvedConfig, shapes: ModelShapes, prompt_max: int,
     parts.append(MemoryPart("KV cache", kv, f"{sequences} sequences x {tokens} tokens"))
     sampling = 3 * sequences * shapes.vocab * 4
     parts.append(MemoryPart("activations", max(activation_bytes(resolved, shapes, prompt_max, new), sampling),
-                            f"the update's, micro-batches of {micro_batch(plan)} sequences x {tokens} tokens"))
+                            f"the update's, micro-batches of {micro_batch(plan, prompt_max, new)} sequences x "
+                            f"{tokens} tokens{_budget_note(plan)}"))
     return parts
 
 
-def micro_batch(plan: RunPlan) -> int:
-    """Sequences per forward/backward of the update: ``trainer.micro_batch_size``, at most a mini-batch."""
-    per_mini = plan.update.sequences_per_process // plan.update.mini_batches
-    return min(plan.update.micro_batch_size, max(1, per_mini))
+def micro_batch(plan: RunPlan, prompt_max: int, new_tokens: int | None = None) -> int:
+    """Sequences of ``prompt_max + rollout.max_new_tokens`` (or ``new_tokens``) tokens per
+    forward/backward of the update: ``trainer.micro_batch_size``, or as many as
+    ``trainer.micro_batch_tokens`` holds; at most a mini-batch, at least one."""
+    per_mini = max(1, plan.update.sequences_per_process // plan.update.mini_batches)
+    budget = plan.update.micro_batch_tokens
+    new = plan.rollout.max_new_tokens if new_tokens is None else new_tokens
+    size = plan.update.micro_batch_size if budget is None else budget // (prompt_max + new)
+    return max(1, min(size, per_mini))
+
+
+def _budget_note(plan: RunPlan) -> str:
+    """What the micro-batch's size comes from, when a token budget sets it."""
+    budget = plan.update.micro_batch_tokens
+    return "" if budget is None else f" (trainer.micro_batch_tokens={budget}: as many as it holds)"
 
 
 def activation_bytes(resolved: ResolvedConfig, shapes: ModelShapes, prompt_max: int,
                      new_tokens: int | None = None) -> float:
-    """Bytes the update keeps for backward in one micro-batch (module docstring)."""
+    """Bytes the update keeps for backward in one micro-batch (module docstring), plus the
+    attention mask transformers builds over a packed micro-batch (one byte per pair of its
+    positions) unless ``trainer.padding_free=false``; ``new_tokens`` in place of
+    ``rollout.max_new_tokens``."""
     cfg, plan = resolved.cfg, resolved.plan
     e = 2 if plan.precision == "bf16" else DTYPE_BYTES[str(cfg.model.dtype)]
-    m = micro_batch(plan)
     new = plan.rollout.max_new_tokens if new_tokens is None else new_tokens
+    m = micro_batch(plan, prompt_max, new)
     tokens = m * (prompt_max + new)
     d, q, f = shapes.hidden, shapes.query_width, shapes.intermediate
     layer = tokens * (4 * d + 5 * q + 4 * f) * e
     kept = tokens * d * e * shapes.layers + layer if cfg.model.gradient_checkpointing else layer * shapes.layers
     head = min(m * new * shapes.vocab * 4, float(cfg.trainer.logprob_keep_mb) * MIB)
     chunk = min(m * new, int(cfg.trainer.logprob_chunk_size)) * shapes.vocab * 4 * 2
-    return kept + head + chunk
+    mask = tokens**2 if plan.compute.padding_free is not False else 0
+    return kept + head + chunk + mask
 
 
 @dataclass(frozen=True)
@@ -362,9 +378,9 @@ def estimate(resolved: ResolvedConfig) -> Estimate:
     dtype = "bfloat16" if plan.precision == "bf16" or str(cfg.model.dtype) == "bfloat16" else "float32"
     rates = matmul_rates(shapes, work, threads, repeats=2, dtypes=(dtype,), max_rows=RATE_ROWS)[dtype]
     bandwidth = max(memory_bandwidth(threads, megabytes=64, repeats=3).values())
-    costs = measure(config, shapes, str(cfg.model.arch), plan, str(cfg.model.dtype), prompt_max,
-                    micro_batch(plan), threads)
-    seconds = step_seconds(plan, shapes, costs, rates, bandwidth)
+    micro = micro_batch(plan, prompt_max)
+    costs = measure(config, shapes, str(cfg.model.arch), plan, str(cfg.model.dtype), prompt_max, micro, threads)
+    seconds = step_seconds(plan, shapes, costs, rates, bandwidth, micro)
     notes.append(f"rates measured now on {machine()}, {threads} thread(s): matmul {dtype} "
                  f"{rates['update/head'] / 1e9:.0f} GFLOP/s (vocabulary head), memory {bandwidth / 1e9:.1f} GB/s; one "
                  f"layer of this model here: decode step {costs.decode_layer * 1e3:.2g} ms, training micro-batch "

@@ -188,10 +188,12 @@ def measure(config: Any, shapes: ModelShapes, arch: str, plan: RunPlan, dtype: s
 
 
 def step_seconds(plan: RunPlan, shapes: ModelShapes, costs: LayerCosts, rates: dict[str, float],
-                 bandwidth: float) -> dict[str, float]:
+                 bandwidth: float, micro: int | None = None) -> dict[str, float]:
     """Estimated seconds per phase of one step: ``costs`` for the plan's calls, plus the
     vocabulary head and the embedding's optimizer bytes at ``rates`` (one dtype's
-    :func:`rlzoo.diagnostics.roofline.matmul_rates`) and ``bandwidth`` (bytes/s)."""
+    :func:`rlzoo.diagnostics.roofline.matmul_rates`) and ``bandwidth`` (bytes/s). ``micro``:
+    sequences per micro-batch, the size ``costs`` were timed at (default
+    ``trainer.micro_batch_size``; :func:`rlzoo.diagnostics.preflight.micro_batch`)."""
     u, L = plan.update, shapes.layers
     sequences, new = u.sequences_per_process, plan.rollout.max_new_tokens
     head_flops = 2 * shapes.head_weights * sequences * new                     # logits of every response token
@@ -199,10 +201,11 @@ def step_seconds(plan: RunPlan, shapes: ModelShapes, costs: LayerCosts, rates: d
     head = head_flops / rates["update/head"] + softmax
     decode_head = max(2 * shapes.head_weights * sequences / rates["decode/head"],
                       shapes.head_weights * DTYPE_BYTES.get(plan.rollout.dtype, 2) / bandwidth)
-    passes = -(-sequences // max(1, u.micro_batch_size))
+    micro = micro or u.micro_batch_size                                         # sequences per micro-batch
+    passes = -(-sequences // max(1, micro))
     forward = passes * (costs.forward_call + L * costs.forward_layer) + head
     per_mini = max(1, sequences // u.mini_batches)
-    micro_steps = u.mini_batches * -(-per_mini // max(1, u.micro_batch_size))
+    micro_steps = u.mini_batches * -(-per_mini // max(1, micro))
     update = u.epochs * (micro_steps * (costs.train_call + L * costs.train_layer) + 3 * head)
     embedding = shapes.head_weights * (1 if shapes.tied else 2)
     optimizer = u.optimizer_steps * (costs.adam_call + L * costs.adam_layer)

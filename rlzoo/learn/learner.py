@@ -4,8 +4,10 @@
 log-probs, critic values), folds KL into the reward when the plan puts it there, and calls
 the advantage estimator; :meth:`Learner.update` takes the plan's epochs × mini-batches of
 optimizer steps, accumulating micro-batches whose losses are aggregated with the counts of
-their whole mini-batch, then updates the critic. The learner holds the optimizers, LR
-schedulers and KL controller, and decides nothing the plan has not.
+their whole mini-batch, then updates the critic. Micro-batches hold ``micro_batch_size``
+sequences, or as many as ``micro_batch_tokens`` token positions hold
+(:func:`rlzoo.learn.micro_batches.token_micro_batches`): the same gradient either way. The learner
+holds the optimizers, LR schedulers and KL controller, and decides nothing the plan has not.
 """
 
 from __future__ import annotations
@@ -24,44 +26,16 @@ from rlzoo.core.batch import BatchCounts, RolloutBatch
 from rlzoo.learn.correcting import Corrections, offpolicy_metrics
 from rlzoo.plan.records import RunPlan
 from rlzoo.plan.run_input import Components
-from rlzoo.core.errors import TrainingError
+from rlzoo.core.errors import TrainingError, say
 from rlzoo.core.ratios import LOG_RATIO_CLAMP
-from rlzoo.models.logprobs import full_sequence, sum_of_squared_probs
+from rlzoo.models.head import fast_paths
+from rlzoo.models.logprobs import model_inputs, sum_of_squared_probs
+from rlzoo.learn.gradient_share import kl_gradient_share
+from rlzoo.learn.optim import adamw, lr_factor
+from rlzoo.learn.micro_batches import computed_tokens, token_micro_batches
 from rlzoo.core.masked import masked_mean, masked_var
 from rlzoo.models.build import RunModels
 from rlzoo.core.tags import Tag
-
-
-
-def lr_factor(schedule: str, warmup: int, total: int) -> Callable[[int], float]:
-    """The LR multiplier at optimizer step ``step``: linear warm-up, then constant, linear
-    decay to 0 or cosine decay to 0 over ``total`` steps."""
-    def factor(step: int) -> float:
-        if warmup and step < warmup:
-            return (step + 1) / warmup
-        progress = min(1.0, (step - warmup) / max(1, total - warmup))
-        if schedule == "linear":
-            return 1.0 - progress
-        if schedule == "cosine":
-            return 0.5 * (1.0 + math.cos(math.pi * progress))
-        return 1.0
-
-    return factor
-
-
-FUSED_OPTIMIZER_DEVICES = ("cpu", "cuda")
-
-
-def adamw(params: Any, lr: float, betas: tuple[float, float], weight_decay: float = 0.0) -> torch.optim.AdamW:
-    """``torch.optim.AdamW`` with the fused kernel where every parameter is a floating
-    tensor on a device that has one (CPU and CUDA): one kernel over all parameters instead
-    of a loop of elementwise ops per tensor (on the CPU the default is that loop; the small
-    benchmark model's step took 166 ms looped, 37 ms fused). The same update up to
-    floating-point rounding."""
-    params = list(params)
-    fused = bool(params) and all(p.is_floating_point() and p.device.type in FUSED_OPTIMIZER_DEVICES
-                                 for p in params)
-    return torch.optim.AdamW(params, lr=lr, betas=betas, weight_decay=weight_decay, fused=fused or None)
 
 
 def non_finite(stage: str, component: BoundComponent) -> str:
@@ -108,22 +82,6 @@ class NoKL:
         pass
 
 
-def kl_gradient_share(policy_term: torch.Tensor, kl_term: torch.Tensor, logp: torch.Tensor) -> float:
-    """How much of the pull on the sampled tokens' log-probs comes from the KL term:
-    ``|g_kl| / (|g_kl| + |g_policy|)``, with ``g`` the gradient of each (scalar) loss term with
-    respect to ``logp`` ``(B, T)`` and ``|.|`` its L2 norm over the tokens; 0 when neither pulls.
-    Above 0.5 the KL term outweighs the advantage term: it holds the policy where it is. The
-    parameters' gradient is the same Jacobian applied to the sum of the two, so the share is
-    that of the update's driving signal. Computed with :func:`torch.autograd.grad` on the
-    kept graph (nothing accumulates into ``.grad``)."""
-    norms = []
-    for term in (kl_term, policy_term):
-        (grad,) = torch.autograd.grad(term, logp, retain_graph=True, allow_unused=True)
-        norms.append(0.0 if grad is None else float(grad.double().norm()))
-    total = norms[0] + norms[1]
-    return norms[0] / total if total > 0 else 0.0
-
-
 class _WeightedMeans:
     """Metrics averaged over micro-batches with weights (then summed over ranks)."""
 
@@ -167,6 +125,7 @@ class Learner:
     def __init__(self, plan: RunPlan, components: Components, models: RunModels, dist: distributed.DistInfo) -> None:
         self.plan, self.models, self.dist = plan, models, dist
         self.failure: str | None = None
+        self._over_budget_said = False
         self.advantage, self.policy_loss = components.advantage, components.policy_loss
         self.value_loss = components.value_loss if models.critic else None
         self.reward_weights = torch.tensor([weight for _, weight in components.rewards], dtype=torch.float32)
@@ -195,8 +154,28 @@ class Learner:
 
     # ---------------------------------------------------------------- passes and advantages
 
-    def _micro_rows(self, size: int) -> list[torch.Tensor]:
-        return list(torch.arange(size).split(self.plan.update.micro_batch_size)) if size else []
+    def _micro_batches(self, batch: RolloutBatch) -> list[tuple[torch.Tensor, RolloutBatch]]:
+        """``(rows, micro-batch)`` pairs covering ``batch``: ``micro_batch_size`` consecutive
+        rows, or with ``micro_batch_tokens`` the groups of
+        :func:`rlzoo.learn.micro_batches.token_micro_batches`, each trimmed of the padding columns
+        none of its rows uses (:meth:`RolloutBatch.trimmed`)."""
+        update = self.plan.update
+        if not len(batch):
+            return []
+        if update.micro_batch_tokens is None:
+            return [(rows, batch.select(rows)) for rows in torch.arange(len(batch)).split(update.micro_batch_size)]
+        prompts = batch.prompt_mask.sum(-1).long().tolist()
+        responses = batch.response_mask.sum(-1).long().tolist()
+        paths = fast_paths(self.models.policy)
+        groups = token_micro_batches(prompts, responses, update.micro_batch_tokens, paths.packing, paths.pack_min_share)
+        for group in groups:
+            size = computed_tokens([prompts[i] for i in group], [responses[i] for i in group], paths.packing,
+                                   paths.pack_min_share)
+            if size > update.micro_batch_tokens and not self._over_budget_said:
+                self._over_budget_said = True
+                say(f"rlzoo: warning: a sequence of {size} tokens is longer than trainer.micro_batch_tokens="
+                    f"{update.micro_batch_tokens}: it is a micro-batch of its own, over the budget (said once)")
+        return [(torch.tensor(group), batch.select(group).trimmed()) for group in groups]
 
     def compute(self) -> Any:
         """The context every model forward of the learner runs in: bfloat16 autocast over the
@@ -220,24 +199,23 @@ class Learner:
         """Log-probs of the sampled tokens under ``module``, and optionally per-token entropies
         and Σ_v π(v)² (from the full logits), each ``(B, T)``, 0 on padding."""
         logps, entropies, squares = [], [], []
-        for rows in self._micro_rows(len(batch)):
-            mb = batch.select(rows)
+        for rows, mb in self._micro_batches(batch):
             logp, entropy, logits = self._forward(module, mb, with_entropy=with_entropy,
                                                   with_logits=with_sum_pi_squared)
-            logps.append(logp)
-            entropies.append(entropy)
+            logps.append((rows, logp))
+            entropies.append((rows, entropy))
             if with_sum_pi_squared:
-                squares.append(sum_of_squared_probs(logits) * mb.response_mask)
-        return (torch.cat(logps), torch.cat(entropies) if with_entropy else None,
-                torch.cat(squares) if with_sum_pi_squared else None)
+                squares.append((rows, sum_of_squared_probs(logits) * mb.response_mask))
+        return (_rows_back(logps, batch), _rows_back(entropies, batch) if with_entropy else None,
+                _rows_back(squares, batch) if with_sum_pi_squared else None)
 
     def _values(self, mb: RolloutBatch, critic: torch.nn.Module) -> torch.Tensor:
-        input_ids, attention, positions = full_sequence(mb.prompt_ids, mb.prompt_mask,
-                                                        mb.response_ids, mb.response_mask)
+        """The critic's values of ``mb``'s response tokens ``(B, T)``, 0 on padding."""
+        inputs = model_inputs(self.models.critic, mb.prompt_ids, mb.prompt_mask, mb.response_ids,
+                              mb.response_mask, paths_of=self.models.policy)
         with self.compute():
-            values = critic(input_ids, attention, positions).float()
-        start = mb.prompt_ids.shape[1] - 1
-        return values[:, start:start + mb.response_ids.shape[1]] * mb.response_mask
+            values = critic(**inputs.kwargs()).float()
+        return inputs.responses(values) * mb.response_mask
 
     def prepare(self, batch: RolloutBatch) -> dict[str, float]:
         """Run the plan's passes, KL in the reward and the advantages; fills ``batch``."""
@@ -257,8 +235,8 @@ class Learner:
         if plan.runs("values"):
             models.critic.eval()
             with torch.no_grad():
-                batch.old_values = torch.cat([self._values(batch.select(rows), models.critic)
-                                              for rows in self._micro_rows(len(batch))])
+                batch.old_values = _rows_back([(rows, self._values(mb, models.critic))
+                                               for rows, mb in self._micro_batches(batch)], batch)
         with distributed.batch_statistics(self.dist.enabled):
             if plan.runs("old_logp"):
                 sampled = getattr(batch, plan.sampled_mask)
@@ -353,10 +331,10 @@ class Learner:
                     micro_loss: Callable[[RolloutBatch], torch.Tensor]) -> None:
         """Backpropagate ``micro_loss`` of each micro-batch of ``mini`` (each already this
         micro-batch's share of the mini-batch loss); gradients are all-reduced on the last."""
-        micro = self._micro_rows(len(mini))
-        for index, rows in enumerate(micro):
+        micro = self._micro_batches(mini)
+        for index, (_, mb) in enumerate(micro):
             with _sync_context(module, last=index == len(micro) - 1):
-                loss = micro_loss(mini.select(rows))
+                loss = micro_loss(mb)
                 if self.failure is not None:  # NaN gradients on this rank, NaN after the all-reduce on every rank
                     loss = loss * math.nan
                 (loss * self.dist.world).backward()  # DDP averages over ranks; counts are global
@@ -476,6 +454,15 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.
     below 0 one worse than that."""
     residual = masked_var(returns - values, mask)
     return float(1.0 - residual / (masked_var(returns, mask) + 1e-5))
+
+
+def _rows_back(parts: list[tuple[torch.Tensor, torch.Tensor]], batch: RolloutBatch) -> torch.Tensor:
+    """``(B, T)`` float32 of ``batch`` from micro-batch outputs ``(rows, (b, t))`` (``t <= T``:
+    a micro-batch trimmed of padding columns; the rest is 0)."""
+    out = torch.zeros(batch.response_ids.shape, dtype=torch.float32, device=batch.response_ids.device)
+    for rows, part in parts:
+        out[rows.to(out.device), :part.shape[1]] = part
+    return out
 
 
 def _sync_context(module: torch.nn.Module, last: bool) -> Any:

@@ -9,10 +9,7 @@ The embedded default is a tiny causal transformer built from a ``transformers`` 
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import importlib.util
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
@@ -23,7 +20,6 @@ from transformers import (
     AutoConfig,
     AutoModel,
     AutoModelForCausalLM,
-    AutoTokenizer,
     LlamaConfig,
     LlamaForCausalLM,
     PreTrainedModel,
@@ -41,11 +37,12 @@ from rlzoo.core.errors import ConfigError, say
 from rlzoo.models.head import fast_paths, set_fast_paths
 from rlzoo.models.logprobs import ResponseForward
 from rlzoo.models.model_check import CheckResult, check_model
+from rlzoo.models.model_files import (GGUF_SUFFIX, check_model_dir, gguf_tokenizer, load_tokenizer,
+                                      unreadable_model)
 from rlzoo.plan.records import RunPlan
 from rlzoo.plan.settings import ModelPlan, TinyModel
 
 PAD, BOS, EOS, UNK = "<pad>", "<s>", "</s>", "<unk>"
-GENERIC_TOKENIZER_CLASSES = ("PreTrainedTokenizerFast", "TokenizersBackend")
 
 
 def build_char_tokenizer(alphabet: str) -> PreTrainedTokenizerFast:
@@ -93,30 +90,6 @@ def build_tiny_model(shape: TinyModel, tokenizer: PreTrainedTokenizerBase,
     return model
 
 
-def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
-    """Load the tokenizer of a model directory exactly as it was saved.
-
-    ``AutoTokenizer`` maps a saved generic ``tokenizers``-backed tokenizer (class
-    ``PreTrainedTokenizerFast``, written as ``TokenizersBackend`` by transformers 5) to the
-    architecture's own class (e.g. ``Qwen2Tokenizer``), which silently changes
-    tokenization. A directory naming a generic class is therefore loaded with
-    ``PreTrainedTokenizerFast`` directly; any other class goes through ``AutoTokenizer``.
-    """
-    path = Path(path)
-    config_file = path / "tokenizer_config.json"
-    tokenizer_class = None
-    if config_file.is_file():
-        tokenizer_class = json.loads(config_file.read_text()).get("tokenizer_class")
-    if tokenizer_class in GENERIC_TOKENIZER_CLASSES and (path / "tokenizer.json").is_file():
-        tokenizer = PreTrainedTokenizerFast.from_pretrained(str(path))
-    else:
-        tokenizer = AutoTokenizer.from_pretrained(str(path))
-    tokenizer.padding_side = "left"
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return tokenizer
-
-
 def load_pretrained(path: str | Path, dtype: str = "float32") -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """Load a causal LM and its tokenizer from a local directory or ``.gguf`` file (never
     a hub id); a GGUF file goes through :func:`load_gguf`.
@@ -133,19 +106,6 @@ def load_pretrained(path: str | Path, dtype: str = "float32") -> tuple[PreTraine
         model = AutoModelForCausalLM.from_pretrained(str(path), dtype=DTYPES[dtype])
     check_tokenizer_fits(model, tokenizer, f"model.path {str(path)!r}")
     return align_storage(model), tokenizer
-
-
-def check_model_dir(path: Path) -> None:
-    """:raises ConfigError: ``path`` is not a local model directory (no ``config.json``): the
-    line every command gives for a ``model.path`` it cannot read, before anything else is tried
-    (a missing path would otherwise be taken for a hub id)."""
-    if not (path / "config.json").is_file():
-        policies = sorted(path.glob("checkpoints/*/policy/config.json")) if (path / "config.yaml").is_file() else []
-        hint = f" (a run directory: its policy is a model directory, e.g. {policies[-1].parent})" if policies else ""
-        raise ConfigError(
-            f"model.path {str(path)!r} is not a local model directory (no config.json) or a .gguf file{hint}; "
-            "rlzoo never downloads models: pass a directory written by save_pretrained"
-        )
 
 
 def check_tokenizer_fits(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, what: str) -> None:
@@ -202,23 +162,6 @@ def align_storage(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
-GGUF_SUFFIX = ".gguf"
-GGUF_INSTALL = "pip install 'rlzoo[gguf]'  (or: pip install gguf)"
-"""What installs the optional ``gguf`` package transformers reads GGUF files with."""
-
-
-def check_gguf_path(path: str | Path, key: str = "model.path") -> None:
-    """:raises ConfigError: ``path`` names a ``.gguf`` file that does not exist, or the
-    ``gguf`` package is not installed (the pip command named). Cheap: run before loading."""
-    path = Path(path)
-    if path.suffix.lower() != GGUF_SUFFIX:
-        return
-    if not path.is_file():
-        raise ConfigError(f"{key} {str(path)!r} is not a file; rlzoo never downloads models")
-    if importlib.util.find_spec("gguf") is None:
-        raise ConfigError(f"{key} {str(path)!r} is a GGUF file, which needs the gguf package: {GGUF_INSTALL}")
-
-
 def load_gguf(path: Path, dtype: str = "float32") -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """A causal LM and its tokenizer from a GGUF file, through transformers' ``gguf_file=``
     (the weights dequantised to ``dtype``).
@@ -231,17 +174,13 @@ def load_gguf(path: Path, dtype: str = "float32") -> tuple[PreTrainedModel, PreT
 
     :raises ConfigError: see :func:`check_gguf_path`; a file transformers cannot read.
     """
-    check_gguf_path(path)
+    tokenizer = gguf_tokenizer(path)
     with unreadable_model(path):
-        tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
         model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=DTYPES[dtype])
     check_tokenizer_fits(model, tokenizer, f"model.path {str(path)!r}")
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    tokenizer.padding_side = "left"
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
     return model, tokenizer
 
 
@@ -259,20 +198,6 @@ def load_teacher(path: str | Path, dtype: str, tokenizer: PreTrainedTokenizerBas
                           f"{len(ours)} tokens; e.g. {differ}): distillation compares log-probs of the same "
                           "token ids, so the teacher must share the policy's tokenizer")
     return teacher.eval().requires_grad_(False)
-
-
-@contextlib.contextmanager
-def unreadable_model(path: Path) -> Iterator[None]:
-    """Turn a failure to read a model directory (garbage JSON, a truncated safetensors
-    file, a missing weight) into a :class:`ConfigError` naming ``path``."""
-    try:
-        yield
-    except ConfigError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - transformers, tokenizers and safetensors raise many kinds
-        lines = str(exc).strip().splitlines()
-        raise ConfigError(f"cannot load the model in {str(path)!r}: {type(exc).__name__}: "
-                          f"{lines[0] if lines else ''}") from exc
 
 
 class ValueModel(torch.nn.Module):
@@ -297,11 +222,14 @@ class ValueModel(torch.nn.Module):
             backbone.load_state_dict(state_from.base_model.state_dict())
         return cls(backbone)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                position_ids: torch.Tensor) -> torch.Tensor:
-        """Values ``(B, L)`` for every position of ``input_ids`` ``(B, L)``."""
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                position_ids: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        """Values ``(B, L)`` for every position of ``input_ids`` ``(B, L)``; ``attention_mask``
+        ``None`` for packed rows, ``kwargs`` to the backbone
+        (:meth:`rlzoo.models.packing.SequenceInputs.kwargs`)."""
+        kwargs = {"use_cache": False, **kwargs}
         hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask,
-                               position_ids=position_ids, use_cache=False).last_hidden_state
+                               position_ids=position_ids, **kwargs).last_hidden_state
         with torch.autocast(device_type=hidden.device.type, enabled=False):  # float32 values under bf16
             return self.value_head(hidden.float()).squeeze(-1)
 
@@ -414,6 +342,26 @@ def _saveable(model: Any, wrapper: torch.nn.Module, prefix: str) -> Any:
     return _WithStateDict(model, distributed.full_state_dict(wrapper, prefix))
 
 
+def build_tokenizer(model: ModelPlan, task: Any, task_name: str) -> PreTrainedTokenizerBase:
+    """The policy's tokenizer alone, without its weights (what :func:`build_policy` returns
+    beside them): ``model.path``'s, or the embedded model's character tokenizer over the
+    alphabet of the task ``task_name``.
+
+    :raises ConfigError: an unreadable ``model.path``, or a task that needs a real tokenizer.
+    """
+    if model.path:
+        path = Path(model.path)
+        if path.suffix.lower() == GGUF_SUFFIX:
+            return gguf_tokenizer(path)
+        check_model_dir(path)
+        with unreadable_model(path):
+            return load_tokenizer(path)
+    if task.alphabet is None:
+        raise ConfigError(f"task {task_name!r} needs a real tokenizer: set model.path to a local "
+                          "model directory")
+    return build_char_tokenizer(task.alphabet)
+
+
 def build_policy(model: ModelPlan, task: Any, task_name: str) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """The initial policy and its tokenizer: ``model.path`` loaded, or the embedded tiny
     model (``model.*``) with a character tokenizer over the alphabet of the task ``task_name``.
@@ -422,10 +370,7 @@ def build_policy(model: ModelPlan, task: Any, task_name: str) -> tuple[PreTraine
     """
     if model.path:
         return load_pretrained(model.path, model.dtype)
-    if task.alphabet is None:
-        raise ConfigError(f"task {task_name!r} needs a real tokenizer: set model.path to a local "
-                          "model directory")
-    tokenizer = build_char_tokenizer(task.alphabet)
+    tokenizer = build_tokenizer(model, task, task_name)
     policy = build_tiny_model(model.tiny, tokenizer, model.tiny.max_positions)
     return policy.to(DTYPES[model.dtype]), tokenizer
 
@@ -460,7 +405,8 @@ def build_run_models(plan: RunPlan, task: Any, task_name: str, device: torch.dev
     teacher, checks = None, {}
     if "teacher" in plan.models:
         teacher = load_teacher(plan.model.teacher, dtype, tokenizer).to(device)
-        checks["teacher"] = check_model(teacher, device, trained=False)  # frozen: eval mode only
+        checks["teacher"] = check_model(teacher, device, trained=False,  # frozen: eval mode only
+                                        padding_free=plan.compute.padding_free)
     critic = None
     if "critic" in plan.models:
         critic = disable_dropout(ValueModel.from_policy_config(policy.config, policy).to(device))
@@ -473,7 +419,7 @@ def build_run_models(plan: RunPlan, task: Any, task_name: str, device: torch.dev
             lora.load_adapters(policy, resume_from / "policy")
         initial = lora.SavedBase(policy)
     policy.to(device)
-    checks["policy"] = check_model(policy, device)
+    checks["policy"] = check_model(policy, device, padding_free=plan.compute.padding_free)
     if reference is not None:
         reference.to(device)
         set_fast_paths(reference, fast_paths(policy))

@@ -30,6 +30,8 @@ from typing import Any
 
 import torch
 
+from rlzoo.models.packing import PADDED
+
 CACHE_MODES = ("preallocated", "dynamic", "none")
 """How the rollout's decode loop keeps keys and values (:func:`rlzoo.models.decode.generate`),
 fastest first: ``preallocated`` (each prompt prefilled once per group and its cache
@@ -89,12 +91,21 @@ class FastPaths:
     :ivar model_logits: the training forward reads the model's own ``forward(...).logits``
         instead of the chunked head (a transform rlzoo does not know).
     :ivar cache: the decode loop's cache mode, one of :data:`CACHE_MODES`.
+    :ivar packing: how the training-side passes lay out a micro-batch's sequences
+        (:mod:`rlzoo.models.packing`): ``padded``, or packed without padding (``segments``:
+        one row; ``rows``: a few balanced rows) where the check found that exact on this
+        model. ``padded`` on a model that was not checked.
+    :ivar pack_min_share: a micro-batch is packed only when that removes at least this share
+        of its padded positions (:func:`rlzoo.models.packing.pack_min_share`: packing's own
+        cost against the model's per-token cost).
     :ivar reason: why a fast path was left, in words (empty when none was).
     """
 
     transform: LogitTransform | None = None
     model_logits: bool = False
     cache: str = "preallocated"
+    packing: str = PADDED
+    pack_min_share: float = 0.0
     reason: str = ""
 
     def with_fallback(self, reason: str, **changes: Any) -> "FastPaths":

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from rlzoo.models.head import LogitTransform, fast_paths
-from rlzoo.core.tokens import position_ids_from_mask
+from rlzoo.models.packing import SEGMENTS, SequenceInputs, sequence_inputs, use_segment_attention
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -221,13 +221,20 @@ def sum_of_squared_probs(logits: torch.Tensor) -> torch.Tensor:
     return torch.exp(torch.logsumexp(2 * z, dim=-1) - 2 * torch.logsumexp(z, dim=-1))
 
 
-def full_sequence(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
-                  response_ids: torch.Tensor, response_mask: torch.Tensor
-                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(input_ids, attention_mask, position_ids)`` of prompt + response, ``(B, P + T)``."""
-    input_ids = torch.cat([prompt_ids, response_ids], 1)
-    attention = torch.cat([prompt_mask.long(), response_mask.long()], 1)
-    return input_ids, attention, position_ids_from_mask(attention)
+def model_inputs(model: torch.nn.Module, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
+                 response_ids: torch.Tensor, response_mask: torch.Tensor, paths_of: torch.nn.Module | None = None
+                 ) -> SequenceInputs:
+    """The decoder inputs of prompt + response for ``model``, in the layout its checked fast
+    paths name (``FastPaths.packing``, packed only where that removes ``pack_min_share`` of the
+    padded positions; the paths of ``paths_of`` when given: a critic follows its policy). The
+    :data:`rlzoo.models.packing.SEGMENTS` layout sets ``model``'s attention to
+    :func:`rlzoo.models.packing.segment_attention` first (once; a copy made before the check,
+    the reference, gets it here)."""
+    paths = fast_paths(paths_of if paths_of is not None else model)
+    if paths.packing == SEGMENTS:
+        use_segment_attention(model)
+    return sequence_inputs(prompt_ids, prompt_mask, response_ids, response_mask, paths.packing,
+                           paths.pack_min_share)
 
 
 def response_forward(model: PreTrainedModel, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor,
@@ -242,16 +249,15 @@ def response_forward(model: PreTrainedModel, prompt_ids: torch.Tensor, prompt_ma
     (:func:`rlzoo.models.head.fast_paths`). A model whose check found a transform rlzoo does not
     know (``model_logits``) runs :func:`model_logits_forward` instead. ``with_logits`` also
     returns the full ``(B, T, V)`` tempered logits (for estimators that read ``logits``).
+    The sequences are packed without padding (:mod:`rlzoo.models.packing`, :func:`model_inputs`)
+    where the model's check found packing exact and it computes fewer positions.
     """
     paths = fast_paths(model)
     if paths.model_logits:
         return model_logits_forward(model, prompt_ids, prompt_mask, response_ids, response_mask,
                                     with_entropy=with_entropy, with_logits=with_logits, temperature=temperature)
-    input_ids, attention, positions = full_sequence(prompt_ids, prompt_mask, response_ids, response_mask)
-    hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention,
-                                 position_ids=positions, use_cache=False).last_hidden_state
-    prompt_len = prompt_ids.shape[1]
-    hidden = hidden[:, prompt_len - 1: prompt_len - 1 + response_ids.shape[1]]
+    inputs = model_inputs(model, prompt_ids, prompt_mask, response_ids, response_mask)
+    hidden = inputs.responses(model.get_decoder()(**inputs.kwargs()).last_hidden_state)
     head = model.get_output_embeddings()
     logp, entropy = token_logprobs(hidden, head, response_ids, response_mask, chunk_size, with_entropy,
                                    keep_max_bytes=keep_max_bytes, temperature=temperature,
@@ -268,10 +274,8 @@ def model_logits_forward(model: PreTrainedModel, prompt_ids: torch.Tensor, promp
     """:func:`response_forward` through the model's own ``forward(...).logits``: whatever
     the model does after its head is included, at the cost of the full ``(B, P + T, V)``
     logits and autograd's backward through them. Same outputs (0 where the mask is 0)."""
-    input_ids, attention, positions = full_sequence(prompt_ids, prompt_mask, response_ids, response_mask)
-    logits = model(input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=False).logits
-    prompt_len = prompt_ids.shape[1]
-    logits = logits[:, prompt_len - 1: prompt_len - 1 + response_ids.shape[1]].float() / temperature
+    inputs = model_inputs(model, prompt_ids, prompt_mask, response_ids, response_mask)
+    logits = inputs.responses(model(**inputs.kwargs()).logits).float() / temperature
     log_probs = torch.log_softmax(logits, dim=-1)
     valid = response_mask > 0
     zero = log_probs.new_zeros(())

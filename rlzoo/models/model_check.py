@@ -15,7 +15,17 @@ that computes other log-probs there (a dropout or other random layer
 A path that differs by more than :data:`TOLERANCE` is left for a slower, correct one
 (training: the model's own logits; rollout: the model's own cache, then no cache), which
 is checked in turn, and :class:`CheckResult` says why in one warning. A model that no path
-computes correctly is refused. The check draws from its own seeded generator and restores
+computes correctly is refused.
+
+The training-side passes pack their sequences without padding (:mod:`rlzoo.models.packing`)
+where that is exact: the check runs the training forward on a probe packed so that short
+sequences follow each other in one row (:data:`PACKED_PROBE`) and compares it with each
+sequence alone, like the padded one. A model with a layer that mixes tokens outside
+attention (a convolution or a recurrent state, :func:`rlzoo.models.packing.token_mixers`) is
+not packed whatever the probe shows (a random model's convolution moves the probe's
+log-probs by less than the tolerance; a trained one's does not), nor is one whose packed
+forward differs (a mask that ignores the position ids); the warning says so, and
+``trainer.padding_free=true`` refuses such a model. The check draws from its own seeded generator and restores
 torch's global RNG and the weights exactly, so a run's numbers are those it has without it.
 """
 
@@ -23,7 +33,7 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from transformers import PreTrainedModel
@@ -33,6 +43,7 @@ from rlzoo.core.errors import ConfigError, say
 from rlzoo.models.head import CACHE_MODES, FastPaths, default_paths, set_fast_paths
 from rlzoo.models.logprobs import response_forward
 from rlzoo.models.decode import generate
+from rlzoo.models.packing import PADDED, ROWS, SEGMENTS, pack_min_share, passes_boundaries, token_mixers
 from rlzoo.core.tokens import left_pad
 
 TOLERANCE = 1e-4
@@ -51,6 +62,12 @@ PROBE_PROMPTS = (7, 3)
 
 PROBE_SAMPLES, PROBE_TOKENS, PROBE_SEED = 2, 6, 1234
 
+PACKED_PROBE = ((9, 6), (1, 3), (2, 2), (1, 3))
+"""``(prompt, response)`` token lengths of the packed probe: packed into two rows, the first
+sequence alone and the three short ones one after another, two with a one-token prompt, so
+a sequence's first response tokens are predicted at its first positions, right after the
+previous sequence's last token."""
+
 
 @dataclass
 class CheckResult:
@@ -63,6 +80,8 @@ class CheckResult:
     :ivar warning: one line saying which fast path was left and why, or ``None``.
     :ivar training_mode: the training forward was measured in training mode (a trained
         model), not eval mode (a frozen one).
+    :ivar packed_error: max difference of the packed training forward, or ``None`` where it
+        was not measured (``trainer.padding_free=false``, or a layer that cannot be packed).
     """
 
     paths: FastPaths
@@ -70,6 +89,7 @@ class CheckResult:
     training_error: float
     warning: str | None = None
     training_mode: bool = True
+    packed_error: float | None = None
 
     def summary(self) -> str:
         """One line for the run's output."""
@@ -77,9 +97,12 @@ class CheckResult:
         head = ("the model's own logits" if self.paths.model_logits
                 else f"chunked head (post-head transform: {transform})")
         mode = "training" if self.training_mode else "eval"
+        packed = (f"packed without padding in {self.paths.packing} (packed {self.packed_error:.2g})"
+                  if self.packed_error is not None and self.paths.packing != PADDED else "padded")
         return (f"model check: log-probs vs the model's own forward, max |diff|/max(1, |logp|) rollout "
                 f"{self.rollout_error:.2g}, training {self.training_error:.2g} in {mode} mode (tolerance "
-                f"{TOLERANCE:g}); training uses {head}, rollout cache {self.paths.cache}")
+                f"{TOLERANCE:g}); training uses {head}, rollout cache {self.paths.cache}; training-side passes "
+                f"{packed}")
 
 
 def report(name: str, check: CheckResult, summary: bool = True) -> None:
@@ -104,6 +127,20 @@ def _probe(vocab: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor
     response_mask = torch.ones(response_ids.shape)
     response_mask[0, -2:] = 0
     response_ids[0, -2:] = 0
+    return ids.to(device), mask.to(device), response_ids.to(device), response_mask.to(device)
+
+
+def _packed_probe(vocab: int, device: torch.device
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The packed probe (:data:`PACKED_PROBE`): left-padded prompts ``(ids, mask)`` and
+    right-padded responses ``(ids, mask)``, any tokens, from its own generator."""
+    generator = torch.Generator().manual_seed(PROBE_SEED + 1)
+    prompts = [torch.randint(0, vocab, (n,), generator=generator).tolist() for n, _ in PACKED_PROBE]
+    ids, mask = left_pad(prompts, pad_id=0)
+    width = max(n for _, n in PACKED_PROBE)
+    response_ids = torch.randint(0, vocab, (len(PACKED_PROBE), width), generator=generator)
+    response_mask = (torch.arange(width)[None, :] < torch.tensor([n for _, n in PACKED_PROBE])[:, None]).float()
+    response_ids = response_ids * response_mask.long()
     return ids.to(device), mask.to(device), response_ids.to(device), response_mask.to(device)
 
 
@@ -135,15 +172,21 @@ in training mode (as the update runs it), or the training forward in eval mode (
 old-log-prob and reference passes run it)."""
 
 
-def _error(model: PreTrainedModel, paths: FastPaths, device: torch.device, which: str) -> float:
+def _error(model: PreTrainedModel, paths: FastPaths, device: torch.device, which: str, packed: bool = False
+           ) -> float:
     """Max ``|Δ log-prob| / max(1, |log-prob|)`` (:data:`TOLERANCE`) of one path under
     ``paths`` on the probe batch: the rollout's (:data:`ROLLOUT`) log-probs of the tokens it
     sampled, or the training forward's (:data:`TRAINING`, :data:`TRAINING_EVAL_MODE`) of any
-    tokens; the truth is the model's own forward in eval mode. ``model`` is in eval mode
-    before and after; what a random layer draws comes from a forked RNG."""
+    tokens (``packed``: on the packed probe, :data:`PACKED_PROBE`); the truth is the model's
+    own forward in eval mode. ``model`` is in eval mode before and after; what a random layer
+    draws comes from a forked RNG."""
     set_fast_paths(model, paths)
-    ids, mask, response_ids, response_mask = _probe(model.get_input_embeddings().num_embeddings, device)
-    prompt_ids, prompt_mask = ids.repeat_interleave(PROBE_SAMPLES, 0), mask.repeat_interleave(PROBE_SAMPLES, 0)
+    vocab = model.get_input_embeddings().num_embeddings
+    if packed:
+        prompt_ids, prompt_mask, response_ids, response_mask = _packed_probe(vocab, device)
+    else:
+        ids, mask, response_ids, response_mask = _probe(vocab, device)
+        prompt_ids, prompt_mask = ids.repeat_interleave(PROBE_SAMPLES, 0), mask.repeat_interleave(PROBE_SAMPLES, 0)
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(PROBE_SEED)
         if which == ROLLOUT:
@@ -192,18 +235,19 @@ def _refuse_random_training_mode(model: PreTrainedModel, paths: FastPaths, devic
                       f"time: {where}); set it to 0 in the model's config.json")
 
 
-def _measure(model: PreTrainedModel, paths: FastPaths, device: torch.device, which: str) -> tuple[float, str]:
+def _measure(model: PreTrainedModel, paths: FastPaths, device: torch.device, which: str, packed: bool = False
+             ) -> tuple[float, str]:
     """:func:`_error` at the model's own weights and, the larger, with the output
     embedding alone scaled by ``factor`` so the largest raw logit is about
     :data:`LARGE_LOGIT` (a copy of the head's weight put in its place, the tie to the input
     embedding left alone, so the hidden states are the model's own; restored afterwards),
     that difference divided by ``factor`` (float32 noise of the hidden states grows with
     it; a transform's difference is of order one nat there); ``inf`` and the exception's
-    first line when the path raises."""
+    first line when the path raises. ``packed``: :func:`_error` on the packed probe."""
     head = model.get_output_embeddings()
     original = head.weight
     try:
-        error = _error(model, paths, device, which)
+        error = _error(model, paths, device, which, packed)
         ids, mask, _, _ = _probe(model.get_input_embeddings().num_embeddings, device)
         with torch.no_grad():
             hidden = model.get_decoder()(input_ids=ids, attention_mask=mask).last_hidden_state
@@ -211,7 +255,7 @@ def _measure(model: PreTrainedModel, paths: FastPaths, device: torch.device, whi
         if 0 < largest < LARGE_LOGIT:
             factor = LARGE_LOGIT / largest
             head.weight = torch.nn.Parameter(original.detach() * factor, requires_grad=False)
-            error = max(error, _error(model, paths, device, which) / factor)
+            error = max(error, _error(model, paths, device, which, packed) / factor)
     except Exception as exc:  # noqa: BLE001 - a path that cannot run on this model is left like a wrong one
         lines = str(exc).strip().splitlines()
         return math.inf, f"{type(exc).__name__}: {lines[0] if lines else ''}"
@@ -220,7 +264,8 @@ def _measure(model: PreTrainedModel, paths: FastPaths, device: torch.device, whi
     return error, f"max |diff|/max(1, |logp|) {error:.2g}"
 
 
-def check_model(model: PreTrainedModel, device: torch.device, trained: bool = True) -> CheckResult:
+def check_model(model: PreTrainedModel, device: torch.device, trained: bool = True,
+                padding_free: bool | None = None) -> CheckResult:
     """Check ``model``'s fast paths against its own forward (module docstring), record
     the paths it runs on it (:func:`rlzoo.models.head.set_fast_paths`) and return what was found.
 
@@ -231,9 +276,12 @@ def check_model(model: PreTrainedModel, device: torch.device, trained: bool = Tr
     :param trained: the update runs the model in training mode (the policy), so its
         training forward is measured there; ``False`` for a frozen model (a teacher), run
         in eval mode only.
+    :param padding_free: ``trainer.padding_free``: ``None`` packs where the check finds it
+        exact, ``True`` requires it, ``False`` never packs (and does not measure it).
     :raises ConfigError: no path gives the model's own log-probs (e.g. a model whose
         forward does not honour left padding), or a trained model is random in training
-        mode, with the differences found.
+        mode, with the differences found; ``padding_free`` is ``True`` and packing is not
+        exact on the model (the architecture and the reason named).
     """
     probe = model if next(model.parameters()).dtype == torch.float32 else copy.deepcopy(model).float()
     was_training = probe.training
@@ -241,14 +289,48 @@ def check_model(model: PreTrainedModel, device: torch.device, trained: bool = Tr
     reasons: list[str] = []
     try:
         with adapter_dropout_off(probe):
-            paths, training, rollout = _check(probe, device, TRAINING if trained else TRAINING_EVAL_MODE,
-                                              type(model).__name__, reasons)
+            which = TRAINING if trained else TRAINING_EVAL_MODE
+            paths, training, rollout = _check(probe, device, which, type(model).__name__, reasons)
+            packed = None
+            if padding_free is not False:
+                paths, packed = _check_packing(probe, paths, device, which, type(model).__name__, reasons,
+                                               required=bool(padding_free))
     finally:
         probe.train(was_training)
     set_fast_paths(model, paths)
     warning = f"{type(model).__name__}: {'; '.join(reasons)}" if reasons else None
     return CheckResult(paths=paths, rollout_error=rollout, training_error=training, warning=warning,
-                       training_mode=trained)
+                       training_mode=trained, packed_error=packed)
+
+
+def _check_packing(probe: PreTrainedModel, paths: FastPaths, device: torch.device, which: str, name: str,
+                   reasons: list[str], required: bool) -> tuple[FastPaths, float | None]:
+    """How the training-side passes of ``probe`` may pack their sequences (module docstring):
+    ``(paths, packed error)``, ``paths`` with the layout set where packing is exact: one row
+    with attention per stretch (:data:`rlzoo.models.packing.SEGMENTS`) for a model on
+    ``sdpa`` whose layers pass the sequence boundaries down to their attention, else a few
+    rows (:data:`rlzoo.models.packing.ROWS`); why not is appended to ``reasons``.
+
+    :raises ConfigError: ``required`` (``trainer.padding_free=true``) and packing is not exact.
+    """
+    mixers = token_mixers(probe)
+    error = None
+    if mixers:
+        why = (f"its {', '.join(mixers)} mix tokens outside attention, across the boundary between packed "
+               "sequences")
+    else:
+        layout = SEGMENTS if passes_boundaries(probe) else ROWS
+        error, found = _measure(probe, replace(paths, packing=layout), device, which, packed=True)
+        if error <= TOLERANCE:
+            return replace(paths, packing=layout, pack_min_share=pack_min_share(probe)), error
+        why = (f"packed sequences differ from each sequence alone ({found}; its attention mask does not follow "
+               "the position ids?)")
+    if required:
+        raise ConfigError(f"trainer.padding_free=true, but packing sequences is not exact on {name}: {why}; set "
+                          "trainer.padding_free=null (pack where exact) or false")
+    reasons.append(f"the training-side passes are not packed without padding ({why}), so they compute on padding "
+                   "(trainer.padding_free=false skips this check)")
+    return paths, error
 
 
 def _check(probe: PreTrainedModel, device: torch.device, which: str, name: str,

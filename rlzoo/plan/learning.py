@@ -70,6 +70,8 @@ class UpdatePlan:
     :ivar epochs: passes over the rollout.
     :ivar mini_batches: mini-batches per epoch (one optimizer step each).
     :ivar micro_batch_size: sequences per forward/backward (gradient accumulation).
+    :ivar micro_batch_tokens: token positions per forward/backward instead
+        (``trainer.micro_batch_tokens``), or ``None``: ``micro_batch_size`` sequences.
     """
 
     sequences: int
@@ -77,6 +79,14 @@ class UpdatePlan:
     epochs: int
     mini_batches: int
     micro_batch_size: int
+    micro_batch_tokens: int | None = None
+
+    def micro_line(self) -> str:
+        """How a mini-batch is split for forward/backward, in words (``plan.txt``)."""
+        if self.micro_batch_tokens is None:
+            return f"micro-batches of {self.micro_batch_size}"
+        return (f"micro-batches of at most {self.micro_batch_tokens} token positions each, balanced by tokens "
+                "(trainer.micro_batch_tokens)")
 
     @property
     def optimizer_steps(self) -> int:
@@ -128,7 +138,7 @@ class OptimizerPlan:
     :ivar max_grad_norm: gradients are clipped to this global norm; ``None`` measures the norm
         and never clips.
     :ivar schedule: the LR multiplier over training steps: ``constant``, ``linear`` or ``cosine``
-        decay to 0 (:func:`rlzoo.learn.learner.lr_factor`).
+        decay to 0 (:func:`rlzoo.learn.optim.lr_factor`).
     :ivar warmup_steps: training steps of linear warm-up before it.
     :ivar schedule_steps: the steps the decay spans (``trainer.total_steps``).
     """

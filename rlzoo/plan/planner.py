@@ -104,7 +104,8 @@ def build_plan(resolved: ResolvedConfig, reward_model: bool = False) -> RunPlan:
         sequences=int(cfg.rollout.prompts_per_step) * int(cfg.rollout.n),
         sequences_per_process=int(cfg.rollout.prompts_per_step) // world * int(cfg.rollout.n),
         epochs=int(t.update_epochs), mini_batches=int(t.num_mini_batches),
-        micro_batch_size=int(t.micro_batch_size))
+        micro_batch_size=int(t.micro_batch_size),
+        micro_batch_tokens=None if t.micro_batch_tokens is None else int(t.micro_batch_tokens))
     old_reasons = []
     if not update.on_policy:
         old_reasons.append(f"{update.optimizer_steps} optimizer steps per rollout (the ratio's denominator)")
@@ -256,7 +257,8 @@ def _compute_plan(cfg: Any) -> ComputePlan:
     return ComputePlan(device=str(t.device), threads=int(t.threads or 0), backend=str(d.backend),
                        timeout_s=float(d.timeout_s), strategy=str(d.strategy),
                        logprob_chunk_size=int(t.logprob_chunk_size),
-                       logprob_keep_bytes=int(t.logprob_keep_mb * 2**20))
+                       logprob_keep_bytes=int(t.logprob_keep_mb * 2**20),
+                       padding_free=None if t.padding_free is None else bool(t.padding_free))
 
 
 def _prompt_plan(resolved: ResolvedConfig) -> PromptPlan:

@@ -301,7 +301,8 @@ class RunPlan:
         lines += [f"  {name}: {_coef(name, term)}{term.mode} over {term.mask}" for name, term in self.terms.items()]
         lines.append(f"update: {u.epochs} epoch(s) x {u.mini_batches} mini-batch(es) of "
                      f"{u.sequences // u.mini_batches} sequences = {u.optimizer_steps} optimizer step(s) "
-                     f"per step; micro-batches of {u.micro_batch_size}")
+                     f"per step; {u.micro_line()}")
+        lines.append(self.compute.packing_line())
         lines.append(f"log-probs under logits / {self.logprob_temperature:g} (the sampling temperature)")
         lines += [self.optimizer.line("critic" in self.models), self.eval.line(), self.cadence.line()]
         lines += [f"warning: {w}" for w in self.warnings]

@@ -74,6 +74,9 @@ class ComputePlan:
     :ivar strategy: how the trained models are wrapped under torchrun: ``ddp`` or ``fsdp``.
     :ivar logprob_chunk_size: tokens per chunk of the log-prob / entropy head.
     :ivar logprob_keep_bytes: the head keeps its log-softmax for backward up to this size.
+    :ivar padding_free: ``trainer.padding_free``: pack the training-side passes' sequences
+        without padding where exact (``None``), always (``True``: refused where not exact) or
+        never (``False``).
     """
 
     device: str = "cpu"
@@ -83,6 +86,16 @@ class ComputePlan:
     strategy: str = "ddp"
     logprob_chunk_size: int = 1024
     logprob_keep_bytes: int = 256 * 2**20
+    padding_free: bool | None = None
+
+    def packing_line(self) -> str:
+        """The passes' layout in words (``plan.txt``)."""
+        if self.padding_free is False:
+            return "training-side passes: padded (trainer.padding_free=false)"
+        where = ("required: refused where the model check finds it not exact" if self.padding_free
+                 else "where the model check finds it exact, padded elsewhere")
+        return (f"training-side passes: each micro-batch's sequences packed without padding, {where} "
+                "(trainer.padding_free)")
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,7 @@ from rlzoo.core.dtypes import DTYPES
 from rlzoo.core.errors import ConfigError, TrainingError, say
 from rlzoo.core.rng import global_rng_state, set_global_rng_state
 from rlzoo.learn.bradley_terry import PairScorer, bradley_terry, evaluate_pairs
-from rlzoo.learn.learner import adamw
+from rlzoo.learn.optim import adamw
 from rlzoo.models.build import build_char_tokenizer, build_tiny_model, load_pretrained, load_tokenizer, unreadable_model
 from rlzoo.models.reward_model import from_causal_lm, read_scorer
 from rlzoo.plan.records import RunPlan

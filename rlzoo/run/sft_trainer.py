@@ -30,7 +30,7 @@ from rlzoo.agents.episodes import EpisodeFormat, EpisodeLimits, environment_fact
 from rlzoo.core.errors import ConfigError, say
 from rlzoo.core.masked import masked_mean
 from rlzoo.core.tokens import left_pad
-from rlzoo.learn.learner import adamw
+from rlzoo.learn.optim import adamw
 from rlzoo.models.dropout import disable_dropout
 from rlzoo.models.logprobs import response_forward
 from rlzoo.models.model_check import check_model, report

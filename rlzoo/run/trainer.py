@@ -31,7 +31,8 @@ from rlzoo.core.tags import Tag
 from rlzoo.run.evaluation import Evaluator, eval_only
 from rlzoo.core.events import read_scalars
 from rlzoo.learn.learner import Learner
-from rlzoo.models.build import build_run_models
+from rlzoo.learn.micro_batches import check_micro_batch_tokens
+from rlzoo.models.build import build_run_models, build_tokenizer
 from rlzoo.models.hf_output import transformers_output
 from rlzoo.models.head import fast_paths
 from rlzoo.models.model_check import report
@@ -44,7 +45,8 @@ from rlzoo.plan.run_input import RunInput
 from rlzoo.run.parts import RunParts, device_type
 from rlzoo.core.stopping import StopRequest
 from rlzoo.tasks.answer_lengths import answer_token_lengths, check_budget
-from rlzoo.tasks.task import check_encodable, check_references
+from rlzoo.tasks.prompts import PromptFormat
+from rlzoo.tasks.task import Holdout, check_encodable, check_references, checked_examples
 from rlzoo.run.tracking import Progress, Sample, Tracker, batch_metrics, group_samples
 
 class Trainer:
@@ -93,6 +95,8 @@ class Trainer:
             self.plan, task, components.task.name, self.device, self.dist, self.run_dir.resume_from,
             self.run_dir.init_model))
         task = parts.task
+        if self.plan.update.micro_batch_tokens is not None:  # before the models: refused, nothing is built
+            self._check_micro_batch_tokens(task, parts.task_name)
         readers = [repr(bound.name) for bound, _ in components.rewards if "references" in bound.component.inputs]
         use = f"reward {' and '.join(readers)} compares completions with them (0 whatever the policy writes)"
         for warning in check_references(task, parts.task_name, use if readers else None):
@@ -126,6 +130,17 @@ class Trainer:
         self.watch: Watch | None = None  # rank 0 with logging.doctor: set by run()
         if resume_state is not None:
             self._restore(resume_state)
+
+    def _check_micro_batch_tokens(self, task: Any, task_name: str) -> None:
+        """Refuse a ``trainer.micro_batch_tokens`` below the run's longest sequence: the
+        longest prompt among the task's probe examples (:func:`rlzoo.tasks.task.checked_examples`)
+        as the rollout encodes it, + ``rollout.max_new_tokens``."""
+        tokenizer = build_tokenizer(self.plan.model, task, task_name)
+        holdout = Holdout(self.plan.eval.holdout)
+        lengths = [len(ids) for ids in PromptFormat.of(self.plan.prompt).encode(checked_examples(task, holdout),
+                                                                                tokenizer)]
+        check_micro_batch_tokens(self.plan.update.micro_batch_tokens, max(lengths, default=1),
+                                 self.plan.rollout.max_new_tokens)
 
     # ---------------------------------------------------------------- one step
 
