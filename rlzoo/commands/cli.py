@@ -318,7 +318,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     pm, registry, resolved = _resolve(args)
     if args.overwrite and resolved.cfg.resume:
         raise ConfigError("--overwrite starts a new run in place of another; it does not go with resume=")
-    if int(os.environ.get("RANK", "0")) == 0:
+    if int(os.environ.get("RANK", "0")) == 0 and not resolved.cfg.resume:  # a resume's model.path may be gone
         check_fits(resolved)  # a run that cannot fit is refused before its directory exists
     nproc = int(resolved.cfg.launcher.nproc)
     if nproc > 1 and not launched_by_torchrun():
