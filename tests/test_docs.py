@@ -100,6 +100,11 @@ NOT_CHECKED: dict[str, str] = {
     "rlzoo compare runs/smollm2-algos4/algo-grpo_seed-0 runs/smollm2-algos4/algo-grpo_seed-1 "
     "runs/smollm2-algos4/algo-grpo_seed-2 --window 5 --threshold 0.3 --out runs/smollm2-grpo":
         "needs the SmolLM2 re-run's grpo runs",
+    "rlzoo compare runs/smollm2-algos4/algo-grpo_seed-0 runs/smollm2-algos4/algo-grpo_seed-1 "
+    "runs/smollm2-algos4/algo-grpo_seed-2 runs/smollm2-algos4/algo-dr-grpo_seed-0 "
+    "runs/smollm2-algos4/algo-dr-grpo_seed-1 runs/smollm2-algos4/algo-dr-grpo_seed-2 --window 5 --threshold 0.3 "
+    "--baseline algo=grpo --out runs/smollm2-grpo-drgrpo":
+        "needs the SmolLM2 re-run's grpo and dr_grpo runs",
     "rlzoo ab runs/rec --a policy_loss=ppo_clip --b policy_loss=cispo --out runs/rec-ab":
         "needs the recorded run above it",
 }
