@@ -1,7 +1,7 @@
 """Are rlzoo compare's 95% intervals 95% intervals? Coverage in simulation and on real runs.
 
     python benchmarks/interval_calibration.py                 # the simulated tables (a few minutes)
-    python benchmarks/interval_calibration.py --real tests/data/aa_records_default.npz
+    python benchmarks/interval_calibration.py --real tests/data/aa_records_default.npz [--pool-spread]
     python benchmarks/interval_calibration.py --pack runs/aa-default tests/data/aa_records_default.npz
 
 **Simulated outcomes with a known truth.** Each comparison draws a fresh held-out set of N
@@ -131,6 +131,39 @@ def real_aa_coverage(table: np.ndarray, runs: int, sims: int, seed: int) -> floa
     return held / sims
 
 
+def table_moments(table: np.ndarray) -> np.ndarray:
+    """What a seeds × prompts 0/1 table shows of its variance components: the mean, the
+    standard deviation of the runs' means and of the prompts' means."""
+    return np.array([table.mean(), table.mean(1).std(ddof=1), table.mean(0).std(ddof=1)])
+
+
+def fit_scenario(table: np.ndarray, seed: int = 0, draws: int = 30) -> Scenario:
+    """A :class:`Scenario` whose pools of ``len(table)`` runs show ``table``'s moments
+    (:func:`table_moments`, relative squared error summed, averaged over ``draws`` pools) on a
+    grid of α, seed and prompt standard deviations (interaction kept at 0.3)."""
+    rng = np.random.default_rng(seed)
+    target = table_moments(table)
+    best, best_error = None, np.inf
+    for alpha, seed_sd, prompt_sd in itertools.product(np.arange(-5.0, 0.01, 0.25), (0.25, 0.5, 0.75, 1.0, 1.25,
+                                                       1.5, 2.0), (0.25, 0.5, 0.75, 1.0, 1.5, 2.0)):
+        scenario = Scenario("fitted", alpha=float(alpha), seed_sd=seed_sd, prompt_sd=prompt_sd,
+                            prompts=table.shape[1])
+        moments = np.mean([table_moments(scenario.draw(rng, len(table))[0]) for _ in range(draws)], axis=0)
+        error = float((((moments - target) / target) ** 2).sum())
+        if error < best_error:
+            best, best_error = scenario, error
+    return best
+
+
+def pool_coverages(scenario: Scenario, pool: int, runs: int, pools: int, splits: int, seed: int) -> np.ndarray:
+    """What :func:`real_aa_coverage` reads on pools of ``pool`` runs drawn from ``scenario``:
+    one coverage per pool, each from ``splits`` splits into two groups of ``runs``. Its spread
+    is how far a real pool's coverage can sit from the interval's own coverage by the luck of
+    which seeds the pool holds (the splits of one pool are not independent comparisons)."""
+    rng = np.random.default_rng(seed)
+    return np.array([real_aa_coverage(scenario.draw(rng, pool)[0], runs, splits, seed=i) for i in range(pools)])
+
+
 def sequential_false_positives(scenario: Scenario, first: int, max_seeds: int, sims: int, seed: int,
                                naive: bool = False) -> float:
     """The share of A/A comparisons that some look declares resolved, seeds added one per
@@ -191,6 +224,8 @@ def main() -> None:
     parser.add_argument("--real", type=Path, help="A/A coverage on a packed file of real runs")
     parser.add_argument("--pack", nargs=2, type=Path, metavar=("SWEEP_DIR", "OUT"))
     parser.add_argument("--sims", type=int, default=4000)
+    parser.add_argument("--pool-spread", action="store_true",
+                        help="with --real: the spread of a pool's A/A coverage, on a scenario fitted to each step")
     args = parser.parse_args()
     if args.pack:
         pack(*args.pack)
@@ -203,6 +238,15 @@ def main() -> None:
             cover = [f"{n} vs {n} seeds {real_aa_coverage(table, n, args.sims, 0):.3f}" for n in (2, 3, 5)]
             print(f"step {step}: the seeds' accuracy min {accuracies[0]:.3f}, median {accuracies[1]:.3f}, max "
                   f"{accuracies[2]:.3f}; A/A coverage {', '.join(cover)}")
+            if args.pool_spread and table.mean() > 0:
+                fitted = fit_scenario(table)
+                print(f"  fitted: alpha {fitted.alpha}, seed sd {fitted.seed_sd}, prompt sd {fitted.prompt_sd}; "
+                      f"moments real {np.round(table_moments(table), 3)}")
+                for n in (2, 3, 5):
+                    fresh = coverage(fitted, n, args.sims // 2, 7, difference=True)
+                    spread = np.quantile(pool_coverages(fitted, len(table), n, 150, 500, 5), [0.05, 0.5, 0.95])
+                    print(f"  {n} vs {n}: fresh comparisons {fresh:.3f}; a pool of {len(table)} seeds reads "
+                          f"{spread[0]:.3f} / {spread[1]:.3f} / {spread[2]:.3f} (5th / 50th / 95th percentile)")
         return
     print(f"t quantiles: df 1 {t_quantile(0.95, 1):.2f}, 2 {t_quantile(0.95, 2):.2f}, 4 {t_quantile(0.95, 4):.2f}")
     print("| scenario | n seeds | group: t | group: bootstrap | A/A difference: t | A/A difference: bootstrap |")

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import random
 import string
+import tracemalloc
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, Dict, List, Optional
@@ -77,6 +78,7 @@ class ReasoningGymParams:
             raise ValueError(f"size must be >= 1, got {self.size}")
         for item in self.mixture():
             check_dataset(item["name"], item["config"])
+            check_size(item["name"], item["config"], self.size)
 
     def mixture(self) -> list[dict[str, Any]]:
         """``[{name, weight, config}]``: the one dataset, or every item of ``datasets`` checked."""
@@ -110,6 +112,57 @@ def check_dataset(name: Any, config: dict[str, Any]) -> None:
         raise ValueError(f"unknown reasoning-gym dataset {name!r}.{did_you_mean(str(name), names)} "
                          f"`rlzoo list --kind task` names all {len(names)}")
     _build(name, config, seed=0, size=1)
+
+
+SIZE_PROBE = 256
+"""Entries of the second probe build of :func:`check_size` (the first has one)."""
+
+SIZE_LIMIT_BYTES = 1 << 30
+"""The most a dataset may hold in memory for its index range (``size`` entries): 1 GiB."""
+
+
+def check_size(name: str, config: dict[str, Any], size: int) -> None:
+    """Refuse a ``size`` for which the dataset would hold more than :data:`SIZE_LIMIT_BYTES`.
+
+    Most generators make entry ``i`` on demand, but some make something for every entry of
+    the index range when built: gsm_symbolic and list_functions draw a value per entry
+    (``Random(seed).choices(..., k=size)``: 8 bytes an entry, 8 GB at the default 10⁹), acre
+    generates every question (about 5 kB an entry, and hours). Two builds (1 and
+    1 + :data:`SIZE_PROBE` entries) show whether a container of the dataset grows with
+    ``size``; only then are its bytes per entry measured with :mod:`tracemalloc` (which slows
+    a build several times over), from the same two builds.
+
+    :raises ValueError: naming the dataset, the projected bytes and a ``size`` that fits.
+    """
+    small, large = _build(name, config, seed=0, size=1), _build(name, config, seed=0, size=1 + SIZE_PROBE)
+    if not any(_length(getattr(large, key, None)) - _length(value) >= SIZE_PROBE for key, value in vars(small).items()):
+        return
+    del small, large
+    tracing = tracemalloc.is_tracing()
+    if not tracing:
+        tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        one = _build(name, config, seed=0, size=1)
+        after_one = tracemalloc.get_traced_memory()[0]
+        probe = _build(name, config, seed=0, size=1 + SIZE_PROBE)
+        after_probe = tracemalloc.get_traced_memory()[0]
+    finally:
+        if not tracing:
+            tracemalloc.stop()
+    del one, probe
+    # a container that grows holds at least a pointer (8 bytes) an entry
+    per_entry = max((after_probe - after_one) - (after_one - before), 8 * SIZE_PROBE) / SIZE_PROBE
+    if per_entry * size > SIZE_LIMIT_BYTES:
+        fits = 10 ** len(str(int(SIZE_LIMIT_BYTES / 10 / per_entry))) // 10
+        raise ValueError(f"reasoning-gym dataset {name!r} keeps about {per_entry:,.0f} bytes per entry of its index "
+                         f"range when built: size {size:,} would take {per_entry * size / 2 ** 30:,.1f} GiB; "
+                         f"set task.size={fits} (or below; its entries are drawn from [0, size))")
+
+
+def _length(value: Any) -> int:
+    """``len(value)`` of a container (not a string), else 0."""
+    return len(value) if hasattr(value, "__len__") and not isinstance(value, (str, bytes)) else 0
 
 
 def _build(name: str, config: dict[str, Any], seed: int, size: int) -> Any:

@@ -76,12 +76,24 @@ def test_the_reward_is_the_datasets_score_answer_on_the_extracted_answer() -> No
     ("task={name: reasoning_gym, dataset: chain_sum, config: {bogus: 1}}", "refuses config"),
     ("task={name: reasoning_gym, datasets: [{name: chain_sum, weight: 0}]}", "weight must be a number > 0"),
     ("task={name: reasoning_gym, datasets: [{name: chain_sum, wieght: 2}]}", "unknown key 'wieght'"),
+    # gsm_symbolic draws a value per entry of [0, size) when built: 8 GB at the default size
+    ("task={name: reasoning_gym, dataset: gsm_symbolic}", "size 1,000,000,000 would take 7"),
+    ("task={name: reasoning_gym, datasets: [{name: chain_sum}, {name: list_functions}], size: 200000000}",
+     "'list_functions' keeps about 8 bytes per entry"),
 ])
 def test_bad_task_settings_exit_2_naming_the_value(override: str, message: str, capsys) -> None:
     with pytest.raises(ConfigError, match=message):
         load_config(REGISTRY, [override])
     assert main(["config", override]) == 2
     assert message.split("'")[0] in capsys.readouterr().err
+
+
+def test_a_size_that_fits_is_taken_and_the_refusal_names_one() -> None:
+    """The size the refusal suggests is accepted (the benchmarks' ragged setting uses 100000)."""
+    with pytest.raises(ConfigError, match=r"set task.size=10000000 \(or below"):
+        load_config(REGISTRY, ["task={name: reasoning_gym, dataset: gsm_symbolic}"])
+    _, task = _build("task={name: reasoning_gym, dataset: gsm_symbolic, size: 10000000}")
+    assert task.size == 10_000_000 and len(task.sample(3, random.Random(0))) == 3
 
 
 def test_rlzoo_list_names_the_datasets(capsys) -> None:
