@@ -261,15 +261,17 @@ def test_critic_lagging_behind_the_mean_return() -> None:
     assert "value/vpred_mean below value/returns_mean by 98% of the returns over the run (> 5%)" in finding.evidence
     assert "worse than predicting" not in finding.evidence
     assert finding.fixes[0][0] == "trainer.critic_lr=0.01"
-    bias = detectors.value_bias(record(**slow))
+    bias = record(**slow).shortfall("value/vpred_mean", "value/returns_mean")
     assert bias == pytest.approx((0.07 - 0.0015050) / 0.07)
     # a healthy critic reaches the mean return in its first steps: 0.5 % off, no finding
     tracking = {**slow, "value__explained_var": lambda s: 0.03,
                 "value__vpred_mean": lambda s: 0.07 * (0.5 if s <= 2 else 1.0)}
-    assert detectors.value_bias(record(**tracking)) == pytest.approx(0.035 * 2 / (0.07 * 200))
+    assert record(**tracking).shortfall("value/vpred_mean", "value/returns_mean") == pytest.approx(
+        0.035 * 2 / (0.07 * 200))
     assert detectors.critic_lagging(record(**tracking)) == []
     # returns that sum to 0 (no reward yet) give no bias to judge
-    assert detectors.value_bias(record(**{**slow, "value__returns_mean": lambda s: 0.0})) is None
+    assert record(**{**slow, "value__returns_mean": lambda s: 0.0}).shortfall("value/vpred_mean",
+                                                                             "value/returns_mean") is None
 
 
 def test_heldout_fall_by_standard_errors() -> None:

@@ -41,13 +41,11 @@ def _scaled(setting: Any, factor: float) -> str:
 # ----------------------------------------------------------------------------- the detectors
 
 def entropy_collapse(run: RunRecord) -> list[Finding]:
-    """The policy's entropy fell below ``entropy_collapse_ratio`` of its start, and from there to
-    the end the reward rose at under ``stall_rate`` of its rate before (or not at all, if it had
-    not risen); the reward ends short of the task's success score (``success_share`` of
-    ``eval.threshold``): exploration stopped before the task was learnt. A collapse while the
-    reward goes on rising is not one, however early it comes (CISPO's entropy falls below a quarter
-    of its start within 61-87 steps while its reward keeps rising). Judged once four windows have passed
-    since the collapse."""
+    """The policy's entropy fell below ``entropy_collapse_ratio`` of its start, from there to the
+    end the reward rose at under ``stall_rate`` of its rate before (or not at all, if it had not
+    risen), and it ends short of the success score (``success_share`` of ``eval.threshold``): a
+    collapse while the reward goes on rising is none, however early (CISPO's). Judged once four
+    windows have passed since the collapse."""
     entropy, reward = run.curve(Tag.ENTROPY), run.curve(Tag.REWARD)
     if entropy is None or reward is None or entropy.start <= 0:
         return []
@@ -361,17 +359,14 @@ def loss_at_zero(run: RunRecord) -> list[Finding]:
 
 
 def critic_lagging(run: RunRecord) -> list[Finding]:
-    """For a run with a critic: its predictions miss the mean return (``value/vpred_mean``
-    against ``value/returns_mean``: their difference summed over the run, over the sum of
-    ``|returns|``, above ``value_bias_high``: the critic does not even track the mean of what
-    it predicts), or ``value/explained_var`` below ``explained_var_low`` over the last half
-    (median: it predicts the returns worse than their mean). The evidence adds ``value/loss``
-    over the first and last quarter."""
+    """For a run with a critic: ``value/vpred_mean`` short of ``value/returns_mean`` by more than
+    ``value_bias_high`` of the returns over the run (:meth:`RunRecord.shortfall`: it does not track
+    even the mean return), or ``value/explained_var`` below ``explained_var_low`` over the last
+    half (median: worse than the mean). The evidence adds ``value/loss`` over the first and last quarter."""
     loss, explained = run.curve(Tag.VALUE_LOSS), run.curve(Tag.EXPLAINED_VAR)
     if loss is None or explained is None:
         return []
-    median = float(np.median(explained.after(0.5)))
-    bias = value_bias(run)
+    median, bias = float(np.median(explained.after(0.5))), run.shortfall(Tag.VALUE_PRED, Tag.RETURNS)
     lagging = bias is not None and abs(bias) > limit("value_bias_high")
     if median >= limit("explained_var_low") and not lagging:
         return []
@@ -380,31 +375,17 @@ def critic_lagging(run: RunRecord) -> list[Finding]:
     critic_lr = run.setting("trainer.critic_lr", 0.0)
     shown = (f"value/vpred_mean {'below' if bias > 0 else 'above'} value/returns_mean by {abs(bias):.0%} of the "
              f"returns over the run (> {limit('value_bias_high'):.0%}): the critic does not track the mean return; "
-             if lagging else "")
+             if lagging else "") + f"value/explained_var median {_g(median)} over the last half"
+    worse = median < limit("explained_var_low")
     return [Finding(
         "critic_lagging", "critic lagging behind the returns", (int(explained.steps[len(explained.steps) // 2]),
                                                                 int(explained.steps[-1])),
-        shown + f"value/explained_var median {_g(median)} over the last half"
-        + (f" (< {limit('explained_var_low'):g}: worse than predicting the mean return)"
-           if median < limit("explained_var_low") else "")
+        shown + (f" (< {limit('explained_var_low'):g}: worse than predicting the mean return)" if worse else "")
         + f"; value/loss {_g(first)} over the first quarter, {_g(last)} over the last",
         f"the critic (trainer.critic_lr={critic_lr:g}) does not track the returns of the changing policy, so "
         "GAE's advantages are mostly its error",
         ((f"trainer.critic_lr={_scaled(critic_lr, 10)}", "a critic that learns faster"),
          ("advantage=grpo", "a critic-free baseline")))]
-
-
-def value_bias(run: RunRecord) -> float | None:
-    """``Σ (returns_mean - vpred_mean) / Σ |returns_mean|`` over the steps that log both
-    ``value/returns_mean`` and ``value/vpred_mean`` (positive: the critic predicts too little), or
-    ``None`` without them or when the returns sum to (nearly) 0."""
-    returns = {s: v for s, v in run.scalars.get(Tag.RETURNS, []) if math.isfinite(v)}
-    values = {s: v for s, v in run.scalars.get(Tag.VALUE_PRED, []) if math.isfinite(v)}
-    steps = sorted(set(returns) & set(values))
-    scale = sum(abs(returns[s]) for s in steps)
-    if not steps or scale <= limit("zero_abs") * len(steps):
-        return None
-    return sum(returns[s] - values[s] for s in steps) / scale
 
 
 def heldout_fall(run: RunRecord) -> list[Finding]:
