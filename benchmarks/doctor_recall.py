@@ -25,7 +25,7 @@ second round of thresholds; once those were frozen (committed), a fresh held-out
 (:data:`LR_TOO_HIGH_CRITERION`). It is evaluated once, whole:
 
     python benchmarks/doctor_recall.py split --set round2 > benchmarks/doctor_recall_round2.txt
-    python benchmarks/doctor_recall.py run /work/runs-doctor/round2 --set round2 --jobs 2
+    python benchmarks/doctor_recall.py run /work/runs-doctor/round2 --set round2 --jobs 2   # 62 min, under load
     python benchmarks/doctor_recall.py evaluate /work/runs-doctor/round2 --set round2 --markdown
 """
 
@@ -443,7 +443,8 @@ def evaluate(out: Path, which: str, markdown: bool, round_set: str = "round1") -
     sick = [ok for family, oks in rows.items() if family != "healthy" for ok in oks]
     healthy = rows.get("healthy", [])
     if markdown:
-        print(f"| family (what is broken) | runs ({which}) | named with the right cause first |\n|---|---|---|")
+        shown = which if round_set == "round1" else "round 2"
+        print(f"| family (what is broken) | runs ({shown}) | named with the right cause first |\n|---|---|---|")
         for name, family in FAMILIES.items():
             oks = rows.get(name, [])
             broken = family.broken if round_set == "round1" else ROUND2_BROKEN[name]
