@@ -17,6 +17,16 @@ the right way (:data:`FAMILIES`). A healthy run (a preset's own settings) counts
 alarm* when doctor reports any warning-level finding for it.
 
 Seeds 1-3 only: the issue's five runs (seed 0, 100 steps) stay outside the set.
+
+Round 2 (``--set round2``): the first set's 132 runs, both halves, became the tuning set of a
+second round of thresholds; once those were frozen (committed), a fresh held-out set was listed
+(``benchmarks/doctor_recall_round2.txt``, committed before any of its runs was trained): seeds
+4-6, the same families at new magnitudes, tasks and algorithms, and ``lr_too_high`` redefined
+(:data:`LR_TOO_HIGH_CRITERION`). It is evaluated once, whole:
+
+    python benchmarks/doctor_recall.py split --set round2 > benchmarks/doctor_recall_round2.txt
+    python benchmarks/doctor_recall.py run /work/runs-doctor/round2 --set round2 --jobs 2   # 62 min, under load
+    python benchmarks/doctor_recall.py evaluate /work/runs-doctor/round2 --set round2 --markdown
 """
 
 from __future__ import annotations
@@ -31,6 +41,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from rlzoo.commands.doctor import examine
+from rlzoo.core.tags import Tag
+from rlzoo.diagnostics.run_record import load_run
+
 SPLIT_SEED = "rlzoo-doctor-recall-45"
 """The hash key of the split: fixed before any run was made or any threshold changed."""
 
@@ -42,11 +56,12 @@ TASKS: dict[str, tuple[str, ...]] = {
     "sort4": (),                                                           # the default: 4 digits, budget 7
     "sort3": ("task.num_digits=3", "rollout.max_new_tokens=5"),
     "arith": ("task=arithmetic", "reward=[exact_match, {name: length_match, weight: 0.1}]"),
+    "sort5": ("task.num_digits=5", "rollout.max_new_tokens=8"),                # round 2 only
 }
 """Tasks a run may use, as overrides: the default, a shorter sort, and two-operand arithmetic
 with a partial-credit term (exact match alone never scores from a random policy)."""
 
-ANSWER_TOKENS = {"sort4": 4, "sort3": 3, "sort6": 6}
+ANSWER_TOKENS = {"sort4": 4, "sort3": 3, "sort5": 5, "sort6": 6}
 """Tokens of every reference answer of the sorting tasks (one character a token)."""
 
 
@@ -173,6 +188,86 @@ def build() -> list[Run]:
     return runs
 
 
+def build_round2() -> list[Run]:
+    """The fresh held-out set of round 2 (seeds 4-6, listed after round 2's thresholds were frozen):
+    every family again at other magnitudes, tasks and algorithms, 150 steps a run (the adaptive KL
+    controller's 300), and healthy runs of every preset."""
+    runs: list[Run] = []
+    runs += _runs("constant_reward", [
+        (task, algo, "format", seed, ("reward=format", *_steps(150)))
+        for task, algo, seed in [("sort4", "reinforce_pp", 4), ("sort5", "grpo", 5), ("arith", "dr_grpo", 6),
+                                 ("sort3", "dr_grpo", 4), ("arith", "reinforce_pp", 5)]])
+    runs += _runs("constant_reward", [
+        ("sort6", "dr_grpo", "exact", 6, ("task.num_digits=6", "rollout.max_new_tokens=9", "reward=exact_match",
+                                          *_steps(150))),
+        ("arithbig", "grpo", "exact", 4, ("task=arithmetic", "task.max_operand=99999", *_steps(150)))])
+    runs += _learning_rates("lr_far_too_high", 150, [("sort5", "grpo", 0.07, 4), ("sort4", "reinforce_pp", 0.05, 5),
+                                                     ("arith", "dr_grpo", 0.07, 6), ("sort3", "rloo", 0.05, 4),
+                                                     ("arith", "grpo", 0.1, 5), ("sort4", "dr_grpo", 0.07, 6),
+                                                     ("sort4", "grpo", 0.05, 4)])
+    runs += _runs("kl_coef_pins", [
+        (task, algo, f"kl{coef}", seed, (f"kl.coef={coef}", *_steps(150)))
+        for task, algo, coef, seed in [("sort5", "grpo", 5, 4), ("sort4", "grpo", 20, 5), ("arith", "dr_grpo", 20, 6),
+                                       ("sort3", "dr_grpo", 5, 5), ("sort4", "dr_grpo", 3, 4), ("arith", "grpo", 5, 4),
+                                       ("sort3", "grpo", 30, 6)]])
+    runs += _runs("no_variety", [
+        (task, algo, f"{key.split('.')[1]}{value}", seed, (f"{key}={value}", *_steps(150)))
+        for task, algo, key, value, seed in [
+            ("sort5", "grpo", "rollout.temperature", 0.03, 4), ("sort4", "dr_grpo", "rollout.temperature", 0.03, 5),
+            ("arith", "rloo", "rollout.temperature", 0.05, 6), ("sort3", "rloo", "rollout.top_p", 0.03, 4),
+            ("sort4", "reinforce_pp", "rollout.top_p", 0.05, 5), ("arith", "grpo", "rollout.top_p", 0.03, 4),
+            ("sort4", "grpo", "rollout.temperature", 0.02, 6)]])
+    runs += _runs("budget", [
+        (task, algo, f"mnt{budget}", seed, (*extra, f"rollout.max_new_tokens={budget}", *_steps(150)))
+        for task, extra, algo, budget, seed in [
+            ("sort5", ("task.num_digits=5",), "grpo", 3, 4), ("sort5", ("task.num_digits=5",), "rloo", 4, 5),
+            ("sort4", (), "reinforce_pp", 2, 6), ("sort4", (), "dr_grpo", 3, 4),
+            ("sort6", ("task.num_digits=6",), "dr_grpo", 5, 5), ("sort3", (), "grpo", 2, 6),
+            ("sort6", ("task.num_digits=6",), "grpo", 3, 4)]])
+    runs += _runs("stale_rollouts", [
+        (task, algo, f"stale{k}", seed, (f"rollout.staleness={k}", *_steps(150)))
+        for task, algo, k, seed in [("sort4", "grpo", 6, 4), ("sort5", "grpo", 4, 5), ("sort3", "dr_grpo", 6, 6),
+                                    ("sort4", "reinforce_pp", 4, 5), ("arith", "grpo", 8, 4), ("sort4", "rloo", 6, 6),
+                                    ("sort3", "grpo", 4, 4)]])
+    runs += _runs("critic_slow", [
+        (task, "ppo", f"clr{lr}", seed, (f"trainer.critic_lr={lr}", *_steps(150)))
+        for task, lr, seed in [("sort4", 3e-7, 4), ("sort5", 1e-6, 5), ("arith", 3e-7, 6), ("sort3", 3e-7, 4),
+                               ("sort4", 1e-6, 6), ("sort5", 1e-7, 4), ("arith", 1e-6, 5)]])
+    runs += _runs("warmup_too_long", [
+        (task, algo, f"wu{factor}x", seed, (f"trainer.warmup_steps={150 * factor}", *_steps(150)))
+        for task, algo, factor, seed in [("sort5", "grpo", 3, 4), ("sort4", "reinforce_pp", 3, 5),
+                                         ("arith", "rloo", 4, 6), ("sort3", "rloo", 3, 5), ("sort4", "grpo", 4, 6),
+                                         ("arith", "dr_grpo", 3, 4), ("sort4", "dr_grpo", 5, 5)]])
+    runs += _runs("kl_target_tight", [
+        (task, "grpo", f"target{target}", seed,
+         ("kl.apply=reward", f"kl.controller={{name: adaptive, target: {target}, horizon: 100}}", *_steps(300)))
+        for task, target, seed in [("sort4", 1.5, 4), ("sort5", 1.0, 5), ("sort3", 2.0, 6), ("arith", 1.5, 5),
+                                   ("sort4", 1.0, 6), ("sort3", 1.0, 4)]])
+    # a learning rate 40-60x the default, judged by LR_TOO_HIGH_CRITERION against the healthy run of the same
+    # algorithm, task and seed (each row here has one below)
+    runs += _learning_rates("lr_too_high", 150, [("sort4", "grpo", 0.02, 4), ("sort4", "grpo", 0.03, 4),
+                                                 ("sort4", "dr_grpo", 0.02, 5), ("sort4", "rloo", 0.03, 6),
+                                                 ("arith", "grpo", 0.03, 5), ("arith", "dr_grpo", 0.02, 4),
+                                                 ("sort4", "reinforce_pp", 0.02, 5), ("sort3", "grpo", 0.03, 6)])
+    presets = ("grpo", "dr_grpo", "rloo", "reinforce_pp", "gspo", "cispo", "dapo", "ppo", "remax")
+    healthy = [("sort4", "grpo", 4), ("sort4", "dr_grpo", 5), ("sort4", "rloo", 6), ("sort4", "reinforce_pp", 5),
+               ("arith", "grpo", 5), ("arith", "dr_grpo", 4), ("sort3", "grpo", 6)]
+    healthy += [(task, algo, seed) for algo, seed in zip(presets, (6, 4, 5, 6, 4, 5, 6, 4, 5))
+                for task in ("sort4", "arith") if (task, algo, seed) not in healthy]
+    healthy += [("sort5", "grpo", 6), ("sort5", "dapo", 5), ("sort5", "cispo", 4), ("sort3", "reinforce_pp", 4)]
+    runs += _runs("healthy", [(task, algo, "preset", seed, _steps(150)) for task, algo, seed in healthy])
+    names = [run.name for run in runs]
+    assert len(set(names)) == len(names), "run names must be unique"
+    return runs
+
+
+LR_TOO_HIGH_CRITERION = 0.5
+"""Round 2's ``lr_too_high`` run is sick when its reward/mean over its last 10 % of steps is below
+this share of the healthy run's of the same algorithm, task and seed (the learning rate cost at
+least half of what the preset's own rate learns); a run that is not is left out of the recall and
+counted apart. Written, with the runs, before any of them was trained."""
+
+
 def _number(fix: str) -> float | None:
     """The number a ``key=value`` fix sets, or ``None``."""
     try:
@@ -239,6 +334,22 @@ FAMILIES: dict[str, Family] = {
 it breaks."""
 
 
+ROUND2_BROKEN = {
+    "constant_reward": "`reward=format` on 4 tasks; exact match of answers a random policy never writes",
+    "lr_far_too_high": "`trainer.lr` 0.05-0.1, with reinforce_pp and on sort5 too",
+    "kl_coef_pins": "`kl.coef` 3-30 (5 and 20 new)",
+    "no_variety": "`rollout.temperature` or `rollout.top_p` 0.02-0.05 (0.03 new)",
+    "budget": "`rollout.max_new_tokens` below the answers' length (sort5, sort6 at 3-5)",
+    "lr_too_high": f"`trainer.lr` 0.02-0.03 (40-60x), sick when its final reward is below "
+                   f"{LR_TOO_HIGH_CRITERION:g}x its healthy twin's",
+    "stale_rollouts": "`rollout.staleness` 4-8 (6 new), no correction",
+    "critic_slow": "PPO's `trainer.critic_lr` 1e-7-1e-6 (3e-7 new), 150 steps",
+    "warmup_too_long": "`trainer.warmup_steps` 3-5x the run",
+    "kl_target_tight": "an adaptive KL controller's target 1-2 nats a sequence (1.5 new), horizon 100",
+}
+"""What round 2 breaks in each family."""
+
+
 def half(run: Run, runs: list[Run]) -> str:
     """``tuning`` or ``held-out``: within the run's family, the runs ordered by a keyed hash of
     their names (:data:`SPLIT_SEED`) alternate between the halves, tuning first."""
@@ -249,11 +360,32 @@ def half(run: Run, runs: list[Run]) -> str:
     return "tuning" if family.index(run) % 2 == 0 else "held-out"
 
 
-def split_text(runs: list[Run]) -> str:
-    """The split as committed: one line per run, ``half family name overrides``."""
-    lines = [f"# python benchmarks/doctor_recall.py split  (key {SPLIT_SEED!r}; {len(runs)} runs)"]
-    lines += [f"{half(run, runs):8s} {run.family:16s} {run.name} {' '.join(run.overrides)}" for run in runs]
+def split_text(runs: list[Run], which: str = "round1") -> str:
+    """The split as committed: one line per run, ``half family name overrides`` (round 2: every
+    run ``held-out``)."""
+    if which == "round1":
+        lines = [f"# python benchmarks/doctor_recall.py split  (key {SPLIT_SEED!r}; {len(runs)} runs)"]
+    else:
+        lines = [f"# python benchmarks/doctor_recall.py split --set round2  ({len(runs)} runs, all held-out; "
+                 f"lr_too_high judged sick by LR_TOO_HIGH_CRITERION = {LR_TOO_HIGH_CRITERION:g})"]
+    lines += [f"{half(run, runs) if which == 'round1' else 'held-out':8s} {run.family:16s} {run.name} "
+              f"{' '.join(run.overrides)}" for run in runs]
     return "\n".join(lines) + "\n"
+
+
+def counterpart(run: Run, runs: list[Run]) -> Run | None:
+    """The healthy run of ``run``'s algorithm, task and seed (and length), or ``None``."""
+    key = (run.setting("algo"), run.name.split("-")[1], run.setting("seed"), run.setting("trainer.total_steps"))
+    return next((r for r in runs if r.family == "healthy" and (r.setting("algo"), r.name.split("-")[1],
+                                                               r.setting("seed"), r.setting("trainer.total_steps"))
+                 == key), None)
+
+
+def final_reward(run_dir: Path) -> float:
+    """reward/mean over the last 10 % of a run's logged steps."""
+    points = [v for s, v in load_run(run_dir).scalars.get(Tag.REWARD, []) if s >= 1]
+    tail = points[-max(1, len(points) // 10):]
+    return sum(tail) / len(tail)
 
 
 def train(run: Run, out: Path) -> str:
@@ -272,19 +404,28 @@ def _status(run_dir: Path) -> str:
     return path.read_text() if path.is_file() else ""
 
 
-def evaluate(out: Path, which: str, markdown: bool) -> None:
-    """Doctor on every run of the half ``which`` (``tuning``, ``held-out`` or ``all``): recall per
-    family and false alarms, then one line per run that missed."""
-    from rlzoo.commands.doctor import examine
-
-    runs = build()
-    chosen = [run for run in runs if which == "all" or half(run, runs) == which]
+def evaluate(out: Path, which: str, markdown: bool, round_set: str = "round1") -> None:
+    """Doctor on every run of the half ``which`` (``tuning``, ``held-out`` or ``all``; round 2:
+    every run): recall per family and false alarms, then one line per run that missed. Round 2's
+    ``lr_too_high`` runs that :data:`LR_TOO_HIGH_CRITERION` does not call sick are left out and listed."""
+    runs = build() if round_set == "round1" else build_round2()
+    chosen = [run for run in runs if round_set == "round2" or which == "all" or half(run, runs) == which]
     done = [run for run in chosen if '"completed"' in _status(out / run.name)]
     if len(done) < len(chosen):
         print(f"({len(chosen) - len(done)} of the {len(chosen)} runs have not completed: left out)")
     rows: dict[str, list[int]] = {}
-    misses = []
+    misses, not_sick = [], []
     for run in done:
+        if round_set == "round2" and run.family == "lr_too_high":
+            healthy = counterpart(run, runs)
+            if healthy is None or '"completed"' not in _status(out / healthy.name):
+                not_sick.append(f"{run.name}: its healthy run has not completed")
+                continue
+            mine, theirs = final_reward(out / run.name), final_reward(out / healthy.name)
+            if mine >= LR_TOO_HIGH_CRITERION * theirs:
+                not_sick.append(f"{run.name}: reward/mean {mine:.3f} over its last 10 %, the healthy run's "
+                                f"{theirs:.3f}: not sick by the criterion")
+                continue
         (result,) = examine([out / run.name])
         warnings = [f for f in result.findings if f.level == "warning"]
         first = result.findings[0] if result.findings else None
@@ -302,10 +443,12 @@ def evaluate(out: Path, which: str, markdown: bool) -> None:
     sick = [ok for family, oks in rows.items() if family != "healthy" for ok in oks]
     healthy = rows.get("healthy", [])
     if markdown:
-        print(f"| family (what is broken) | runs ({which}) | named with the right cause first |\n|---|---|---|")
+        shown = which if round_set == "round1" else "round 2"
+        print(f"| family (what is broken) | runs ({shown}) | named with the right cause first |\n|---|---|---|")
         for name, family in FAMILIES.items():
             oks = rows.get(name, [])
-            print(f"| `{name}`: {family.broken} | {len(oks)} | {sum(oks)} ({sum(oks) / max(1, len(oks)):.0%}) |")
+            broken = family.broken if round_set == "round1" else ROUND2_BROKEN[name]
+            print(f"| `{name}`: {broken} | {len(oks)} | {sum(oks)} ({sum(oks) / max(1, len(oks)):.0%}) |")
         print(f"| **all sick runs** | {len(sick)} | **{sum(sick)} ({sum(sick) / max(1, len(sick)):.0%})** |")
         alarms = len(healthy) - sum(healthy)
         print(f"| healthy runs with a warning-level finding | {len(healthy)} | **{alarms} "
@@ -317,12 +460,14 @@ def evaluate(out: Path, which: str, markdown: bool) -> None:
               f"{len(healthy) - sum(healthy)}/{len(healthy)}")
     for line in misses:
         print(f"missed: {line}" if markdown is False else f"<!-- missed: {line} -->")
+    for line in not_sick:
+        print(f"left out: {line}" if markdown is False else f"<!-- left out: {line} -->")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("split", help="print the split (one line per run)")
+    split = sub.add_parser("split", help="print the split (one line per run)")
     run = sub.add_parser("run", help="train the runs (skips completed ones)")
     run.add_argument("out", type=Path)
     run.add_argument("--jobs", type=int, default=2)
@@ -333,20 +478,24 @@ def main() -> None:
     ev.add_argument("out", type=Path)
     ev.add_argument("--half", choices=("tuning", "held-out", "all"), default="tuning")
     ev.add_argument("--markdown", action="store_true")
+    for command in (split, run, ev):
+        command.add_argument("--set", dest="round_set", choices=("round1", "round2"), default="round1",
+                             help="round1: the first set (its halves); round2: the fresh held-out set")
     args = parser.parse_args()
-    runs = build()
+    runs = build() if args.round_set == "round1" else build_round2()
     if args.command == "split":
-        sys.stdout.write(split_text(runs))
+        sys.stdout.write(split_text(runs, args.round_set))
     elif args.command == "run":
         args.out.mkdir(parents=True, exist_ok=True)
         chosen = [r for r in runs if (not args.only or re.search(args.only, r.name))
-                  and args.half in ("all", half(r, runs))]
-        chosen.sort(key=lambda r: half(r, runs) != "tuning")
+                  and (args.round_set == "round2" or args.half in ("all", half(r, runs)))]
+        if args.round_set == "round1":
+            chosen.sort(key=lambda r: half(r, runs) != "tuning")
         with ThreadPoolExecutor(max_workers=max(1, min(args.jobs, 2))) as pool:
             for line in pool.map(lambda r: train(r, args.out), chosen):
                 print(line, flush=True)
     else:
-        evaluate(args.out, args.half, args.markdown)
+        evaluate(args.out, args.half, args.markdown, args.round_set)
 
 
 if __name__ == "__main__":

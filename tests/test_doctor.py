@@ -114,6 +114,15 @@ def test_entropy_collapse_with_the_reward_stalled_far_from_success() -> None:
     assert "reward/mean" in finding.evidence and finding.fixes[0][0] == "trainer.lr=0.000125"
     # the same entropy curve while the reward goes on to the success score: convergence, no finding
     assert detectors.entropy_collapse(record(**{**sick, "reward__mean": ramp(0.1, 0.95, 150)})) == []
+    # an early collapse (the reward at 0.24 of success) while the reward goes on rising at 47 % of its rate
+    # before (CISPO, sort4, seed 2 of benchmarks/doctor_recall.py's tuning set): no finding
+    rising = {**HEALTHY, "entropy": ramp(2.0, 0.2, 30), "reward__mean": lambda s: 0.05 + 0.0065 * min(s, 30)
+              + 0.0065 * 0.47 * max(0, s - 30)}
+    assert detectors.entropy_collapse(record(steps=150, **rising)) == []
+    # the same collapse with the reward falling after it to 0 (CISPO, arithmetic, seed 2): a finding
+    falling = {**rising, "reward__mean": lambda s: 0.05 + 0.0065 * min(s, 30) - 0.0024 * max(0, s - 30)}
+    (finding,) = detectors.entropy_collapse(record(steps=150, **falling))
+    assert finding.fixes[0][0] == "trainer.lr=0.000125"
 
 
 def test_step_too_big_from_clip_fraction_or_approx_kl() -> None:
@@ -124,6 +133,18 @@ def test_step_too_big_from_clip_fraction_or_approx_kl() -> None:
     (finding,) = detectors.step_too_big(record(**{**HEALTHY, "policy__approx_kl": lambda s: 0.02 if s % 3 else 0}))
     assert "policy/approx_kl above 0.015 on 67% of the steps" in finding.evidence   # 134 of 200
     assert detectors.step_too_big(record(**{**HEALTHY, "policy__approx_kl": lambda s: 0.02 if s % 3 == 0 else 0})) == []
+
+
+def test_step_too_big_does_not_judge_an_importance_weight_cap() -> None:
+    # CISPO's clip range is a cap on a stop-gradient importance weight (1 + 4 = 5), no trust region:
+    # its 16 updates a rollout keep approx-KL at 0.05-0.08 while the run learns
+    high = {**HEALTHY, "policy__approx_kl": lambda s: 0.07, "reward__mean": lambda s: 0.03}
+    cispo = config(policy_loss={"name": "cispo", "clip_low": 1.0, "clip_high": 4.0},
+                   trainer={"num_mini_batches": 16})
+    assert detectors.step_too_big(record(cispo, **high)) == []
+    ppo = config(policy_loss={"name": "ppo_clip", "clip_low": 0.2, "clip_high": 0.28}, trainer={"num_mini_batches": 16})
+    (finding,) = detectors.step_too_big(record(ppo, **high))
+    assert finding.level == "warning"                    # a flat reward
 
 
 def test_kl_blowup_and_kl_pinned_at_the_adaptive_target() -> None:
@@ -228,6 +249,29 @@ def test_critic_lagging() -> None:
     learning = {**HEALTHY, "value__loss": lambda s: 0.5, "value__explained_var": ramp(0.0, 0.8)}
     assert detectors.critic_lagging(record(**learning)) == []     # a flat loss alone is no finding: returns move
     assert detectors.critic_lagging(record(**{**HEALTHY, "value__explained_var": lambda s: -0.4})) == []  # no critic
+
+
+def test_critic_lagging_behind_the_mean_return() -> None:
+    # a critic that barely moves from 0 explains ~0 of the variance (a positive median, 0.001) but
+    # predicts 0.002 where the returns average 0.07: it misses 97 % of them (trainer.critic_lr=1e-7)
+    slow = {**HEALTHY, "value__loss": lambda s: 0.007, "value__explained_var": lambda s: 0.001,
+            "value__returns_mean": lambda s: 0.07, "value__vpred_mean": lambda s: 0.002 * min(1.0, s / 100)}
+    (finding,) = detectors.critic_lagging(record(**slow))
+    # Σ(returns - values) / Σ|returns| over 200 steps: values average 0.002 x (5050 / 100 + 100) / 200 = 0.0015050
+    assert "value/vpred_mean below value/returns_mean by 98% of the returns over the run (> 5%)" in finding.evidence
+    assert "worse than predicting" not in finding.evidence
+    assert finding.fixes[0][0] == "trainer.critic_lr=0.01"
+    bias = record(**slow).shortfall("value/vpred_mean", "value/returns_mean")
+    assert bias == pytest.approx((0.07 - 0.0015050) / 0.07)
+    # a healthy critic reaches the mean return in its first steps: 0.5 % off, no finding
+    tracking = {**slow, "value__explained_var": lambda s: 0.03,
+                "value__vpred_mean": lambda s: 0.07 * (0.5 if s <= 2 else 1.0)}
+    assert record(**tracking).shortfall("value/vpred_mean", "value/returns_mean") == pytest.approx(
+        0.035 * 2 / (0.07 * 200))
+    assert detectors.critic_lagging(record(**tracking)) == []
+    # returns that sum to 0 (no reward yet) give no bias to judge
+    assert record(**{**slow, "value__returns_mean": lambda s: 0.0}).shortfall("value/vpred_mean",
+                                                                             "value/returns_mean") is None
 
 
 def test_heldout_fall_by_standard_errors() -> None:

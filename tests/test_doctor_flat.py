@@ -108,8 +108,32 @@ def test_first_updates_too_big_without_persistence() -> None:
     (finding,) = detectors.diagnose(record(config(trainer={"lr": 0.1}), **fall))
     assert finding.code == "step_too_big" and finding.fixes[0][0] == "trainer.lr=0.02"
     assert "it lost more than 30%" in finding.evidence
-    # the same first steps in a run that then learns: no finding of this kind
-    assert "step_too_big" not in codes(record(**{**big, "reward__mean": LEARNING["reward__mean"]}))
+    # the entropy's fall alone in a run that then learns: no finding of this kind
+    assert "step_too_big" not in codes(record(config(trainer={"lr": 0.1}),
+                                              **{**fall, "reward__mean": LEARNING["reward__mean"]}))
+
+
+def test_an_approx_kl_far_above_any_healthy_run_is_named_while_a_partial_credit_term_rises() -> None:
+    # GRPO on arithmetic at lr 0.05: approx-KL 0.48 on step 1, the length-match term lifts reward/mean
+    # 0.012 -> 0.082 while exact_match stays 0 (benchmarks/doctor_recall.py's tuning set)
+    rising = {**FLAT, "policy__approx_kl": lambda s: {1: 0.48, 2: 0.3}.get(s, 0.004),
+              "reward__mean": lambda s: 0.012 + 0.07 * s / STEPS, "reward__exact_match": lambda s: 0.0,
+              "entropy": lambda s: 2.6 if s < 20 else 0.3}
+    (finding,) = detectors.diagnose(record(config(trainer={"lr": 0.05}), **rising))
+    assert finding.code == "step_too_big" and finding.title == "the first updates were far too big"
+    assert "policy/approx_kl 0.48, 0.3, 0.004, 0.004, 0.004 on steps 1-5 (> 0.2)" in finding.evidence
+    # windows of 5 steps: the means at steps 3 and 98, 0.012 + 0.07 x 3 / 100 and 0.012 + 0.07 x 98 / 100
+    assert "reward/mean 0.0141 -> 0.0806, reward/exact_match 0 -> 0 (first window to last)" in finding.evidence
+    # 0.05 x sqrt(0.015 / 0.48) = 0.0088: one significant digit
+    assert finding.fixes[0][0] == "trainer.lr=0.009"
+    # the same KL from the reference (> kl_blowup) without approx-KL: named as well
+    away = {**rising, "policy__approx_kl": lambda s: 0.0, "kl__value": lambda s: 1.3 if s <= 3 else 0.1}
+    assert codes(record(config(trainer={"lr": 0.05}), **away))[0] == "step_too_big"
+    # a clip fraction of 0.22 on the first steps (a 4x rate that learns) needs a flat reward: only the
+    # whole-run check's note (clipfrac above 0.1 on every step, the reward rising)
+    clipped = {**rising, "policy__approx_kl": lambda s: 0.004, "policy__clipfrac": lambda s: 0.22}
+    assert [(f.title, f.level) for f in detectors.diagnose(record(**clipped)) if f.code == "step_too_big"] == [
+        ("update step too big (clip fraction / approx-KL high)", "note")]
 
 
 def test_a_kl_coefficient_that_pins_the_policy() -> None:

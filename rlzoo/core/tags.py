@@ -27,6 +27,8 @@ class Tag:
     LR = "lr"
     VALUE_LOSS = "value/loss"
     EXPLAINED_VAR = "value/explained_var"
+    VALUE_PRED = "value/vpred_mean"
+    RETURNS = "value/returns_mean"
     MISMATCH = "rollout/mismatch_k3"
     MAX_LOG_RATIO = "rollout/max_abs_log_ratio"
     EVAL_ACCURACY = "eval/greedy_accuracy"

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from rlzoo.diagnostics.flat_start import (clip_fraction_reads, logged_once, nothing_learning, partial_credit,
-                                          reward_flat)
+                                          reward_flat, trust_region)
 from rlzoo.diagnostics.run_record import Curve, Finding, RunRecord
 from rlzoo.diagnostics.thresholds import limit
 from rlzoo.core.tags import Tag
@@ -41,11 +41,10 @@ def _scaled(setting: Any, factor: float) -> str:
 # ----------------------------------------------------------------------------- the detectors
 
 def entropy_collapse(run: RunRecord) -> list[Finding]:
-    """The policy's entropy fell below ``entropy_collapse_ratio`` of its start, and either from
-    there to the end the reward rose at under ``stall_rate`` of its rate before (or not at all,
-    if it had not risen) or the reward was below ``collapse_early_share`` of the success score
-    when it fell; the reward ends short of the task's success score (``success_share`` of
-    ``eval.threshold``): exploration stopped before the task was learnt. Judged once four
+    """The policy's entropy fell below ``entropy_collapse_ratio`` of its start, from there to the
+    end the reward rose at under ``stall_rate`` of its rate before (or not at all, if it had not
+    risen), and it ends short of the success score (``success_share`` of ``eval.threshold``): a
+    collapse while the reward goes on rising is none, however early (CISPO's). Judged once four
     windows have passed since the collapse."""
     entropy, reward = run.curve(Tag.ENTROPY), run.curve(Tag.REWARD)
     if entropy is None or reward is None or entropy.start <= 0:
@@ -61,8 +60,7 @@ def entropy_collapse(run: RunRecord) -> list[Finding]:
     at_collapse, final = reward.at(step), reward.end
     before, after = (at_collapse - reward.start) / (step - first), (final - at_collapse) / (last - step)
     stalled = after < limit("stall_rate") * before if before > 0 else after <= 0
-    early = at_collapse < limit("collapse_early_share") * success
-    if not (stalled or early) or final >= limit("success_share") * success:
+    if not stalled or final >= limit("success_share") * success:
         return []
     lr = run.setting("trainer.lr", 0.0)
     return [Finding(
@@ -70,8 +68,7 @@ def entropy_collapse(run: RunRecord) -> list[Finding]:
         f"entropy {_g(entropy.start)} at the start, {_g(entropy.at(step))} by step {step} "
         f"(< {limit('entropy_collapse_ratio'):g} of the start); reward/mean {_g(reward.start)} -> {_g(at_collapse)} "
         f"up to then, {_g(final)} at the end: {after / before if before > 0 else 0:.0%} of its rate before "
-        f"(success is {success:g})" + (f"; it fell before the reward reached {limit('collapse_early_share'):g} of "
-                                       "success" if early and not stalled else ""),
+        f"(success is {success:g})",
         "the policy turned near-deterministic before it solved the task, so its samples stopped exploring "
         "(updates too large for the reward's guidance sharpen it fastest)",
         ((f"trainer.lr={_scaled(lr, 0.25)}", "smaller steps sharpen the policy more slowly"),
@@ -83,11 +80,14 @@ def step_too_big(run: RunRecord) -> list[Finding]:
     """``policy/clipfrac`` above ``clipfrac_high`` or ``policy/approx_kl`` above
     ``approx_kl_high`` on ``persist_share`` of the steps: each rollout's optimizer steps move
     the policy further than the clip range (or a KL target) allows. The clip fraction of a clip
-    range below ``clip_range_min`` (GSPO's) is not judged. A note while the reward rises (many
+    range below ``clip_range_min`` (GSPO's) is not judged, nor a run whose clip range is wider than
+    ``trust_region_max`` (CISPO's importance-weight cap: no trust region). A note while the reward rises (many
     optimizer steps a rollout can learn faster: DAPO's 16), a warning when it is flat
     (:func:`rlzoo.diagnostics.flat_start.reward_flat`; an entropy collapse it causes is a finding
     of its own)."""
     found = []
+    if not trust_region(run):
+        return []
     for tag, high in ((Tag.CLIPFRAC, limit("clipfrac_high")), (Tag.APPROX_KL, limit("approx_kl_high"))):
         if tag == Tag.CLIPFRAC and not clip_fraction_reads(run):
             continue
@@ -359,23 +359,29 @@ def loss_at_zero(run: RunRecord) -> list[Finding]:
 
 
 def critic_lagging(run: RunRecord) -> list[Finding]:
-    """For a run with a critic: ``value/explained_var`` below ``explained_var_low`` over the
-    last half (median): the critic predicts the returns worse than their mean. The evidence
-    adds ``value/loss`` over the first and last quarter (a loss that does not fall)."""
+    """For a run with a critic: ``value/vpred_mean`` short of ``value/returns_mean`` by more than
+    ``value_bias_high`` of the returns over the run (:meth:`RunRecord.shortfall`: it does not track
+    even the mean return), or ``value/explained_var`` below ``explained_var_low`` over the last
+    half (median: worse than the mean). The evidence adds ``value/loss`` over the first and last quarter."""
     loss, explained = run.curve(Tag.VALUE_LOSS), run.curve(Tag.EXPLAINED_VAR)
     if loss is None or explained is None:
         return []
-    median = float(np.median(explained.after(0.5)))
-    if median >= limit("explained_var_low"):
+    median, bias = float(np.median(explained.after(0.5))), run.shortfall(Tag.VALUE_PRED, Tag.RETURNS)
+    lagging = bias is not None and abs(bias) > limit("value_bias_high")
+    if median >= limit("explained_var_low") and not lagging:
         return []
     quarter = max(1, len(loss.values) // 4)
     first, last = float(loss.values[:quarter].mean()), float(loss.values[-quarter:].mean())
     critic_lr = run.setting("trainer.critic_lr", 0.0)
+    shown = (f"value/vpred_mean {'below' if bias > 0 else 'above'} value/returns_mean by {abs(bias):.0%} of the "
+             f"returns over the run (> {limit('value_bias_high'):.0%}): the critic does not track the mean return; "
+             if lagging else "") + f"value/explained_var median {_g(median)} over the last half"
+    worse = median < limit("explained_var_low")
     return [Finding(
         "critic_lagging", "critic lagging behind the returns", (int(explained.steps[len(explained.steps) // 2]),
                                                                 int(explained.steps[-1])),
-        f"value/explained_var median {_g(median)} over the last half (< {limit('explained_var_low'):g}: worse than "
-        f"predicting the mean return); value/loss {_g(first)} over the first quarter, {_g(last)} over the last",
+        shown + (f" (< {limit('explained_var_low'):g}: worse than predicting the mean return)" if worse else "")
+        + f"; value/loss {_g(first)} over the first quarter, {_g(last)} over the last",
         f"the critic (trainer.critic_lr={critic_lr:g}) does not track the returns of the changing policy, so "
         "GAE's advantages are mostly its error",
         ((f"trainer.critic_lr={_scaled(critic_lr, 10)}", "a critic that learns faster"),

@@ -24,7 +24,9 @@ finding (its code names the cause, so the fix is the knob that caused it):
    reference.
 
 Checks 2-5 need a flat reward: ``reward/mean`` gaining less than ``stall_share`` of the
-success score from its first window to its last. The first steps are the first
+success score from its first window to its last; check 4 does not when its evidence is the
+first steps' ``policy/approx_kl`` above ``early_kl_high`` or ``kl/value`` above ``kl_blowup``
+(7-8x any healthy run's): a partial-credit reward term can rise while no answer is right. The first steps are the first
 ``first_steps`` logged steps.
 """
 
@@ -56,9 +58,23 @@ def clip_fraction_reads(run: RunRecord) -> bool:
     ``clip_range_min``. A sequence-level ratio clipped to 3e-4 (GSPO) clips a large share of
     tokens by design (GSPO, arXiv:2507.18071, reports clipping fractions two orders of magnitude above
     GRPO's)."""
-    ranges = [float(value) for value in (run.setting("policy_loss.clip_low"), run.setting("policy_loss.clip_high"))
-              if isinstance(value, (int, float))]
+    ranges = _clip_ranges(run)
     return not ranges or max(ranges) >= limit("clip_range_min")
+
+
+def _clip_ranges(run: RunRecord) -> list[float]:
+    """``policy_loss.clip_low`` and ``clip_high`` as the run's config gives them (numbers only)."""
+    return [float(value) for value in (run.setting("policy_loss.clip_low"), run.setting("policy_loss.clip_high"))
+            if isinstance(value, (int, float))]
+
+
+def trust_region(run: RunRecord) -> bool:
+    """Whether the policy loss's clip range (``policy_loss.clip_low`` / ``clip_high``) is at most
+    ``trust_region_max``: a PPO-style trust region that ``policy/approx_kl`` is measured against.
+    A wider one caps importance weights instead (CISPO's ``clip_high`` 4: weights up to 5), and
+    its updates move the policy further by design."""
+    ranges = _clip_ranges(run)
+    return not ranges or max(ranges) <= limit("trust_region_max")
 
 
 def first_values(run: RunRecord, tag: str) -> np.ndarray:
@@ -85,6 +101,19 @@ def reward_flat(run: RunRecord) -> str | None:
     if reward is None or reward.end - reward.start >= limit("stall_share") * run.success():
         return None
     return f"reward/mean {_g(reward.start)} over its first {reward.window} steps, {_g(reward.end)} over its last"
+
+
+def _gain(run: RunRecord) -> str:
+    """What ``reward/mean`` and each reward term's tag gained from the first window to the last."""
+    parts = []
+    for tag in [Tag.REWARD, *sorted(t for t in run.scalars if t.startswith("reward/") and t not in _NOT_TERMS)]:
+        curve = run.curve(tag)
+        if curve is not None:
+            parts.append(f"{tag} {_g(curve.start)} -> {_g(curve.end)}")
+    return ", ".join(parts) + " (first window to last)"
+
+
+_NOT_TERMS = frozenset({Tag.REWARD, Tag.REWARD_STD, Tag.REWARD_MAX, Tag.ZERO_STD_GROUPS, Tag.PROXY, Tag.GOLD})
 
 
 def budget_too_small(run: RunRecord) -> Finding | None:
@@ -200,7 +229,9 @@ def early_step_too_big(run: RunRecord) -> Finding | None:
     # with one on-policy update per step the ratio is 1 and approx-KL 0: the step shows in what it did
     fell = len(entropy) > 1 and entropy[0] > 0 and float(entropy.min()) < (1 - limit("early_entropy_drop")) * entropy[0]
     away = len(ref_kl) and float(ref_kl.max()) > limit("kl_blowup")
-    if not (high_kl or high_clip or fell or away) or flat is None:
+    # approx-KL or the KL from the reference this far above any healthy run's needs no flat reward: a
+    # partial-credit term can rise while nothing correct is learnt
+    if not (high_kl or away) and (not (high_clip or fell) or flat is None):
         return None
     lr = float(run.setting("trainer.lr", 0.0) or 0.0)
     steps = f"steps 1-{int(limit('first_steps'))}"
@@ -211,12 +242,13 @@ def early_step_too_big(run: RunRecord) -> Finding | None:
         f"{limit('early_entropy_drop'):.0%})" if fell else "",
         f"kl/value up to {_g(float(ref_kl.max()))} nats/token from the reference on {steps} (> "
         f"{limit('kl_blowup'):g})" if away else "",
-        flat) if x)
+        flat or _gain(run)) if x)
     # approx-KL grows with the square of a small step: scale the rate to bring the first steps' KL to
     # approx_kl_high, at least a fifth down
     factor = min(0.2, math.sqrt(limit("approx_kl_high") / float(kl.max()))) if high_kl else 0.2
     return Finding(
-        "step_too_big", "nothing is learning: the first updates were far too big", _span(run), shown,
+        "step_too_big", ("nothing is learning: " if flat else "") + "the first updates were far too big", _span(run),
+        shown,
         f"the learning rate ({lr:g}) moves the policy far past the clip range from the first update; the policy "
         "it lands on samples nothing the reward can guide back",
         ((f"trainer.lr={_round(lr * factor)}", "steps that keep the first updates' approx-KL near "

@@ -89,6 +89,18 @@ class RunRecord:
             return None
         return Curve(tag, np.array([s for s, _ in points]), np.array([v for _, v in points], dtype=float), window)
 
+    def shortfall(self, tag: str, reference: str) -> float | None:
+        """``Σ (reference - tag) / Σ |reference|`` over the steps that log both (finite values):
+        how far ``tag`` stays below ``reference`` as a share of it (negative: above), or ``None``
+        when they share no step or ``reference`` sums to (nearly) 0 (``zero_abs`` a step)."""
+        mine = {s: v for s, v in self.scalars.get(tag, []) if math.isfinite(v)}
+        theirs = {s: v for s, v in self.scalars.get(reference, []) if math.isfinite(v)}
+        steps = sorted(set(mine) & set(theirs))
+        scale = sum(abs(theirs[s]) for s in steps)
+        if not steps or scale <= limit("zero_abs") * len(steps):
+            return None
+        return sum(theirs[s] - mine[s] for s in steps) / scale
+
     def success(self) -> float:
         """The task's success score (``eval.threshold``): the scale of rewards and gains."""
         return float(self.setting("eval.threshold", 1.0) or 1.0)

@@ -52,26 +52,33 @@ TABLE: tuple[Threshold, ...] = (
     Threshold("entropy_floor", 0.1, "an entropy (nats per token) below this on the first steps: the samples "
               "of a prompt are one completion", MEASURED, "tuning half: every healthy run starts above 2.5 (the "
               "tiny model from scratch; a pretrained one starts lower), temperatures of 0.02-0.05 at 0.0007 or "
-              "below; a round value far from both"),
+              "below; a round value far from both. Tuning set (round 2, all 132 runs): healthy runs start at 2.35 "
+              "or above, the temperatures at 0.0018 or below"),
     Threshold("same_samples", 0.95, "`reward/zero_std_frac` at or above this on the first steps (groups of two "
               "or more): every group's completions score alike", MEASURED, "tuning half: healthy runs at most "
-              "0.12, nucleus 0.02-0.05 at 1.00"),
+              "0.12, nucleus 0.02-0.05 at 1.00. Tuning set (round 2, all 132 runs): healthy runs at most 0.18 "
+              "(rloo, sort3), every sampling knob's run at 1.00"),
     Threshold("early_kl_high", 0.2, "`policy/approx_kl` above this on any of the first steps: the first updates "
               "are far too big", MEASURED,
-              "tuning half of benchmarks/doctor_recall.py: the healthy runs' largest approx-KL on their first 5 "
-              "steps is 0.069 (cispo), the sick learning rates' smallest 0.555 (runs with several mini-batches; "
-              "on-policy runs log 0); 0.2 is near their geometric mean"),
+              "tuning set (round 2: all 132 runs of benchmarks/doctor_recall.py's first set): the healthy runs' "
+              "largest approx-KL on their first 5 steps is 0.069 (cispo), the sick learning rates' (0.05-0.1) "
+              "smallest 0.483 (GRPO, arithmetic; runs with several mini-batches: on-policy runs log 0); 0.2 is near "
+              "their geometric mean (0.18). 7x any healthy run's, it is named without a flat reward (a "
+              "partial-credit term lifts the arithmetic runs' reward 0.012 -> 0.082 with no correct answer)"),
     Threshold("early_clip_high", 0.2, "`policy/clipfrac` above this on any of the first steps", MEASURED,
-              "tuning half: healthy runs clip at most 0.13 of the tokens on their first steps (reinforce_pp; "
-              "GSPO's are not judged: `clip_range_min`), the sick learning rates 0.34 or more"),
+              "tuning set (round 2): healthy runs clip at most 0.13 of the tokens on their first steps "
+              "(reinforce_pp; GSPO's are not judged: `clip_range_min`), the sick learning rates 0.29 or more, "
+              "but a 4x rate that learns 0.22 (dr_grpo): only with a flat reward"),
     Threshold("early_entropy_drop", 0.3, "an entropy that loses more than this share of its first step's value "
               "within the first steps", MEASURED,
-              "tuning half: healthy runs lose at most 12 % of their entropy over the first 5 steps (cispo), the "
-              "sick learning rates 43-100 %"),
+              "tuning set (round 2): healthy runs lose at most 19 % of their entropy over the first 5 steps "
+              "(cispo), the sick learning rates 39-100 %; only with a flat reward"),
     Threshold("kl_share_high", 0.2, "`kl/grad_share` (the KL term's share of the pull on the sampled tokens' "
               "log-probs) above this (median over the run): the KL penalty holds the policy", MEASURED,
               "tuning half: GRPO's healthy runs (kl.coef 0.04) have medians 0.047-0.059, runs that learn with a "
-              "too-short budget up to 0.12, `kl.coef` 3-30 0.40-0.90"),
+              "too-short budget up to 0.12, `kl.coef` 3-30 0.40-0.90. Tuning set (round 2): healthy GRPO "
+              "0.047-0.061, other sick runs up to 0.20 (`trainer.lr=0.05`, whose step check comes first), "
+              "`kl.coef` 3-30 0.30-0.90"),
     Threshold("kl_share_target", 0.02, "the share a suggested `kl.coef` aims at (the coefficient is scaled by "
               "the ratio of the share's odds)", MEASURED,
               "tuning half: the healthy GRPO runs' share over their first window, while the policy is still near "
@@ -88,11 +95,11 @@ TABLE: tuple[Threshold, ...] = (
               "before the collapse has stalled", MEASURED,
               "after their entropy collapses `trainer.lr=2e-3` rises at 0.04 of its rate before (0.468 at step 147 "
               "-> 0.514 at 600), `trainer.lr=1e-3` (300 steps) at 0.28, the default run at 0.23 (0.635 at step 323 "
-              "-> 0.896; re-run on 2026-11-27 at main 5e882cc, an earlier run gave 0.29 and 0.24)"),
-    Threshold("collapse_early_share", 0.55, "an entropy collapse while `reward/mean` is below this share of the "
-              "success score came before the task was half learnt", MEASURED,
-              "tuning half: `trainer.lr=0.002` (GRPO, 300 steps) collapses at reward/mean 0.471 and then rises at "
-              "14 % of its earlier rate, the default run (the gallery, 1,000 steps) at 0.635; 0.55 is midway"),
+              "-> 0.896; re-run on 2026-11-27 at main 5e882cc, an earlier run gave 0.29 and 0.24). Tuning set "
+              "(round 2): the healthy runs whose entropy collapses (3 CISPO, 1 dr_grpo of 300 steps), all before "
+              "their reward reached half the success score, rise after it at 0.45-1.41 of their rate before, or "
+              "(CISPO, arithmetic, seed 2) fall to 0; so a collapse is judged by this rate alone, not by how early "
+              "it comes"),
     Threshold("stall_share", 0.05, "a reward gain below this share of the success score counts as none", CHOSEN,
               "not tuned (the KL, held-out and truncation checks)"),
     # ---- step size
@@ -104,6 +111,14 @@ TABLE: tuple[Threshold, ...] = (
               "is a sequence-level one whose clip fraction is high by design: not judged", PAPER,
               "GSPO (arXiv:2507.18071) reports clipping fractions two orders of magnitude above GRPO's with its "
               "range of 3e-4 / 4e-4; here the GSPO preset's healthy runs clip a median 0.35-0.38"),
+    Threshold("trust_region_max", 1.0, "a policy loss clip range (`policy_loss.clip_low` / `clip_high`) above "
+              "this caps importance weights instead of bounding the step: `approx_kl_high` and `clipfrac_high` "
+              "do not judge it", MEASURED,
+              "CISPO (MiniMax-M1, arXiv:2506.13585) clips a stop-gradient importance weight (the preset: weights "
+              "up to 5, `clip_high` 4) and takes 16 updates a rollout. Tuning set (round 2): its 4 healthy runs "
+              "have a median approx-KL of 0.008-0.084 a step (three of them 4-6x `approx_kl_high`) and learn "
+              "(sort4: reward/mean 0.05 -> 0.35-0.47 in 150 steps); the PPO-style ranges of the presets are "
+              "0.2-0.28"),
     Threshold("clipfrac_high", 0.1, "`policy/clipfrac` above this is a step too big", MEASURED,
               "the default run's median is 0.015 and above 0.1 on no step; `trainer.update_epochs=4 "
               "trainer.num_mini_batches=8` has median 0.22, above 0.1 on every step"),
@@ -156,7 +171,15 @@ TABLE: tuple[Threshold, ...] = (
               "predicts the returns worse than their mean", DOCS,
               "what explained variance means (verl's `critic/vf_explained_var`, stable-baselines3's "
               "`explained_variance`: 1 perfect, 0 the mean, below 0 worse). Here `trainer.critic_lr=1e-6` "
-              "logs -0.0013, the PPO preset's critic 0.26 at step 300"),
+              "logs -0.0013, the PPO preset's critic 0.26 at step 300. Tuning set (round 2): it does not "
+              "separate: critics at `trainer.critic_lr` 1e-6-1e-7 have medians -0.0028 to 0.020, healthy PPO "
+              "runs 0.027-0.163 (`value_bias_high` does)"),
+    Threshold("value_bias_high", 0.05, "the critic's predictions (`value/vpred_mean`) missing the returns "
+              "(`value/returns_mean`) by more than this share of them, summed over the run: it does not track "
+              "even the mean return", MEASURED,
+              "tuning set (round 2): healthy PPO runs miss by 0.2-0.5 % (their critic reaches the mean return "
+              "within the first 5 steps), critics at `trainer.critic_lr` 1e-6 by 34-80 %, at 1e-7 by 94-99 %; "
+              "0.05 is 10x the healthy runs' largest, 7x below the sick runs' smallest"),
     # ---- held-out and gold rewards
     Threshold("heldout_sigmas", 2.0, "a fall of held-out accuracy from its peak larger than this many standard "
               "errors (binomial, `eval.size` prompts) is real", DEFINITION, "a two-sided 95 % test"),

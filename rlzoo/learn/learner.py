@@ -281,7 +281,7 @@ class Learner:
         if batch.teacher_logp is not None and batch.old_logp is not None:  # what distillation drives to 0
             metrics["teacher/reverse_kl"] = float(masked_mean(batch.old_logp - batch.teacher_logp, mask))
         if self.models.critic is not None:
-            metrics["value/returns_mean"] = float(masked_mean(returns, mask))
+            metrics[Tag.RETURNS] = float(masked_mean(returns, mask))
             metrics[Tag.EXPLAINED_VAR] = explained_variance(batch.old_values, returns, mask)
 
     # ---------------------------------------------------------------- the update
