@@ -25,9 +25,11 @@ from rlzoo.core.events import read_scalars  # noqa: E402
 from plots import smooth  # noqa: E402  (benchmarks/plots.py, beside this script)
 
 COMMON = "trainer.threads=1"
+PADDED = "trainer.padding_free=false"
+"""The runs made before packed passes became the default keep their padded passes (docs/diagnostics.md)."""
 GALLERY: dict[str, tuple[tuple[str, str], tuple[str, str], tuple[str, ...]]] = {
     # finding: ((sick run, its overrides), (fixed run, its overrides), tags to plot)
-    "heldout_fall": (("default", ""), ("default-cosine", "trainer.lr_schedule=cosine"),
+    "heldout_fall": (("default", ""), ("default-cosine", f"trainer.lr_schedule=cosine {PADDED}"),
                      ("reward/mean", "eval/greedy_accuracy", "reward/zero_std_frac")),
     "entropy_collapse": (("lr4x", "trainer.lr=2e-3 trainer.total_steps=600"), ("default", ""),
                          ("entropy", "reward/mean", "eval/greedy_accuracy")),
@@ -47,18 +49,18 @@ GALLERY: dict[str, tuple[tuple[str, str], tuple[str, str], tuple[str, ...]]] = {
                              ("reward/zero_std_frac", "reward/mean", "grad_norm")),
     "proxy_over_optimised": (("rm-kl0", RM := "algo=grpo 'reward=[{name: reward_model, path: "
                                                "runs/doctor/rm-sort/reward_model}, {name: sorted_digits, weight: 0}]' "
-                                               "trainer.total_steps=200 eval.size=0 kl.coef=0"),
+                                               f"trainer.total_steps=200 eval.size=0 kl.coef=0 {PADDED}"),
                              ("rm-kl0.05", RM.replace("kl.coef=0", "kl.coef=0.05")),
                              ("reward/proxy", "reward/gold", "kl/value")),
     "critic_lagging": (("ppo-critic-slow", "algo=ppo trainer.critic_lr=1e-6 trainer.total_steps=300 eval.every=50"),
                        ("ppo", "algo=ppo trainer.total_steps=300 eval.every=50"),
                        ("value/explained_var", "value/loss", "reward/mean")),
     "kl_pinned": (("klpin100", "kl.apply=reward 'kl.controller={name: adaptive, target: 2.0, horizon: 100}' "
-                               "trainer.total_steps=300"),
+                               f"trainer.total_steps=300 {PADDED}"),
                   ("klpin100-fix", "kl.apply=reward 'kl.controller={name: adaptive, target: 6.0, horizon: 100}' "
-                                   "trainer.total_steps=300"),
+                                   f"trainer.total_steps=300 {PADDED}"),
                   ("kl/sequence_sum", "kl/coef", "reward/mean")),
-    "rollout_mismatch": (("stale4", "rollout.staleness=4 trainer.total_steps=300"),
+    "rollout_mismatch": (("stale4", f"rollout.staleness=4 trainer.total_steps=300 {PADDED}"),
                          ("base300", "trainer.total_steps=300"),
                          ("rollout/mismatch_k3", "reward/mean", "policy/clipfrac")),
     "warmup_unfinished": (("warmup", "trainer.warmup_steps=1000 trainer.lr_schedule=cosine trainer.total_steps=300"),
