@@ -4,9 +4,9 @@ held-out half by a seeded hash before any threshold was changed (the split is co
 ``benchmarks/doctor_recall_split.txt``, written by ``split`` below).
 
     python benchmarks/doctor_recall.py split > benchmarks/doctor_recall_split.txt   # the committed split
-    python benchmarks/doctor_recall.py run /work/runs-doctor/recall --jobs 2          # train every run (~30 min)
-    python benchmarks/doctor_recall.py evaluate /work/runs-doctor/recall --half tuning
-    python benchmarks/doctor_recall.py evaluate /work/runs-doctor/recall --half held-out --markdown
+    python benchmarks/doctor_recall.py run runs/recall --jobs 2          # train every run (~30 min)
+    python benchmarks/doctor_recall.py evaluate runs/recall --half tuning
+    python benchmarks/doctor_recall.py evaluate runs/recall --half held-out --markdown
 
 Every run is the embedded tiny model at ``trainer.threads=1`` (about 0.1 s a step on this
 2-core CPU), a few hundred steps long, with a small held-out evaluation (32 prompts every 50
@@ -25,8 +25,8 @@ second round of thresholds; once those were frozen (committed), a fresh held-out
 (:data:`LR_TOO_HIGH_CRITERION`). It is evaluated once, whole:
 
     python benchmarks/doctor_recall.py split --set round2 > benchmarks/doctor_recall_round2.txt
-    python benchmarks/doctor_recall.py run /work/runs-doctor/round2 --set round2 --jobs 2   # 62 min, under load
-    python benchmarks/doctor_recall.py evaluate /work/runs-doctor/round2 --set round2 --markdown
+    python benchmarks/doctor_recall.py run runs/round2 --set round2 --jobs 2   # 62 min, under load
+    python benchmarks/doctor_recall.py evaluate runs/round2 --set round2 --markdown
 """
 
 from __future__ import annotations
