@@ -346,7 +346,6 @@ DOC_EVIDENCE = {
     r"entropy [\d.e-]+ on steps 1-\d+ \(< ([\d.e-]+) nats\)": "entropy_floor",
     r"reward/zero_std_frac [\d.]+ over the last half \(> ([\d.e-]+)\)": "zero_std_high",
     r"rollout/mismatch_k3 [^(]*\(> ([\d.e-]+) on": "mismatch_high",
-    r"response_length/truncated_frac [\d.]+ at the end \(> ([\d.e-]+)\)": "truncation_high",
     r"by step \d+ \(< ([\d.]+) of the start\)": "entropy_collapse_ratio",
     r"a KL share near the healthy runs' ([\d.]+)\)": "kl_share_target",
 }
