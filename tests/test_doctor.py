@@ -150,19 +150,34 @@ def test_step_too_big_does_not_judge_an_importance_weight_cap() -> None:
 def test_kl_blowup_and_kl_pinned_at_the_adaptive_target() -> None:
     stalled = {**HEALTHY, "kl__value": ramp(0.0, 2.0), "reward__mean": ramp(0.1, 0.5, 60)}
     (finding,) = detectors.kl_blowup(record(**stalled))
-    # end 2 x 194.5 / 199 = 1.95; the window ending at step 101: 2 x 95.5 / 199 = 0.96, so up 104 %
-    assert finding.code == "kl_blowup" and "1.95 nats/token at the end (> 0.5), up 104% over the last half" in \
+    # end 2 x 194.5 / 199 = 1.95; the line through steps 101-200 is the ramp itself: 2 x 100 / 199 = 1.005 at
+    # step 101, 2 at step 200, so up 99 %
+    assert finding.code == "kl_blowup" and "1.95 nats/token at the end (> 0.5), up 99% over the last half" in \
         finding.evidence
     assert finding.fixes[0][0] == "kl.coef=0.2"
     assert detectors.kl_blowup(record(config(kl={"coef": 0.0}), **stalled)) == []          # no KL
     assert detectors.kl_blowup(record(**{**stalled, "kl__value": ramp(0.0, 2.0, 90)})) == []   # levelled off
     assert detectors.kl_blowup(record(**{**stalled, "reward__mean": ramp(0.1, 0.9)})) == []    # bought reward
+    # a plateau whose noise puts its last window 25 % above the window at the half: no rise on the line
+    # (GRPO on arithmetic, seed 5, round 2: 0.60 at the half, 0.77 at the end of a plateau at 0.78)
+    plateau = {**stalled, "kl__value": lambda s: 0.2 + 0.6 * min(s, 80) / 80 + (0.0 if s <= 100 else 0.06 * (
+        -1) ** (s // 7)) - (0.2 if 95 <= s <= 101 else 0.0)}
+    run = record(**plateau)
+    assert run.curve("kl/value").end > 1.1 * run.curve("kl/value").at(101)
+    assert detectors.late_rise(run.curve("kl/value")) < 0.1 and detectors.kl_blowup(run) == []
     adaptive = config(kl={"coef": 0.2, "controller": {"name": "adaptive", "target": 6.0, "horizon": 10000}})
     pinned = {**HEALTHY, "kl__sequence_sum": ramp(0.0, 6.0, 80), "kl__coef": ramp(0.2, 0.5)}
     (finding,) = detectors.kl_blowup(record(adaptive, **pinned))
     assert finding.code == "kl_pinned" and "grew 2.4x" in finding.evidence
     assert finding.fixes[0][0] == "kl.controller.target=18"
     assert detectors.kl_blowup(record(adaptive, **{**pinned, "kl__coef": lambda s: 0.2})) == []   # beta not pushing
+    # pinned at the target while the per-token KL climbs: the controller holds it, one finding, not a blow-up
+    # whose kl.coef fix the controller would override (round 2's GRPO on arithmetic at target 1.5)
+    both = {**pinned, "kl__value": ramp(0.0, 2.0), "reward__mean": ramp(0.1, 0.5, 60)}
+    assert [f.code for f in detectors.kl_blowup(record(adaptive, **both))] == ["kl_pinned"]
+    # a blow-up under the adaptive controller, not at its target: the fix is the target, not kl.coef
+    (finding,) = detectors.kl_blowup(record(adaptive, **{**both, "kl__coef": lambda s: 0.2}))
+    assert finding.code == "kl_blowup" and finding.fixes[0][0] == "kl.controller.target=3"
 
 
 def test_rollout_mismatch_uncorrected() -> None:

@@ -96,6 +96,25 @@ def test_no_variety_names_the_sampling_knob_that_was_set() -> None:
     assert codes(record(**greedy)) == ["constant_reward"]
 
 
+def test_a_nucleus_of_one_token_is_named_when_groups_hold_one_completion() -> None:
+    # REINFORCE++ (one completion a prompt) at top_p 0.05 (round 2 of benchmarks/doctor_recall.py): no
+    # group to compare, the full distribution's entropy (2.67), no completion ever scores; the sampler
+    # is 1.14 nats per token from the policy: its nucleus holds e^-1.14 = 32 % of the policy's mass
+    single = {**FLAT, "reward__mean": lambda s: 0.0, "reward__std": lambda s: 0.0, "reward__zero_std_frac":
+              lambda s: 1.0, "entropy": lambda s: 2.67, "rollout__mismatch_k3": lambda s: 1.14}
+    one = config(rollout={"top_p": 0.05, "n": 1})
+    finding, *rest = detectors.diagnose(record(one, **single))
+    assert finding.code == "no_variety" and finding.fixes[0][0] == "rollout.top_p=1.0"
+    assert [f.code for f in rest] == ["rollout_mismatch"]   # what the nucleus does to the update, named after it
+    assert "rollout/mismatch_k3 1.14 nats/token on steps 1-5 (> 0.5): the nucleus holds about 32% of the " \
+           "policy's probability" in finding.evidence
+    # a nucleus that holds most of the mass (top_p 0.9 can give at most -log 0.9 = 0.105): not this
+    wide = {**single, "rollout__mismatch_k3": lambda s: 0.1}
+    assert codes(record(config(rollout={"top_p": 0.9, "n": 1}), **wide))[0] == "constant_reward"
+    # the same mismatch with no nucleus is no sampling knob's doing (a stale or mismatched engine)
+    assert "no_variety" not in codes(record(config(rollout={"n": 1}), **single))
+
+
 def test_first_updates_too_big_without_persistence() -> None:
     big = {**FLAT, "policy__approx_kl": lambda s: {1: 0.395, 2: 0.357, 3: 0.137}.get(s, 0.004)}
     (finding,) = detectors.diagnose(record(config(trainer={"lr": 0.05}), **big))
@@ -129,6 +148,18 @@ def test_an_approx_kl_far_above_any_healthy_run_is_named_while_a_partial_credit_
     # the same KL from the reference (> kl_blowup) without approx-KL: named as well
     away = {**rising, "policy__approx_kl": lambda s: 0.0, "kl__value": lambda s: 1.3 if s <= 3 else 0.1}
     assert codes(record(config(trainer={"lr": 0.05}), **away))[0] == "step_too_big"
+    # RLOO at lr 0.03 (one on-policy update a step: approx-KL and clip fraction 0): its first steps move it
+    # 0.1-0.32 nats per token from the reference (> early_ref_kl_high 0.2), the reward stays flat
+    drift = {**FLAT, "policy__approx_kl": lambda s: 0.0, "policy__clipfrac": lambda s: 0.0,
+             "kl__value": lambda s: {1: 0.0, 2: 0.098, 3: 0.245, 4: 0.262, 5: 0.316}.get(s, 0.4)}
+    (finding,) = detectors.diagnose(record(config(trainer={"lr": 0.03}), **drift))
+    assert finding.code == "step_too_big" and finding.fixes[0][0] == "trainer.lr=0.006"
+    assert "kl/value up to 0.316 nats/token from the reference on steps 1-5 (> 0.2)" in finding.evidence
+    # as far from the reference while the reward rises: a run that learns fast, no finding of this kind
+    assert "step_too_big" not in codes(record(config(trainer={"lr": 0.03}),
+                                              **{**drift, "reward__mean": LEARNING["reward__mean"]}))
+    # the healthy runs' largest (0.135 on step 5, REINFORCE++ on arithmetic) with a flat reward: none
+    assert codes(record(**{**drift, "kl__value": lambda s: min(0.135, 0.03 * s)})) == []
     # a clip fraction of 0.22 on the first steps (a 4x rate that learns) needs a flat reward: only the
     # whole-run check's note (clipfrac above 0.1 on every step, the reward rising)
     clipped = {**rising, "policy__approx_kl": lambda s: 0.004, "policy__clipfrac": lambda s: 0.22}

@@ -9,14 +9,16 @@ finding (its code names the cause, so the fix is the knob that caused it):
    whatever the curves say.
 2. ``no_variety``: a sampling knob (``rollout.temperature`` or ``rollout.top_p`` below 1) and
    the first steps' samples of a prompt are one completion (entropy below ``entropy_floor``,
-   or ``reward/zero_std_frac`` at ``same_samples`` or more).
+   or ``reward/zero_std_frac`` at ``same_samples`` or more, or, with a nucleus, the sampler's
+   ``rollout/mismatch_k3`` above ``nucleus_mismatch_high``: what shows it when a group holds one
+   completion).
 3. ``constant_reward``: every scored completion of the first steps got the same score
    (``reward/std`` 0 on each): the reward cannot tell completions apart (at the top: it does
    not read the answer; at 0: no completion ever scores, nothing gives partial credit).
 4. ``step_too_big``: on the first steps, ``policy/approx_kl`` or ``policy/clipfrac`` far above
    any healthy run's (``early_kl_high``, ``early_clip_high``), or (what shows it with one
    on-policy update a step, where both are 0 by construction) the entropy losing
-   ``early_entropy_drop`` of its first value, or ``kl/value`` above ``kl_blowup``; no
+   ``early_entropy_drop`` of its first value, or ``kl/value`` above ``early_ref_kl_high``; no
    persistence asked: the first updates threw the policy away from anything the reward could
    guide.
 5. ``kl_pins_policy``: ``kl/grad_share`` (the KL term's share of the pull on the sampled
@@ -142,27 +144,37 @@ def sampling_knobs(run: RunRecord) -> list[tuple[str, float]]:
             if float(run.setting(key, 1.0)) < 1.0]
 
 
-def samples_alike(run: RunRecord) -> tuple[bool, bool]:
-    """``(tiny, alike)`` on the first steps: an entropy below ``entropy_floor``; a
-    ``reward/zero_std_frac`` at ``same_samples`` or more (with groups of two or more)."""
+def samples_alike(run: RunRecord) -> tuple[bool, bool, bool]:
+    """``(tiny, alike, narrow)`` on the first steps: an entropy below ``entropy_floor``; a
+    ``reward/zero_std_frac`` at ``same_samples`` or more (with groups of two or more); with
+    ``rollout.top_p`` below 1, ``rollout/mismatch_k3`` above ``nucleus_mismatch_high`` (the logged
+    entropy is the policy's whole distribution's, not the nucleus's)."""
     entropy, same = first_values(run, Tag.ENTROPY), first_values(run, Tag.ZERO_STD_GROUPS)
+    mismatch = first_values(run, Tag.MISMATCH)
     groups = int(run.setting("rollout.n", 2)) >= 2  # a group of one completion is alike by definition
+    nucleus = float(run.setting("rollout.top_p", 1.0)) < 1.0
     return (bool(len(entropy)) and float(entropy.mean()) < limit("entropy_floor"),
-            groups and bool(len(same)) and float(same.mean()) >= limit("same_samples"))
+            groups and bool(len(same)) and float(same.mean()) >= limit("same_samples"),
+            nucleus and bool(len(mismatch)) and float(mismatch.mean()) > limit("nucleus_mismatch_high"))
 
 
 def no_variety(run: RunRecord) -> Finding | None:
     """Check 2 of the module docstring."""
     knobs = sampling_knobs(run)
     entropy, same = first_values(run, Tag.ENTROPY), first_values(run, Tag.ZERO_STD_GROUPS)
-    tiny, alike = samples_alike(run)
+    mismatch = first_values(run, Tag.MISMATCH)
+    tiny, alike, narrow = samples_alike(run)
     flat = reward_flat(run)
-    if not knobs or not (tiny or alike) or flat is None:
+    if not knobs or not (tiny or alike or narrow) or flat is None:
         return None
-    steps = f"steps 1-{max(len(entropy), len(same))}"
+    steps = f"steps 1-{max(len(entropy), len(same), len(mismatch))}"
     evidence = [f"entropy {_g(float(entropy.mean()))} on {steps} (< {limit('entropy_floor'):g} nats)" if tiny else "",
                 f"reward/zero_std_frac {float(same.mean()):.2f} on {steps}: every group's completions score alike"
-                if alike else "", flat]
+                if alike else "",
+                f"rollout/mismatch_k3 {_g(float(mismatch.mean()))} nats/token on {steps} (> "
+                f"{limit('nucleus_mismatch_high'):g}): the nucleus holds about {math.exp(-float(mismatch.mean())):.0%} "
+                "of the policy's probability, its top token or two" if narrow and not (tiny or alike) else "",
+                flat]
     settings = " and ".join(f"{key}={value:g}" for key, value in knobs)
     return Finding(
         "no_variety", "nothing is learning: the samples of a prompt do not differ", _span(run),
@@ -229,9 +241,10 @@ def early_step_too_big(run: RunRecord) -> Finding | None:
     # with one on-policy update per step the ratio is 1 and approx-KL 0: the step shows in what it did
     fell = len(entropy) > 1 and entropy[0] > 0 and float(entropy.min()) < (1 - limit("early_entropy_drop")) * entropy[0]
     away = len(ref_kl) and float(ref_kl.max()) > limit("kl_blowup")
+    drift = len(ref_kl) and float(ref_kl.max()) > limit("early_ref_kl_high")
     # approx-KL or the KL from the reference this far above any healthy run's needs no flat reward: a
     # partial-credit term can rise while nothing correct is learnt
-    if not (high_kl or away) and (not (high_clip or fell) or flat is None):
+    if not (high_kl or away) and (not (high_clip or fell or drift) or flat is None):
         return None
     lr = float(run.setting("trainer.lr", 0.0) or 0.0)
     steps = f"steps 1-{int(limit('first_steps'))}"
@@ -241,7 +254,7 @@ def early_step_too_big(run: RunRecord) -> Finding | None:
         f"entropy {', '.join(_g(v) for v in entropy)} on {steps} (it lost more than "
         f"{limit('early_entropy_drop'):.0%})" if fell else "",
         f"kl/value up to {_g(float(ref_kl.max()))} nats/token from the reference on {steps} (> "
-        f"{limit('kl_blowup'):g})" if away else "",
+        f"{limit('kl_blowup' if away else 'early_ref_kl_high'):g})" if drift else "",
         flat or _gain(run)) if x)
     # approx-KL grows with the square of a small step: scale the rate to bring the first steps' KL to
     # approx_kl_high, at least a fifth down

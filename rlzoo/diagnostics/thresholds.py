@@ -58,6 +58,14 @@ TABLE: tuple[Threshold, ...] = (
               "or more): every group's completions score alike", MEASURED, "tuning half: healthy runs at most "
               "0.12, nucleus 0.02-0.05 at 1.00. Tuning set (round 2, all 132 runs): healthy runs at most 0.18 "
               "(rloo, sort3), every sampling knob's run at 1.00"),
+    Threshold("nucleus_mismatch_high", 0.5, "`rollout/mismatch_k3` (nats per token from the sampling distribution "
+              "to the policy) above this on the first steps with `rollout.top_p` below 1: the nucleus keeps the "
+              "policy's top token or two, so the samples of a prompt are one completion (what shows it when a "
+              "group holds one completion and `reward/zero_std_frac` cannot)", DEFINITION,
+              "a nucleus sampler's KL to the policy is -log of the probability the nucleus holds, at most "
+              "-log(top_p): above 0.5 the nucleus holds under e^-0.5 = 61 % of the policy's mass on average, "
+              "which no `top_p` of 0.61 or more can do. Tuning set (round 3: rounds 1 and 2, 230 runs): healthy "
+              "runs 0 (no nucleus), `top_p` 0.02-0.05 1.00-1.27 (mean of the first 5 steps)"),
     Threshold("early_kl_high", 0.2, "`policy/approx_kl` above this on any of the first steps: the first updates "
               "are far too big", MEASURED,
               "tuning set (round 2: all 132 runs of benchmarks/doctor_recall.py's first set): the healthy runs' "
@@ -73,6 +81,14 @@ TABLE: tuple[Threshold, ...] = (
               "within the first steps", MEASURED,
               "tuning set (round 2): healthy runs lose at most 19 % of their entropy over the first 5 steps "
               "(cispo), the sick learning rates 39-100 %; only with a flat reward"),
+    Threshold("early_ref_kl_high", 0.2, "`kl/value` (nats per token from the reference) above this on any of "
+              "the first steps, with a flat reward: the first updates moved the policy far (what shows a step too "
+              "big with one on-policy update a step, where approx-KL and the clip fraction are 0 by construction)",
+              MEASURED,
+              "tuning set (round 3: rounds 1 and 2, 230 runs): the healthy runs' largest `kl/value` on their first "
+              "5 steps is 0.135 (reinforce_pp, arithmetic; RLOO's at most 0.017), every other sick family's 0.12 "
+              "or less, RLOO and REINFORCE++ at `trainer.lr` 0.02-0.03 0.32-0.37; 0.2 is near the geometric mean "
+              "of 0.135 and 0.32 (0.21). Above `kl_blowup` it is named without a flat reward"),
     Threshold("kl_share_high", 0.2, "`kl/grad_share` (the KL term's share of the pull on the sampled tokens' "
               "log-probs) above this (median over the run): the KL penalty holds the policy", MEASURED,
               "tuning half: GRPO's healthy runs (kl.coef 0.04) have medians 0.047-0.059, runs that learn with a "
@@ -127,10 +143,13 @@ TABLE: tuple[Threshold, ...] = (
               "blow-up", DEFINITION,
               "sampled tokens e^0.5 = 1.6x likelier under the policy than under the reference, on average; a floor "
               "only (a run learnt from a random initial policy sits near 1.5: the default run)"),
-    Threshold("kl_rise", 0.1, "and `kl/value` grew by more than this share of itself over the last half while "
-              "the reward gained less than `stall_share`", MEASURED,
+    Threshold("kl_rise", 0.1, "and a least-squares line through `kl/value`'s last half rises by more than this "
+              "share of its value at the half's start, while the reward gained less than `stall_share`", MEASURED,
               "the default run's KL falls over its last half (1.76 -> 1.51); `trainer.lr=5e-3`'s (200 steps) grows 33 "
-              "% over steps 100-200 while its reward gains 0.036"),
+              "% over steps 100-200 while its reward gains 0.036. Tuning set (round 3: rounds 1 and 2): the four "
+              "healthy GRPO runs on arithmetic plateau at 0.74-0.79 nats per token; one of them (seed 5) read "
+              "+27 % from the smoothed window at the half to the last window (noise at the plateau), +7 % on the "
+              "line (the line is the change: a rise judged by two windows of 8 steps read the noise)"),
     Threshold("kl_pin_band", 0.2, "`kl/sequence_sum` within this relative distance of the adaptive controller's "
               "target counts as *at* the target", PAPER,
               "the controller's own error clip ±0.2 (Ziegler et al. 2019, arXiv:1909.08593; TRL's "
