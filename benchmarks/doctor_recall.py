@@ -27,6 +27,16 @@ second round of thresholds; once those were frozen (committed), a fresh held-out
     python benchmarks/doctor_recall.py split --set round2 > benchmarks/doctor_recall_round2.txt
     python benchmarks/doctor_recall.py run runs/round2 --set round2 --jobs 2   # 62 min, under load
     python benchmarks/doctor_recall.py evaluate runs/round2 --set round2 --markdown
+
+Round 3 (``--set round3``): rounds 1 and 2, 230 runs, became the tuning set of a third round of
+thresholds; once those were frozen (committed), a fresh held-out set was listed
+(``benchmarks/doctor_recall_round3.txt``, committed before any of its runs was trained): seeds
+7-9, every family at new magnitudes, tasks and algorithms, and 46 healthy runs. It is evaluated
+once, whole:
+
+    python benchmarks/doctor_recall.py split --set round3 > benchmarks/doctor_recall_round3.txt
+    python benchmarks/doctor_recall.py run runs/round3 --set round3 --jobs 2
+    python benchmarks/doctor_recall.py evaluate runs/round3 --set round3 --markdown
 """
 
 from __future__ import annotations
@@ -261,6 +271,82 @@ def build_round2() -> list[Run]:
     return runs
 
 
+def build_round3() -> list[Run]:
+    """The fresh held-out set of round 3 (seeds 7-9, listed after round 3's thresholds were frozen;
+    rounds 1 and 2, 230 runs, were its tuning set): every family again at other magnitudes, tasks
+    and algorithms (sort6 in six families, REINFORCE++ in seven), 150 steps a run (the adaptive KL
+    controller's 300), and more healthy runs than round 2 (46: 9 presets on 3-4 tasks), so that one
+    false alarm is 2 %, not 4 %."""
+    six = ("task.num_digits=6", "rollout.max_new_tokens=9")
+    runs: list[Run] = []
+    runs += _runs("constant_reward", [
+        (task, algo, "format", seed, ("reward=format", *_steps(150)))
+        for task, algo, seed in [("sort5", "rloo", 7), ("sort3", "reinforce_pp", 8), ("arith", "grpo", 9),
+                                 ("sort4", "dr_grpo", 8)]])
+    runs += _runs("constant_reward", [
+        ("sort6", "reinforce_pp", "exact", 7, (*six, "reward=exact_match", *_steps(150))),
+        ("arithbig", "dr_grpo", "exact", 9, ("task=arithmetic", "task.max_operand=99999", *_steps(150)))])
+    runs += _learning_rates("lr_far_too_high", 150, [("sort5", "rloo", 0.07, 7), ("sort3", "reinforce_pp", 0.1, 8),
+                                                     ("arith", "rloo", 0.05, 9), ("sort4", "grpo", 0.08, 8),
+                                                     ("sort5", "dr_grpo", 0.05, 9), ("sort4", "reinforce_pp", 0.08, 7)])
+    runs += _runs("kl_coef_pins", [
+        (task, algo, f"kl{coef}", seed, (*extra, f"kl.coef={coef}", *_steps(150)))
+        for task, extra, algo, coef, seed in [
+            ("sort5", (), "dr_grpo", 8, 7), ("sort4", (), "grpo", 4, 8), ("arith", (), "grpo", 15, 9),
+            ("sort3", (), "dr_grpo", 50, 8), ("sort6", six, "grpo", 8, 9), ("sort4", (), "dr_grpo", 15, 7)]])
+    runs += _runs("no_variety", [
+        (task, algo, f"{key.split('.')[1]}{value}", seed, (f"{key}={value}", *_steps(150)))
+        for task, algo, key, value, seed in [
+            ("sort5", "rloo", "rollout.top_p", 0.04, 7), ("sort4", "reinforce_pp", "rollout.temperature", 0.04, 8),
+            ("arith", "dr_grpo", "rollout.top_p", 0.04, 9), ("sort3", "grpo", "rollout.top_p", 0.02, 7),
+            ("sort3", "reinforce_pp", "rollout.top_p", 0.03, 9), ("sort4", "grpo", "rollout.temperature", 0.04, 9)]])
+    runs += _runs("budget", [
+        (task, algo, f"mnt{budget}", seed, (*extra, f"rollout.max_new_tokens={budget}", *_steps(150)))
+        for task, extra, algo, budget, seed in [
+            ("sort5", ("task.num_digits=5",), "dr_grpo", 2, 7), ("sort5", ("task.num_digits=5",), "reinforce_pp", 4, 8),
+            ("sort6", ("task.num_digits=6",), "rloo", 3, 9), ("sort4", (), "grpo", 2, 7),
+            ("sort3", (), "reinforce_pp", 1, 8), ("sort6", ("task.num_digits=6",), "dr_grpo", 4, 8)]])
+    runs += _runs("stale_rollouts", [
+        (task, algo, f"stale{k}", seed, (*extra, f"rollout.staleness={k}", *_steps(150)))
+        for task, extra, algo, k, seed in [
+            ("sort4", (), "grpo", 5, 7), ("sort5", (), "rloo", 7, 8), ("arith", (), "dr_grpo", 5, 9),
+            ("sort3", (), "reinforce_pp", 7, 7), ("sort4", (), "dr_grpo", 3, 8), ("sort6", six, "grpo", 5, 9)]])
+    runs += _runs("critic_slow", [
+        (task, "ppo", f"clr{lr}", seed, (*extra, f"trainer.critic_lr={lr}", *_steps(150)))
+        for task, extra, lr, seed in [("sort6", six, 1e-6, 7), ("sort5", (), 3e-7, 8), ("arith", (), 1e-7, 9),
+                                      ("sort3", (), 1e-6, 8), ("sort4", (), 5e-7, 9), ("sort5", (), 5e-7, 7)]])
+    runs += _runs("warmup_too_long", [
+        (task, algo, f"wu{factor}x", seed, (*extra, f"trainer.warmup_steps={int(150 * factor)}", *_steps(150)))
+        for task, extra, algo, factor, seed in [
+            ("sort5", (), "rloo", 4, 7), ("sort3", (), "reinforce_pp", 6, 8), ("arith", (), "grpo", 4, 9),
+            ("sort6", six, "dr_grpo", 2.5, 7), ("sort4", (), "rloo", 6, 8), ("sort5", (), "dr_grpo", 2.5, 9)]])
+    runs += _runs("kl_target_tight", [
+        (task, "grpo", f"target{target}", seed,
+         (*extra, "kl.apply=reward", f"kl.controller={{name: adaptive, target: {target}, horizon: 100}}",
+          *_steps(300)))
+        for task, extra, target, seed in [("sort5", (), 1.2, 7), ("sort4", (), 0.8, 8), ("arith", (), 1.2, 9),
+                                          ("sort6", six, 1.8, 7), ("sort3", (), 1.5, 9), ("arith", (), 0.8, 7)]])
+    # judged by LR_TOO_HIGH_CRITERION against the healthy run of the same algorithm, task and seed (below)
+    runs += _learning_rates("lr_too_high", 150, [("sort4", "rloo", 0.025, 7), ("sort5", "grpo", 0.03, 8),
+                                                 ("sort4", "reinforce_pp", 0.03, 9), ("arith", "rloo", 0.025, 8),
+                                                 ("sort3", "dr_grpo", 0.03, 7), ("sort5", "reinforce_pp", 0.02, 9),
+                                                 ("sort4", "grpo", 0.025, 9), ("sort3", "rloo", 0.03, 8)])
+    presets = ("grpo", "dr_grpo", "rloo", "reinforce_pp", "gspo", "cispo", "dapo", "ppo", "remax")
+    healthy = [(task, algo, seed) for algo in presets for task, seed in (("sort4", 7), ("arith", 8), ("sort5", 9))]
+    healthy += [("sort3", algo, 8) for algo in presets]
+    healthy += [("arith", algo, 9) for algo in ("grpo", "gspo", "cispo", "dapo", "ppo", "remax")]
+    twins = [("sort5", "grpo", 8), ("sort4", "reinforce_pp", 9), ("sort3", "dr_grpo", 7), ("sort4", "grpo", 9)]
+    healthy += [twin for twin in twins if twin not in healthy]
+    runs += _runs("healthy", [(task, algo, "preset", seed, _steps(150)) for task, algo, seed in healthy])
+    names = [run.name for run in runs]
+    assert len(set(names)) == len(names), "run names must be unique"
+    return runs
+
+
+ROUNDS: dict[str, Callable[[], list[Run]]] = {"round1": build, "round2": build_round2, "round3": build_round3}
+"""Each round's set: round 1 split into halves; rounds 2 and 3 fresh held-out sets, evaluated whole."""
+
+
 LR_TOO_HIGH_CRITERION = 0.5
 """Round 2's ``lr_too_high`` run is sick when its reward/mean over its last 10 % of steps is below
 this share of the healthy run's of the same algorithm, task and seed (the learning rate cost at
@@ -349,6 +435,22 @@ ROUND2_BROKEN = {
 }
 """What round 2 breaks in each family."""
 
+ROUND3_BROKEN = {
+    "constant_reward": "`reward=format` on 4 tasks; exact match of answers a random policy never writes (sort6, "
+                       "5-digit sums)",
+    "lr_far_too_high": "`trainer.lr` 0.05-0.1 (0.08 new), RLOO, REINFORCE++ and dr_grpo on sort5 and sort3 too",
+    "kl_coef_pins": "`kl.coef` 4-50 (4, 8, 15, 50 new), on sort6 too",
+    "no_variety": "`rollout.temperature` or `rollout.top_p` 0.02-0.04 (0.04 new), REINFORCE++'s groups of one too",
+    "budget": "`rollout.max_new_tokens` below the answers' length (sort3-6 at 1-4)",
+    "lr_too_high": f"`trainer.lr` 0.02-0.03 (0.025 new), sick when its final reward is below "
+                   f"{LR_TOO_HIGH_CRITERION:g}x its healthy twin's",
+    "stale_rollouts": "`rollout.staleness` 3-7 (3, 5, 7 new), no correction",
+    "critic_slow": "PPO's `trainer.critic_lr` 1e-7-1e-6 (5e-7 new), on sort6 too",
+    "warmup_too_long": "`trainer.warmup_steps` 2.5-6x the run (2.5 and 6 new)",
+    "kl_target_tight": "an adaptive KL controller's target 0.8-1.8 nats a sequence (0.8, 1.2, 1.8 new), horizon 100",
+}
+"""What round 3 breaks in each family."""
+
 
 def half(run: Run, runs: list[Run]) -> str:
     """``tuning`` or ``held-out``: within the run's family, the runs ordered by a keyed hash of
@@ -366,7 +468,7 @@ def split_text(runs: list[Run], which: str = "round1") -> str:
     if which == "round1":
         lines = [f"# python benchmarks/doctor_recall.py split  (key {SPLIT_SEED!r}; {len(runs)} runs)"]
     else:
-        lines = [f"# python benchmarks/doctor_recall.py split --set round2  ({len(runs)} runs, all held-out; "
+        lines = [f"# python benchmarks/doctor_recall.py split --set {which}  ({len(runs)} runs, all held-out; "
                  f"lr_too_high judged sick by LR_TOO_HIGH_CRITERION = {LR_TOO_HIGH_CRITERION:g})"]
     lines += [f"{half(run, runs) if which == 'round1' else 'held-out':8s} {run.family:16s} {run.name} "
               f"{' '.join(run.overrides)}" for run in runs]
@@ -408,15 +510,15 @@ def evaluate(out: Path, which: str, markdown: bool, round_set: str = "round1") -
     """Doctor on every run of the half ``which`` (``tuning``, ``held-out`` or ``all``; round 2:
     every run): recall per family and false alarms, then one line per run that missed. Round 2's
     ``lr_too_high`` runs that :data:`LR_TOO_HIGH_CRITERION` does not call sick are left out and listed."""
-    runs = build() if round_set == "round1" else build_round2()
-    chosen = [run for run in runs if round_set == "round2" or which == "all" or half(run, runs) == which]
+    runs = ROUNDS[round_set]()
+    chosen = [run for run in runs if round_set != "round1" or which == "all" or half(run, runs) == which]
     done = [run for run in chosen if '"completed"' in _status(out / run.name)]
     if len(done) < len(chosen):
         print(f"({len(chosen) - len(done)} of the {len(chosen)} runs have not completed: left out)")
     rows: dict[str, list[int]] = {}
     misses, not_sick = [], []
     for run in done:
-        if round_set == "round2" and run.family == "lr_too_high":
+        if round_set != "round1" and run.family == "lr_too_high":
             healthy = counterpart(run, runs)
             if healthy is None or '"completed"' not in _status(out / healthy.name):
                 not_sick.append(f"{run.name}: its healthy run has not completed")
@@ -443,11 +545,11 @@ def evaluate(out: Path, which: str, markdown: bool, round_set: str = "round1") -
     sick = [ok for family, oks in rows.items() if family != "healthy" for ok in oks]
     healthy = rows.get("healthy", [])
     if markdown:
-        shown = which if round_set == "round1" else "round 2"
+        shown = which if round_set == "round1" else round_set.replace("round", "round ")
         print(f"| family (what is broken) | runs ({shown}) | named with the right cause first |\n|---|---|---|")
         for name, family in FAMILIES.items():
             oks = rows.get(name, [])
-            broken = family.broken if round_set == "round1" else ROUND2_BROKEN[name]
+            broken = {"round1": family.broken, "round2": ROUND2_BROKEN[name], "round3": ROUND3_BROKEN[name]}[round_set]
             print(f"| `{name}`: {broken} | {len(oks)} | {sum(oks)} ({sum(oks) / max(1, len(oks)):.0%}) |")
         print(f"| **all sick runs** | {len(sick)} | **{sum(sick)} ({sum(sick) / max(1, len(sick)):.0%})** |")
         alarms = len(healthy) - sum(healthy)
@@ -479,16 +581,16 @@ def main() -> None:
     ev.add_argument("--half", choices=("tuning", "held-out", "all"), default="tuning")
     ev.add_argument("--markdown", action="store_true")
     for command in (split, run, ev):
-        command.add_argument("--set", dest="round_set", choices=("round1", "round2"), default="round1",
-                             help="round1: the first set (its halves); round2: the fresh held-out set")
+        command.add_argument("--set", dest="round_set", choices=tuple(ROUNDS), default="round1",
+                             help="round1: the first set (its halves); round2, round3: fresh held-out sets")
     args = parser.parse_args()
-    runs = build() if args.round_set == "round1" else build_round2()
+    runs = ROUNDS[args.round_set]()
     if args.command == "split":
         sys.stdout.write(split_text(runs, args.round_set))
     elif args.command == "run":
         args.out.mkdir(parents=True, exist_ok=True)
         chosen = [r for r in runs if (not args.only or re.search(args.only, r.name))
-                  and (args.round_set == "round2" or args.half in ("all", half(r, runs)))]
+                  and (args.round_set != "round1" or args.half in ("all", half(r, runs)))]
         if args.round_set == "round1":
             chosen.sort(key=lambda r: half(r, runs) != "tuning")
         with ThreadPoolExecutor(max_workers=max(1, min(args.jobs, 2))) as pool:
