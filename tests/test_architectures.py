@@ -121,6 +121,63 @@ def test_fast_paths_equal_each_sequence_alone(arch: str) -> None:
 
 
 @pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
+def test_dropping_finished_rows_leaves_every_token_and_log_prob(arch: str, monkeypatch) -> None:
+    """A ragged batch: the decode loop drops finished rows (issue 46); the tokens are the full
+    batch's (one uniform per row and step either way) and the log-probs equal each sequence's own
+    forward; a cache it cannot select rows of (lfm2's conv layers) is never compacted."""
+    from rlzoo.models import decode
+
+    model = tiny_model(arch)
+    check_model(model, torch.device("cpu"))
+    ids, mask = batch()
+    budget, group = 40, 4
+    torch.manual_seed(1)
+    free = generate(model, ids, mask, max_new_tokens=budget, eos_id=-1, pad_id=TOKENIZER.pad_token_id,
+                    num_samples=group, compact=False)
+    # the token that ends the most rows early (first drawn after step 1, before the last 16 + 1 steps)
+    early = free.response_ids[:, 1:budget - decode.COMPACT_MIN_STEPS - 1]
+    eos = int(torch.stack([early.eq(v).any(-1) for v in range(len(TOKENIZER))]).sum(-1).argmax())
+    dropped: list[int] = []
+    for kind in (decode._PreallocatedLayer, transformers.cache_utils.DynamicLayer):
+        select = kind.batch_select_indices
+        monkeypatch.setattr(kind, "batch_select_indices",
+                            lambda self, indices, select=select: (dropped.append(len(indices)), select(self, indices)))
+    outputs = {}
+    for compact in (False, True):
+        torch.manual_seed(1)
+        outputs[compact] = generate(model, ids, mask, max_new_tokens=budget, eos_id=eos,
+                                    pad_id=TOKENIZER.pad_token_id, num_samples=group, compact=compact)
+    plain, compacted = outputs[False], outputs[True]
+    assert torch.equal(plain.response_ids, compacted.response_ids)
+    assert torch.equal(plain.response_mask, compacted.response_mask) and torch.equal(plain.truncated,
+                                                                                       compacted.truncated)
+    assert (plain.logp - compacted.logp).abs().max() <= 1e-5
+    lengths = plain.response_mask.sum(-1)
+    # a quarter of the rows end while 16 steps may remain, the rest later: the loop must drop rows
+    assert (lengths < budget - decode.COMPACT_MIN_STEPS).float().mean() >= decode.COMPACT_SHARE
+    assert lengths.max() > lengths.min()
+    if arch in HYBRID:
+        assert dropped == []
+    else:
+        assert dropped and all(n < len(lengths) for n in dropped)
+    prompt_ids, prompt_mask = ids.repeat_interleave(group, 0), mask.repeat_interleave(group, 0)
+    truth = reference_logprobs(model, prompt_ids, prompt_mask, compacted.response_ids, compacted.response_mask, 1.0)
+    assert (compacted.logp - truth).abs().max() <= TOLERANCE
+
+
+def test_dropping_finished_rows_without_a_cache() -> None:
+    model = tiny_model("llama")
+    ids, mask = batch()
+    outputs = {}
+    for compact in (False, True):
+        torch.manual_seed(2)
+        outputs[compact] = generate(model, ids, mask, max_new_tokens=30, eos_id=5, pad_id=TOKENIZER.pad_token_id,
+                                    num_samples=2, cache="none", compact=compact)
+    assert torch.equal(outputs[False].response_ids, outputs[True].response_ids)
+    assert (outputs[False].logp - outputs[True].logp).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHITECTURES))
 def test_two_training_steps_from_model_path(arch: str, tmp_path: Path, capsys) -> None:
     model_dir = tmp_path / "model"
     tiny_model(arch).save_pretrained(model_dir)

@@ -13,7 +13,7 @@ import inspect
 import torch
 import torch.nn.functional as F
 from transformers import PreTrainedModel
-from transformers.cache_utils import DynamicLayer
+from transformers.cache_utils import DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
 
 from rlzoo.core.batch import Generation
 from rlzoo.core.errors import TrainingError
@@ -50,6 +50,17 @@ class _PreallocatedLayer(DynamicLayer):
         self.values = self._value_buffer[..., :end, :]
         return self.keys, self.values
 
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        """Keep only the rows ``indices`` (in new buffers of the same capacity; the filled part copied)."""
+        length = self.keys.shape[-2]
+        for name in ("_key_buffer", "_value_buffer"):
+            old = getattr(self, name)
+            new = old.new_empty((len(indices), *old.shape[1:]))
+            new[..., :length, :] = old[indices, ..., :length, :]
+            setattr(self, name, new)
+        self.keys = self._key_buffer[..., :length, :]
+        self.values = self._value_buffer[..., :length, :]
+
 
 def _preallocate(past: object, capacity: int) -> None:
     """Swap the plain growing layers of a prefilled cache for :class:`_PreallocatedLayer`
@@ -64,6 +75,29 @@ def _preallocate(past: object, capacity: int) -> None:
 
 SAMPLE_BLOCK = 256
 """Vocabulary entries per block of :func:`sample_categorical`'s two-level search."""
+
+COMPACT_SHARE = 0.25
+"""The decode loop drops finished rows from the batch it computes once they are this share of it
+(a ragged batch's short answers stop costing a forward per step; each drop copies the live rows'
+KV cache once, so drops are spaced geometrically)."""
+
+COMPACT_MIN_STEPS = 16
+"""...and only while at least this many decode steps may remain (``max_new_tokens`` left): a short
+budget's few remaining steps do not pay for the copy."""
+
+_COMPACTABLE_LAYERS = (DynamicLayer, DynamicSlidingWindowLayer, _PreallocatedLayer)
+"""Cache layers whose ``batch_select_indices`` keeps exactly the selected rows' keys and values
+(a model whose cache holds any other kind, e.g. a linear-attention or static layer, is never
+compacted)."""
+
+
+def _compactable(past: object) -> bool:
+    """Whether the decode loop may drop rows of ``past`` (``None``: no cache, always)."""
+    if past is None:
+        return True
+    layers = getattr(past, "layers", None)
+    return (type(past) is DynamicCache and isinstance(layers, list)
+            and all(type(layer) in _COMPACTABLE_LAYERS for layer in layers))
 
 
 def _cache_kwarg(model: PreTrainedModel) -> str:
@@ -83,7 +117,7 @@ def _returned_cache(out: object) -> object:
     return cache if cache is not None else out.past_key_values
 
 
-def sample_categorical(probs: torch.Tensor) -> torch.Tensor:
+def sample_categorical(probs: torch.Tensor, uniform: torch.Tensor | None = None) -> torch.Tensor:
     """One index per row of ``probs`` ``(B, V)`` (non-negative, rows need not sum to 1),
     drawn with probability ``probs[b, i] / probs[b].sum()``: ``(B,)`` long.
 
@@ -94,6 +128,8 @@ def sample_categorical(probs: torch.Tensor) -> torch.Tensor:
     draws the same distribution up to float32 rounding of the block sums. An entry of
     probability 0 (outside a top-p nucleus) is never drawn.
 
+    :param uniform: ``(B, 1)`` float64 draws in ``(0, 1]`` to use instead of drawing them here
+        (the decode loop draws one per row of its whole batch and passes the live rows').
     :raises TrainingError: a row's total is not finite and positive (the policy's logits
         overflowed or hold NaN).
     """
@@ -109,7 +145,9 @@ def sample_categorical(probs: torch.Tensor) -> torch.Tensor:
                             "(the policy's logits overflowed or hold NaN); the step was stopped and no "
                             "checkpoint was written for it")
     # u in (0, total]: the first cumulative sum >= u is never that of a zero-mass entry
-    u = (1.0 - torch.rand(rows, 1, dtype=torch.float64, device=probs.device)) * block_cdf[:, -1:]
+    if uniform is None:
+        uniform = 1.0 - torch.rand(rows, 1, dtype=torch.float64, device=probs.device)
+    u = uniform * block_cdf[:, -1:]
     block = torch.searchsorted(block_cdf, u).clamp_(max=blocks - 1)                 # (B, 1)
     before = F.pad(block_cdf, (1, 0)).gather(1, block)                              # mass of earlier blocks
     inner_cdf = padded[torch.arange(rows, device=probs.device), block[:, 0]].cumsum(-1, dtype=torch.float64)
@@ -118,9 +156,12 @@ def sample_categorical(probs: torch.Tensor) -> torch.Tensor:
 
 
 def _sample(logits: torch.Tensor, temperature: float, top_p: float,
-            greedy: bool) -> tuple[torch.Tensor, torch.Tensor]:
+            greedy: bool, draws: int | None = None, live: torch.Tensor | None = None
+            ) -> tuple[torch.Tensor, torch.Tensor]:
     """One token per row of ``(B, V)`` logits and its log-prob under the distribution it
-    was drawn from: ``(token (B,), logp (B,) float32)``."""
+    was drawn from: ``(token (B,), logp (B,) float32)``. ``draws`` / ``live``: the rows are the
+    ``live`` rows of a batch of ``draws``; one uniform is drawn per row of that batch and the live
+    rows' are used, so the random stream is the uncompacted loop's."""
     if greedy or temperature == 0:
         token = logits.argmax(-1)
         return token, torch.zeros(token.shape, dtype=torch.float32, device=token.device)
@@ -131,7 +172,10 @@ def _sample(logits: torch.Tensor, temperature: float, top_p: float,
         drop = sorted_probs.cumsum(-1) - sorted_probs > top_p
         outside = torch.zeros_like(drop).scatter(-1, order, drop)
         log_probs = torch.log_softmax(log_probs.masked_fill(outside, -torch.inf), dim=-1)
-    token = sample_categorical(log_probs.exp())
+    uniform = None
+    if live is not None:
+        uniform = (1.0 - torch.rand(draws, 1, dtype=torch.float64, device=logits.device))[live]
+    token = sample_categorical(log_probs.exp(), uniform)
     return token, log_probs.gather(-1, token[:, None]).squeeze(-1)
 
 
@@ -149,6 +193,7 @@ def generate(
     greedy: bool = False,
     num_samples: int = 1,
     cache: str | None = None,
+    compact: bool = True,
 ) -> Generation:
     """Sample up to ``max_new_tokens`` tokens after each left-padded prompt.
 
@@ -158,6 +203,10 @@ def generate(
         (row ``i · num_samples + j`` is the j-th completion of prompt i).
     :param cache: how the keys and values are kept, one of :data:`rlzoo.models.head.CACHE_MODES`;
         ``None``: the mode the model's load-time check chose (:func:`rlzoo.models.head.fast_paths`).
+    :param compact: drop finished rows from the computed batch (:data:`COMPACT_SHARE`,
+        :data:`COMPACT_MIN_STEPS`) where the model's cache allows it (:func:`_compactable`);
+        the tokens drawn are the uncompacted loop's (the same uniform per row and step), their
+        log-probs equal to float32 rounding of a smaller batch's forward.
     :return: the responses and their log-probs; sampling uses torch's global RNG
         (seeded by the trainer).
     """
@@ -191,18 +240,31 @@ def generate(
     logps = torch.zeros((batch, max_new_tokens), dtype=torch.float32, device=device)
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
     length = torch.zeros(batch, dtype=torch.long, device=device)
+    live = torch.arange(batch, device=device)           # the rows of the whole batch that are computed
+    compact = compact and _compactable(past)
     steps = 0
     for t in range(max_new_tokens):
-        token, token_logp = _sample(next_logits, temperature, top_p, greedy)
-        token = torch.where(finished, torch.full_like(token, pad_id), token)
-        tokens[:, t] = token
-        logps[:, t] = torch.where(finished, torch.zeros_like(token_logp), token_logp)
-        length += (~finished).long()
-        finished |= token == eos_id
+        token, token_logp = _sample(next_logits, temperature, top_p, greedy, batch if len(live) < batch else None,
+                                    live if len(live) < batch else None)
+        done = finished[live]
+        token = torch.where(done, torch.full_like(token, pad_id), token)
+        tokens[live, t] = token
+        logps[live, t] = torch.where(done, torch.zeros_like(token_logp), token_logp)
+        length[live] += (~done).long()
+        finished[live] = done | (token == eos_id)
         steps = t + 1
         if bool(finished.all()) or t == max_new_tokens - 1:
             break
-        attention = torch.cat([attention, torch.ones((batch, 1), dtype=attention.dtype, device=device)], 1)
+        done = finished[live]
+        if compact and max_new_tokens - 1 - t >= COMPACT_MIN_STEPS and int(done.sum()) >= COMPACT_SHARE * len(live):
+            keep = (~done).nonzero().flatten()
+            live, token, attention, last_position = live[keep], token[keep], attention[keep], last_position[keep]
+            if past is None:
+                sequence = sequence[keep]
+            else:
+                past.batch_select_indices(keep)
+        rows = len(live)
+        attention = torch.cat([attention, torch.ones((rows, 1), dtype=attention.dtype, device=device)], 1)
         last_position = last_position + 1
         if past is None:                                  # no cache: the whole sequence again
             sequence = torch.cat([sequence, token[:, None]], 1)
