@@ -164,7 +164,7 @@ def test_kl_blowup_and_kl_pinned_at_the_adaptive_target() -> None:
         -1) ** (s // 7)) - (0.2 if 95 <= s <= 101 else 0.0)}
     run = record(**plateau)
     assert run.curve("kl/value").end > 1.1 * run.curve("kl/value").at(101)
-    assert detectors.late_rise(run.curve("kl/value")) < 0.1 and detectors.kl_blowup(run) == []
+    assert run.curve("kl/value").late_rise() < 0.1 and detectors.kl_blowup(run) == []
     adaptive = config(kl={"coef": 0.2, "controller": {"name": "adaptive", "target": 6.0, "horizon": 10000}})
     pinned = {**HEALTHY, "kl__sequence_sum": ramp(0.0, 6.0, 80), "kl__coef": ramp(0.2, 0.5)}
     (finding,) = detectors.kl_blowup(record(adaptive, **pinned))

@@ -114,49 +114,30 @@ def step_too_big(run: RunRecord) -> list[Finding]:
                     tuple(fixes), "warning" if costly else "note")]
 
 
-def late_rise(curve: Curve) -> float:
-    """How much a least-squares line through the last half of ``curve``'s values rises across
-    that half, as a share of the line's value at the half's start (0 when the line starts at or
-    below 0 and does not rise). Two smoothed windows at the half's ends read a plateau's noise
-    as a rise; the line reads the trend."""
-    steps, values = curve.steps[len(curve.steps) // 2:].astype(float), curve.values[len(curve.values) // 2:]
-    if len(values) < 2:
-        return 0.0
-    slope, intercept = np.polyfit(steps, values, 1)
-    start, end = intercept + slope * steps[0], intercept + slope * steps[-1]
-    return float(end / start - 1) if start > 0 else (float("inf") if end > start else 0.0)
-
-
 def kl_blowup(run: RunRecord) -> list[Finding]:
-    """KL to the reference above ``kl_blowup`` nats per token at the end, still rising (a
-    least-squares line through its last half up by more than ``kl_rise``, :func:`late_rise`)
-    while the reward gained less than ``stall_share`` over that half: the policy moves away without getting
-    better; or, with the adaptive controller, the sequence KL at its target or above (no more than ``kl_pin_band``
-    below it) on ``persist_share`` of the last half while β grew by ``kl_coef_rise``: the KL budget, not the
-    reward, sets the pace. With the adaptive controller ``kl.coef`` is only β's start, so a blow-up's fix is its
-    target, and a KL pinned at the target is the one finding (the controller is what holds the KL there)."""
+    """KL to the reference above ``kl_blowup`` nats per token at the end, still rising (a least-squares line
+    through its last half up by more than ``kl_rise``, :meth:`Curve.late_rise`) while the reward gained less than
+    ``stall_share`` over that half: the policy moves away without getting better; or, with the adaptive
+    controller, the sequence KL at its target or above (no more than ``kl_pin_band`` below it) on ``persist_share``
+    of the last half while β grew by ``kl_coef_rise``: the KL budget, not the reward, sets the pace, and that is
+    the one finding (a blow-up's fix is then the target: ``kl.coef`` is only β's start)."""
     if float(run.setting("kl.coef", 0.0) or 0.0) <= 0:
         return []
-    adaptive = run.setting("kl.controller.name") == "adaptive"
-    target = run.setting("kl.controller.target")
-    found = []
-    kl = run.curve(Tag.KL)
-    reward = run.curve(Tag.REWARD)
+    adaptive, target = run.setting("kl.controller.name") == "adaptive", run.setting("kl.controller.target")
+    found, kl, reward = [], run.curve(Tag.KL), run.curve(Tag.REWARD)
     if kl is not None and reward is not None and kl.end > limit("kl_blowup"):
-        middle = int(kl.steps[len(kl.steps) // 2])
-        rise, gain = late_rise(kl), reward.end - reward.at(middle)
+        rise, gain = kl.late_rise(), reward.end - reward.at(int(kl.steps[len(kl.steps) // 2]))
         if rise > limit("kl_rise") and gain < limit("stall_share") * run.success():
-            coef = run.setting("kl.coef")
             fixes = (((f"kl.controller.target={_scaled(target, 0.5)}", "the controller aims beta at a smaller KL"),)
                      if adaptive and target else
-                     ((f"kl.coef={_scaled(coef, 5)}", "a stronger pull towards the reference"),))
+                     ((f"kl.coef={_scaled(run.setting('kl.coef'), 5)}", "a stronger pull towards the reference"),))
             found.append(Finding(
                 "kl_blowup", "KL to the reference blowing up", (int(kl.steps[0]), int(kl.steps[-1])),
                 f"kl/value {_g(kl.start)} at the start, {_g(kl.end)} nats/token at the end (> "
                 f"{limit('kl_blowup'):g}), up {rise:.0%} over the last half (a least-squares line through it) while "
                 f"reward/mean moved {gain:+.3g}",
-                "the penalty (kl.coef) is too weak for the step size and the reward's pull" if not adaptive else
-                "the adaptive controller's target lets the KL grow faster than beta can pull it back",
+                "the adaptive controller's target lets the KL grow faster than beta can pull it back" if adaptive
+                else "the penalty (kl.coef) is too weak for the step size and the reward's pull",
                 fixes + ((f"trainer.lr={_scaled(run.setting('trainer.lr', 0.0), 0.25)}", "smaller steps"),)))
     sequence, coef_curve = run.curve(Tag.KL_SEQUENCE), run.curve(Tag.KL_COEF)
     if adaptive and target and sequence is not None and coef_curve is not None:
@@ -164,7 +145,7 @@ def kl_blowup(run: RunRecord) -> list[Finding]:
         pinned = np.mean(late / float(target) - 1 >= -limit("kl_pin_band"))
         rise = coef_curve.end / max(coef_curve.start, 1e-12)
         if pinned >= limit("persist_share") and rise >= limit("kl_coef_rise"):
-            found.append(Finding(
+            return [Finding(
                 "kl_pinned", "KL pinned at the controller's target", (int(sequence.steps[len(sequence.steps) // 2]),
                                                                        int(sequence.steps[-1])),
                 f"kl/sequence_sum at the target {float(target):g} or above it (within {limit('kl_pin_band'):.0%} "
@@ -173,8 +154,7 @@ def kl_blowup(run: RunRecord) -> list[Finding]:
                 "the adaptive controller raises beta to hold the KL at its target: the KL budget, not the "
                 "reward, limits how far the policy moves",
                 ((f"kl.controller.target={_scaled(target, 3)}", "a larger KL budget"),
-                 ("kl.controller=fixed", "a fixed beta"))))
-            return found[-1:]
+                 ("kl.controller=fixed", "a fixed beta")))]
     return found
 
 

@@ -149,6 +149,18 @@ class Curve:
         i = int(np.searchsorted(self.steps, step, side="right")) - self.window
         return float(self.smooth[max(0, min(i, len(self.smooth) - 1))])
 
+    def late_rise(self) -> float:
+        """How much a least-squares line through the last half of the values rises across that
+        half, as a share of the line's value at the half's start (0 when the line starts at or
+        below 0 and does not rise). Two smoothed windows at the half's ends read a plateau's
+        noise as a rise; the line reads the trend."""
+        steps, values = self.steps[len(self.steps) // 2:].astype(float), self.values[len(self.values) // 2:]
+        if len(values) < 2:
+            return 0.0
+        slope, intercept = np.polyfit(steps, values, 1)
+        start, end = intercept + slope * steps[0], intercept + slope * steps[-1]
+        return float(end / start - 1) if start > 0 else (float("inf") if end > start else 0.0)
+
 
 def run_config(run_dir: str | Path) -> dict[str, Any]:
     """A run directory's ``config.yaml`` as plain dicts (``{}`` when it has none), read as every
