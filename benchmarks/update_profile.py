@@ -1,6 +1,7 @@
-"""Where rlzoo's update and reference pass spend their time, op by op (issue 46, "every phase at
-its roofline"): one warm-up ``train_step`` of a benchmarks/compare_trl.py setting, then
-``--steps`` steps whose learner passes run under ``torch.profiler``; the ops' own (self) CPU
+"""Where rlzoo's rollout, update and reference pass spend their time, op by op (issue 46, "every
+phase at its roofline"): one warm-up ``train_step`` of a benchmarks/compare_trl.py setting, then
+``--steps`` steps whose rollout (the ``hf`` backend's loop) and learner passes run under
+``torch.profiler``; the ops' own (self) CPU
 time grouped into matmuls, attention, the LM head's softmax, element-wise work, copies, the
 optimizer and the rest, beside the phase's roofline (rlzoo/diagnostics/roofline.py, at the
 matmul rates and memory bandwidth measured in the same process before the steps).
@@ -104,6 +105,8 @@ def main() -> None:
         learner._logp_pass = profiled(lambda module, *_: "reference" if module is models.reference_forward else "old",
                                       learner._logp_pass)
         learner.update = profiled(lambda *_: "update", learner.update)
+        backend = trainer.sampler.backend
+        backend.generate = profiled(lambda *_, **__: "rollout", backend.generate)
         trainer.train_step()
         active[0] = True
         lengths = []
@@ -113,10 +116,11 @@ def main() -> None:
     mean = sum(lengths) / len(lengths)
     entry = {"new_tokens": mean * spec["prompts"] * spec["n"], "decode_steps": spec["new_tokens"]}
     seconds = roofline(shapes, step_work(spec, prompt_len, kl, entry), rates["float32"], bandwidth, 4)
-    phases = {"update": seconds["update"] + seconds["optimizer"], "reference": seconds.get("reference", float("nan"))}
+    phases = {"update": seconds["update"] + seconds["optimizer"], "reference": seconds.get("reference", float("nan")),
+              "rollout": seconds["prefill"] + seconds["decode"]}
     print(f"setting {args.setting}, KL {kl}, {args.threads} thread(s), {args.steps} profiled step(s) after one "
           f"warm-up; mean completion {mean:.1f} tokens; torch {torch.__version__}")
-    for key in ("update", "reference"):
+    for key in ("rollout", "update", "reference"):
         if key not in profiles:
             continue
         per_op: dict[str, float] = defaultdict(float)
@@ -131,7 +135,8 @@ def main() -> None:
         wall = walls[key] / args.steps
         print(f"\n{key}: {wall:.3f} s a step under the profiler ({walls['warm-up ' + key]:.3f} s in the warm-up "
               f"step, without it); roofline {phases.get(key, float('nan')):.3f} s (matmul FLOPs at the measured "
-              f"rates; the update's with AdamW's bytes at {bandwidth / 1e9:.1f} GB/s)")
+              f"rates; the update's with AdamW's bytes, the decode's with its weights' and KV cache's, at "
+              f"{bandwidth / 1e9:.1f} GB/s)")
         total = sum(grouped.values())
         print("| group | s | share of the ops' time |\n|---|---|---|")
         for group in [g for g, _ in GROUPS] + ["other"]:
