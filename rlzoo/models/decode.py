@@ -156,12 +156,12 @@ def sample_categorical(probs: torch.Tensor, uniform: torch.Tensor | None = None)
 
 
 def _sample(logits: torch.Tensor, temperature: float, top_p: float,
-            greedy: bool, draws: int | None = None, live: torch.Tensor | None = None
+            greedy: bool, draws: int = 0, live: torch.Tensor | None = None
             ) -> tuple[torch.Tensor, torch.Tensor]:
     """One token per row of ``(B, V)`` logits and its log-prob under the distribution it
-    was drawn from: ``(token (B,), logp (B,) float32)``. ``draws`` / ``live``: the rows are the
-    ``live`` rows of a batch of ``draws``; one uniform is drawn per row of that batch and the live
-    rows' are used, so the random stream is the uncompacted loop's."""
+    was drawn from: ``(token (B,), logp (B,) float32)``. With ``live``, the rows are those rows of
+    a batch of ``draws``: one uniform is drawn per row of that batch and the live rows' are used,
+    so the random stream is the uncompacted loop's."""
     if greedy or temperature == 0:
         token = logits.argmax(-1)
         return token, torch.zeros(token.shape, dtype=torch.float32, device=token.device)
@@ -244,8 +244,8 @@ def generate(
     compact = compact and _compactable(past)
     steps = 0
     for t in range(max_new_tokens):
-        token, token_logp = _sample(next_logits, temperature, top_p, greedy, batch if len(live) < batch else None,
-                                    live if len(live) < batch else None)
+        token, token_logp = _sample(next_logits, temperature, top_p, greedy, draws=batch,
+                                    live=live if len(live) < batch else None)
         done = finished[live]
         token = torch.where(done, torch.full_like(token, pad_id), token)
         tokens[live, t] = token
