@@ -143,8 +143,32 @@ def test_step_too_big_does_not_judge_an_importance_weight_cap() -> None:
                    trainer={"num_mini_batches": 16})
     assert detectors.step_too_big(record(cispo, **high)) == []
     ppo = config(policy_loss={"name": "ppo_clip", "clip_low": 0.2, "clip_high": 0.28}, trainer={"num_mini_batches": 16})
-    (finding,) = detectors.step_too_big(record(ppo, **high))
-    assert finding.level == "warning"                    # a flat reward
+    (finding,) = detectors.step_too_big(record(ppo, **{**high, "policy__clipfrac": lambda s: 0.15}))
+    assert finding.level == "warning"                    # a flat reward, and the clip range overrun
+
+
+def test_approx_kl_alone_under_a_clip_range_that_holds_is_a_note() -> None:
+    # DAPO on arithmetic (round 3, seed 9): 16 updates a rollout, approx-KL median 0.054 (above 0.015 on 81 % of
+    # the steps) with its clip fraction at a median 0.06, and a reward that gains 0.047 (< stall_share): its
+    # other 10 healthy runs show approx-KL medians 0.020-0.129 with clip fractions 0.042-0.096, learning
+    dapo = config(policy_loss={"name": "ppo_clip", "clip_low": 0.2, "clip_high": 0.28},
+                  trainer={"num_mini_batches": 16})
+    flat = {**HEALTHY, "policy__approx_kl": lambda s: 0.054, "policy__clipfrac": lambda s: 0.06 + 0.05 * (s % 5 == 0),
+            "reward__mean": lambda s: 0.03}
+    (finding,) = detectors.step_too_big(record(dapo, **flat))
+    assert finding.level == "note" and "policy/clipfrac stays under 0.1: the clip range holds the update" in \
+        finding.evidence
+    # the clip fraction overrun on most steps as well: a warning
+    (finding,) = detectors.step_too_big(record(dapo, **{**flat, "policy__clipfrac": lambda s: 0.11 + 0.1 * (s % 2)}))
+    assert finding.level == "warning" and "policy/clipfrac above 0.1 on 100% of the steps" in finding.evidence
+    # no clip range (a REINFORCE-style loss) holds nothing: approx-KL alone with a flat reward is a warning
+    plain = config(policy_loss={"name": "vanilla"}, trainer={"num_mini_batches": 16})
+    (finding,) = detectors.step_too_big(record(plain, **flat))
+    assert finding.level == "warning"
+    # nor does a clip range whose fraction is not read (GSPO's 3e-4)
+    gspo = config(policy_loss={"name": "gspo", "clip_low": 3e-4, "clip_high": 4e-4}, trainer={"num_mini_batches": 16})
+    (finding,) = detectors.step_too_big(record(gspo, **flat))
+    assert finding.level == "warning"
 
 
 def test_kl_blowup_and_kl_pinned_at_the_adaptive_target() -> None:

@@ -82,9 +82,9 @@ def step_too_big(run: RunRecord) -> list[Finding]:
     the policy further than the clip range (or a KL target) allows. The clip fraction of a clip
     range below ``clip_range_min`` (GSPO's) is not judged, nor a run whose clip range is wider than
     ``trust_region_max`` (CISPO's importance-weight cap: no trust region). A note while the reward rises (many
-    optimizer steps a rollout can learn faster: DAPO's 16), a warning when it is flat
-    (:func:`rlzoo.diagnostics.flat_start.reward_flat`; an entropy collapse it causes is a finding
-    of its own)."""
+    optimizer steps a rollout can learn faster: DAPO's 16), or while a clip fraction that can be read stays under
+    ``clipfrac_high`` (the clip range holds the update: approx-KL alone is DAPO's norm); a warning when it is flat
+    (:func:`rlzoo.diagnostics.flat_start.reward_flat`; an entropy collapse it causes is a finding of its own)."""
     found = []
     if not trust_region(run):
         return []
@@ -105,10 +105,12 @@ def step_too_big(run: RunRecord) -> list[Finding]:
         fewer = ("trainer.update_epochs=1" if epochs > 1 else f"trainer.num_mini_batches={max(1, minis // 4)}")
         fixes.insert(0, (fewer, f"{epochs} x {minis} optimizer steps on each rollout drift far from the policy "
                                 "that sampled it"))
-    curve, costly = found[0][1], reward_flat(run) is not None
+    held = [t for t, _, _ in found] == [Tag.APPROX_KL] and trust_region(run, True) and Tag.CLIPFRAC in run.scalars
+    curve, costly = found[0][1], reward_flat(run) is not None and not held
+    evidence += ("; the reward rises all the same" if reward_flat(run) is None else f"; {Tag.CLIPFRAC} stays under "
+                 f"{limit('clipfrac_high'):g}: the clip range holds the update" if held else "")
     return [Finding("step_too_big", "update step too big (clip fraction / approx-KL high)",
-                    (int(curve.steps[0]), int(curve.steps[-1])), evidence + ("" if costly else
-                                                                             "; the reward rises all the same"),
+                    (int(curve.steps[0]), int(curve.steps[-1])), evidence,
                     f"the learning rate ({lr:g}) or the optimizer steps per rollout ({epochs} epoch(s) x "
                     f"{minis} mini-batch(es)) move the policy past the clip range within one update",
                     tuple(fixes), "warning" if costly else "note")]
@@ -444,14 +446,12 @@ def lr_schedule_inert(run: RunRecord) -> list[Finding]:
     """A warm-up whose ``lr`` never reached ``lr_reached`` of ``trainer.lr``, or a decaying
     schedule whose ``lr`` at the run's last step (``trainer.total_steps``) is still above
     ``lr_decayed`` of its peak."""
-    curve = run.curve(Tag.LR)
-    peak_lr = float(run.setting("trainer.lr", 0.0) or 0.0)
+    curve, peak_lr = run.curve(Tag.LR), float(run.setting("trainer.lr", 0.0) or 0.0)
     if curve is None or peak_lr <= 0:
         return []
-    found = []
+    found: list[Finding] = []
     warmup, total = int(run.setting("trainer.warmup_steps", 0) or 0), int(run.setting("trainer.total_steps", 0) or 0)
-    schedule = run.setting("trainer.lr_schedule", "constant")
-    top = float(curve.values.max())
+    schedule, top = run.setting("trainer.lr_schedule", "constant"), float(curve.values.max())
     if warmup and top < limit("lr_reached") * peak_lr:
         found.append(Finding(
             "warmup_unfinished", "the warm-up never finished", (int(curve.steps[0]), int(curve.steps[-1])),

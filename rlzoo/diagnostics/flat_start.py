@@ -70,12 +70,16 @@ def _clip_ranges(run: RunRecord) -> list[float]:
             if isinstance(value, (int, float))]
 
 
-def trust_region(run: RunRecord) -> bool:
+def trust_region(run: RunRecord, clipped: bool = False) -> bool:
     """Whether the policy loss's clip range (``policy_loss.clip_low`` / ``clip_high``) is at most
     ``trust_region_max``: a PPO-style trust region that ``policy/approx_kl`` is measured against.
     A wider one caps importance weights instead (CISPO's ``clip_high`` 4: weights up to 5), and
-    its updates move the policy further by design."""
+    its updates move the policy further by design. A loss with no clip range has none to exceed
+    (``True``), unless ``clipped`` asks for a clip range that is a trust region and whose clip
+    fraction can be read (:func:`clip_fraction_reads`)."""
     ranges = _clip_ranges(run)
+    if clipped:
+        return bool(ranges) and clip_fraction_reads(run) and max(ranges) <= limit("trust_region_max")
     return not ranges or max(ranges) <= limit("trust_region_max")
 
 
