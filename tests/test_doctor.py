@@ -189,6 +189,11 @@ def test_kl_blowup_and_kl_pinned_at_the_adaptive_target() -> None:
     run = record(**plateau)
     assert run.curve("kl/value").end > 1.1 * run.curve("kl/value").at(101)
     assert run.curve("kl/value").late_rise() < 0.1 and detectors.kl_blowup(run) == []
+    # a drift of 13 % over the last half at the partial-credit ceiling (REINFORCE++ on arithmetic, round 4's tuning
+    # set: 0.67 -> 0.75) is no blow-up; 31 % (GRPO at lr 0.07 on sort5) is
+    for rise, found in ((0.13, False), (0.31, True)):
+        drift = {**stalled, "kl__value": lambda s, r=rise: 0.67 * (1 + r * max(0, s - 101) / 99)}
+        assert bool(detectors.kl_blowup(record(**drift))) is found, rise
     adaptive = config(kl={"coef": 0.2, "controller": {"name": "adaptive", "target": 6.0, "horizon": 10000}})
     pinned = {**HEALTHY, "kl__sequence_sum": ramp(0.0, 6.0, 80), "kl__coef": ramp(0.2, 0.5)}
     (finding,) = detectors.kl_blowup(record(adaptive, **pinned))

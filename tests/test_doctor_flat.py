@@ -20,7 +20,7 @@ from rlzoo.core.tags import Tag
 from rlzoo.diagnostics import detectors, flat_start
 from rlzoo.diagnostics.run_record import RunRecord
 from rlzoo.diagnostics.watch import Watch
-from rlzoo.learn.gradient_share import kl_gradient_share
+from rlzoo.learn.gradient_share import kl_advantage_share, kl_gradient_share
 from rlzoo.run.summary import summary_line
 from rlzoo.tasks.answer_lengths import answer_token_lengths, check_budget
 
@@ -199,6 +199,41 @@ def test_kl_gradient_share_by_hand() -> None:
     assert kl_gradient_share(policy, kl, logp) == pytest.approx(2.2913 / (2.2913 + 0.7906), abs=1e-4)
     assert kl_gradient_share(policy, 0.0 * logp.sum(), logp) == 0.0
     assert logp.grad is None                              # nothing accumulates
+
+
+def test_kl_advantage_share_by_hand() -> None:
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    task = torch.tensor([[0.5, 0.5, 0.0], [-1.0, 0.0, 0.0]])
+    # the KL's part of the advantages: -0.3, 0.1 on the first row, 0.4 on the second; padding ignored
+    with_kl = task + torch.tensor([[-0.3, 0.1, 99.0], [0.4, 0.0, 0.0]])
+    kl_norm, task_norm = math.sqrt(0.09 + 0.01 + 0.16), math.sqrt(0.25 + 0.25 + 1.0)   # 0.5099, 1.2247
+    assert kl_advantage_share(with_kl, task, mask) == pytest.approx(kl_norm / (kl_norm + task_norm), abs=1e-6)
+    assert kl_advantage_share(task, task, mask) == 0.0                              # no KL part
+    assert kl_advantage_share(with_kl, torch.zeros_like(task), mask) == pytest.approx(1.0)
+    assert kl_advantage_share(torch.zeros(2, 3), torch.zeros(2, 3), mask) == 0.0    # neither pulls
+
+
+def test_a_kl_in_the_reward_logs_its_share_of_the_advantages(tmp_path: Path) -> None:
+    # RLOO folds the KL into the reward: no KL term in the loss, so the share is read from the advantages
+    from rlzoo.contract.loading import build_registry, make_plugin_manager
+    from rlzoo.plan.run_input import load_run
+    from rlzoo.run.trainer import Trainer
+
+    pm = make_plugin_manager()
+    registry = build_registry(pm)
+    shares = {}
+    for coef in (0.05, 10.0, 0.0):
+        trainer = Trainer(load_run(registry, ["algo=rloo", f"kl.coef={coef}", f"run_dir={tmp_path / str(coef)}",
+                                              "logging.progress=false", "seed=3"]), pm)
+        with torch.no_grad():     # move the policy off the reference, so that the KL is not 0
+            for parameter in trainer.models.policy.parameters():
+                parameter.add_(0.05 * torch.randn(parameter.shape, generator=torch.Generator().manual_seed(1)))
+        batch = trainer.sampler.sample(16)
+        batch.scores = batch.rewards = torch.rand(len(batch), generator=torch.Generator().manual_seed(7))
+        shares[coef] = trainer.learn(batch).get(Tag.KL_GRAD_SHARE)
+        trainer.close()
+    assert shares[0.0] is None                                   # no KL, nothing to share
+    assert 0.0 < shares[0.05] < 0.2 < 0.5 < shares[10.0] < 1.0    # a coefficient 200x as large takes the pull
 
 
 def test_answer_token_lengths_and_the_budget_warning() -> None:

@@ -22,8 +22,8 @@ finding (its code names the cause, so the fix is the knob that caused it):
    persistence asked: the first updates threw the policy away from anything the reward could
    guide.
 5. ``kl_pins_policy``: ``kl/grad_share`` (the KL term's share of the pull on the sampled
-   tokens' log-probs) above ``kl_share_high`` over the run: the KL term holds the policy at the
-   reference.
+   tokens' log-probs; with the KL folded into the reward, its share of the advantages) above
+   ``kl_share_high`` over the run: the KL term holds the policy at the reference.
 
 Checks 2-5 need a flat reward: ``reward/mean`` gaining less than ``stall_share`` of the
 success score from its first window to its last; check 4 does not when its evidence is the
@@ -286,13 +286,16 @@ def kl_pins_policy(run: RunRecord) -> Finding | None:
     # the share's odds scale with beta at a given policy: aim at the healthy runs' share
     target = limit("kl_share_target")
     suggested = coef * (target / (1 - target)) / (median / max(1 - median, 1e-12))
+    in_reward = run.setting("kl.apply") == "reward"      # the share is then the KL's part of the advantages
     return Finding(
         "kl_pins_policy", "nothing is learning: the KL penalty holds the policy at the reference", _span(run),
-        f"kl/grad_share median {median:.2f} (> {limit('kl_share_high'):g}): the KL term pulls the sampled tokens' "
-        f"log-probs as hard as the advantages do" + (f"; kl/value {_g(kl.end)} nats/token at the end" if kl else "")
-        + f"; {flat}",
-        f"kl.coef={coef:g} makes the KL term's gradient outweigh the advantage term's: each step undoes what the "
-        "reward asks for",
+        f"kl/grad_share median {median:.2f} (> {limit('kl_share_high'):g}): the KL "
+        + ("penalty in the reward makes that share of the advantages" if in_reward else
+           "term pulls the sampled tokens' log-probs as hard as the advantages do")
+        + (f"; kl/value {_g(kl.end)} nats/token at the end" if kl else "") + f"; {flat}",
+        f"kl.coef={coef:g} makes the KL " + ("penalty outweigh the task reward in the advantages" if in_reward else
+                                             "term's gradient outweigh the advantage term's")
+        + ": each step undoes what the reward asks for",
         ((f"kl.coef={_round(suggested)}", f"a KL share near the healthy runs' {target:g}"),))
 
 

@@ -30,7 +30,7 @@ from rlzoo.core.errors import TrainingError, say
 from rlzoo.core.ratios import LOG_RATIO_CLAMP
 from rlzoo.models.head import fast_paths
 from rlzoo.models.logprobs import model_inputs, sum_of_squared_probs
-from rlzoo.learn.gradient_share import kl_gradient_share
+from rlzoo.learn.gradient_share import kl_advantage_share, kl_gradient_share
 from rlzoo.learn.optim import adamw, lr_factor
 from rlzoo.learn.micro_batches import computed_tokens, token_micro_batches
 from rlzoo.core.masked import masked_mean, masked_var
@@ -255,6 +255,7 @@ class Learner:
         last = (batch.response_lengths.long() - 1).clamp(min=0)
         token_rewards = torch.zeros_like(mask)
         token_rewards[has_tokens, last[has_tokens]] = batch.rewards[has_tokens]
+        task_rewards = token_rewards
         if self.plan.kl is not None and self.plan.kl.placement == "reward":
             kl = self.kl(logp=batch.old_logp, ref_logp=self._kl_target_logp(batch))
             batch.kl = torch.where(mask.bool(), kl, torch.zeros_like(kl))
@@ -270,12 +271,15 @@ class Learner:
             raise TrainingError(f"advantage {self.advantage.name!r} reads each reward function's raw scores, but "
                                 "an rlzoo_shape_rewards hook changed the rewards, which it would ignore: remove "
                                 "the shaping or make it a reward function in reward=[...]")
-        advantages, returns = self.advantage(
-            token_rewards=token_rewards, response_mask=mask, group_ids=batch.group_ids,
-            values=batch.old_values, baseline_scores=batch.baseline_scores, old_logp=batch.old_logp,
-            ref_logp=batch.ref_logp, reward_scores=batch.reward_scores, teacher_logp=batch.teacher_logp,
-            sum_pi_squared=batch.old_sum_pi_squared, reward_weights=self.reward_weights.to(mask.device))
+        given = dict(response_mask=mask, group_ids=batch.group_ids, values=batch.old_values,
+                     baseline_scores=batch.baseline_scores, old_logp=batch.old_logp, ref_logp=batch.ref_logp,
+                     reward_scores=batch.reward_scores, teacher_logp=batch.teacher_logp,
+                     sum_pi_squared=batch.old_sum_pi_squared, reward_weights=self.reward_weights.to(mask.device))
+        advantages, returns = self.advantage(token_rewards=token_rewards, **given)
         self._check_finite(advantages, "advantage estimation", self.advantage)
+        if task_rewards is not token_rewards and float(self.kl_controller.value) > 0:   # the KL is in the reward
+            task_advantages, _ = self.advantage(token_rewards=task_rewards, **given)
+            metrics[Tag.KL_GRAD_SHARE] = kl_advantage_share(advantages, task_advantages, mask)
         batch.advantages, batch.returns = advantages, returns
         metrics["advantages/mean"] = float(masked_mean(advantages, mask))
         if batch.teacher_logp is not None and batch.old_logp is not None:  # what distillation drives to 0
