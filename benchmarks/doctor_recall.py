@@ -37,6 +37,19 @@ once, whole:
     python benchmarks/doctor_recall.py split --set round3 > benchmarks/doctor_recall_round3.txt
     python benchmarks/doctor_recall.py run runs/round3 --set round3 --jobs 2
     python benchmarks/doctor_recall.py evaluate runs/round3 --set round3 --markdown
+
+Round 4 (``--set round4``): rounds 1-3 and 18 new tuning runs of a KL folded into the reward (``--set
+kl-in-reward``, seeds 1-3: that placement logs its share of the advantages as ``kl/grad_share`` since round
+4), 356 runs, were the tuning set; once its thresholds were frozen (committed), a fresh held-out set was listed
+(``benchmarks/doctor_recall_round4.txt``, committed before any of its runs was trained): seeds 10-12, every
+family at new magnitudes, GSPO and ReMax among the algorithms, and 117 runs of the presets' own settings,
+judged by outcome criteria written with them (:data:`HEALTHY_GAIN`, :data:`HEALTHY_KEPT`, :data:`FIX_GAIN`):
+
+    python benchmarks/doctor_recall.py run runs/kl-in-reward --set kl-in-reward --jobs 2   # tuning, 18 runs
+    python benchmarks/doctor_recall.py split --set round4 > benchmarks/doctor_recall_round4.txt
+    python benchmarks/doctor_recall.py run runs/round4 --set round4 --jobs 2
+    python benchmarks/doctor_recall.py fixes runs/round4 --set round4 --jobs 2     # the warned preset runs, fixed
+    python benchmarks/doctor_recall.py evaluate runs/round4 --set round4 --markdown
 """
 
 from __future__ import annotations
@@ -343,8 +356,114 @@ def build_round3() -> list[Run]:
     return runs
 
 
-ROUNDS: dict[str, Callable[[], list[Run]]] = {"round1": build, "round2": build_round2, "round3": build_round3}
-"""Each round's set: round 1 split into halves; rounds 2 and 3 fresh held-out sets, evaluated whole."""
+def build_round4() -> list[Run]:
+    """The fresh held-out set of round 4 (seeds 10-12, listed after round 4's thresholds were frozen; rounds
+    1-3 and :func:`build_kl_in_reward`, 356 runs, were its tuning set): every family again at other
+    magnitudes, tasks and algorithms (GSPO and ReMax among them; a KL in the reward in ``kl_coef_pins``), and
+    117 runs of the presets' own settings (9 presets on sort3-5 and arithmetic, 3 seeds, and on sort6), judged
+    by :data:`HEALTHY_GAIN`, :data:`HEALTHY_KEPT` and :data:`FIX_GAIN`, written before any of them was trained."""
+    six = ("task.num_digits=6", "rollout.max_new_tokens=9")
+    runs: list[Run] = []
+    runs += _runs("constant_reward", [
+        (task, algo, "format", seed, (*extra, "reward=format", *_steps(150)))
+        for task, extra, algo, seed in [("sort4", (), "gspo", 10), ("sort6", six, "grpo", 11),
+                                        ("arith", (), "rloo", 12), ("sort3", (), "remax", 10)]])
+    runs += _runs("constant_reward", [
+        ("sort6", "dr_grpo", "exact", 12, (*six, "reward=exact_match", *_steps(150))),
+        ("arithbig", "rloo", "exact", 11, ("task=arithmetic", "task.max_operand=99999", *_steps(150)))])
+    runs += _learning_rates("lr_far_too_high", 150, [
+        ("sort4", "gspo", 0.06, 10), ("sort5", "grpo", 0.09, 11), ("arith", "reinforce_pp", 0.06, 12),
+        ("sort3", "dr_grpo", 0.09, 12), ("sort4", "remax", 0.12, 11), ("sort5", "rloo", 0.12, 10)])
+    runs += _runs("kl_coef_pins", [
+        (task, algo, f"kl{coef}", seed, (*extra, f"kl.coef={coef}", *_steps(150)))
+        for task, extra, algo, coef, seed in [
+            ("sort4", (), "grpo", 6, 10), ("sort5", (), "dr_grpo", 12, 11), ("sort3", (), "grpo", 100, 12),
+            ("sort6", six, "dr_grpo", 25, 10), ("sort4", (), "rloo", 6, 11), ("arith", (), "reinforce_pp", 12, 12)]])
+    runs += _runs("no_variety", [
+        (task, algo, f"{key.split('.')[1]}{value}", seed, (*extra, f"{key}={value}", *_steps(150)))
+        for task, extra, algo, key, value, seed in [
+            ("sort4", (), "rloo", "rollout.temperature", 0.01, 10),
+            ("sort5", (), "dr_grpo", "rollout.top_p", 0.035, 11),
+            ("sort6", six, "grpo", "rollout.temperature", 0.035, 12),
+            ("arith", (), "reinforce_pp", "rollout.top_p", 0.01, 10),
+            ("sort3", (), "gspo", "rollout.temperature", 0.03, 11),
+            ("sort4", (), "remax", "rollout.top_p", 0.03, 12)]])
+    runs += _runs("budget", [
+        (task, algo, f"mnt{budget}", seed, (*extra, f"rollout.max_new_tokens={budget}", *_steps(150)))
+        for task, extra, algo, budget, seed in [
+            ("sort6", ("task.num_digits=6",), "grpo", 5, 10), ("sort5", ("task.num_digits=5",), "rloo", 1, 11),
+            ("sort4", (), "gspo", 3, 12), ("sort3", (), "remax", 2, 10),
+            ("sort6", ("task.num_digits=6",), "reinforce_pp", 2, 11),
+            ("sort5", ("task.num_digits=5",), "dr_grpo", 3, 12)]])
+    runs += _runs("stale_rollouts", [
+        (task, algo, f"stale{k}", seed, (*extra, f"rollout.staleness={k}", *_steps(150)))
+        for task, extra, algo, k, seed in [
+            ("sort4", (), "rloo", 2, 10), ("sort5", (), "reinforce_pp", 6, 11), ("arith", (), "grpo", 9, 12),
+            ("sort3", (), "dr_grpo", 2, 11), ("sort6", six, "rloo", 6, 10), ("sort4", (), "gspo", 4, 12)]])
+    runs += _runs("critic_slow", [
+        (task, "ppo", f"clr{lr}", seed, (*extra, f"trainer.critic_lr={lr}", *_steps(150)))
+        for task, extra, lr, seed in [("sort4", (), 2e-7, 10), ("sort3", (), 7e-7, 11), ("sort6", six, 2e-7, 12),
+                                      ("arith", (), 7e-7, 10), ("sort5", (), 1e-6, 12), ("sort4", (), 7e-7, 11)]])
+    runs += _runs("warmup_too_long", [
+        (task, algo, f"wu{factor}x", seed, (*extra, f"trainer.warmup_steps={int(150 * factor)}", *_steps(150)))
+        for task, extra, algo, factor, seed in [
+            ("sort4", (), "gspo", 3.5, 10), ("sort5", (), "grpo", 1.5, 11), ("arith", (), "reinforce_pp", 8, 12),
+            ("sort3", (), "remax", 3.5, 11), ("sort6", six, "rloo", 1.5, 10), ("sort4", (), "dr_grpo", 8, 12)]])
+    runs += _runs("kl_target_tight", [
+        (task, algo, f"target{target}", seed,
+         (*extra, "kl.apply=reward", f"kl.controller={{name: adaptive, target: {target}, horizon: 100}}",
+          *_steps(300)))
+        for task, extra, algo, target, seed in [
+            ("sort4", (), "grpo", 0.6, 10), ("sort5", (), "grpo", 1.4, 11), ("sort6", (*six, "kl.coef=0.04"), "dr_grpo",
+                                                                          1.0, 12),
+            ("arith", (), "grpo", 2.2, 10), ("sort3", ("kl.coef=0.04",), "dr_grpo", 0.6, 12),
+            ("sort4", (), "grpo", 2.2, 11)]])   # dr_grpo has no KL of its own: GRPO's starting beta
+    # judged by LR_TOO_HIGH_CRITERION against the healthy run of the same algorithm, task and seed (below)
+    runs += _learning_rates("lr_too_high", 150, [("sort4", "grpo", 0.028, 10), ("sort5", "rloo", 0.022, 11),
+                                                 ("sort3", "reinforce_pp", 0.028, 12), ("sort4", "dr_grpo", 0.022, 11),
+                                                 ("arith", "grpo", 0.022, 10), ("sort5", "dr_grpo", 0.028, 10),
+                                                 ("sort3", "grpo", 0.022, 11), ("sort4", "rloo", 0.028, 12)])
+    presets = ("grpo", "dr_grpo", "rloo", "reinforce_pp", "gspo", "cispo", "dapo", "ppo", "remax")
+    healthy = [(task, algo, seed) for algo in presets for task in ("sort3", "sort4", "sort5", "arith")
+               for seed in (10, 11, 12)]
+    runs += _runs("healthy", [(task, algo, "preset", seed, _steps(150)) for task, algo, seed in healthy])
+    runs += _runs("healthy", [("sort6", algo, "preset", 10, (*six, *_steps(150))) for algo in presets])
+    names = [run.name for run in runs]
+    assert len(set(names)) == len(names), "run names must be unique"
+    return runs
+
+
+HEALTHY_GAIN, HEALTHY_KEPT, FIX_GAIN = 0.1, 0.8, 1.5
+"""Round 4's outcome criteria, written with its runs before any of them was trained (rounds 1-3 called every run
+of a preset's own settings healthy). A preset run is *healthy* when its reward/mean over its last 10 % of logged
+steps is at least ``HEALTHY_GAIN`` of the success score (``eval.threshold``) above that over its first 10 % (it
+learnt a tenth of the way) and at least ``HEALTHY_KEPT`` of the highest mean of any 10 % window (it kept what it
+learnt); a warning on a healthy run is a false alarm. A preset run that is not healthy and gets a warning is
+re-trained with that finding's first fix (``fixes``); the warning is *confirmed* when the fixed run's reward/mean
+over its last 10 % is at least ``FIX_GAIN`` times the original's, *wrong* otherwise."""
+
+
+def build_kl_in_reward() -> list[Run]:
+    """Tuning runs added to round 4's tuning set (seeds 1-3, like round 1's): a KL folded into the reward
+    (RLOO, REINFORCE++, PPO, ReMax) logs its share of the advantages as ``kl/grad_share`` since round 4, and
+    no run of rounds 1-3 had it: the presets' own coefficients, and ``kl.coef`` 3-30 that pin the policy."""
+    healthy = [("sort4", "rloo", 1), ("sort4", "reinforce_pp", 2), ("sort4", "ppo", 3), ("sort4", "remax", 1),
+               ("arith", "rloo", 2), ("arith", "reinforce_pp", 1), ("arith", "ppo", 2), ("arith", "remax", 3),
+               ("sort3", "rloo", 3), ("sort5", "reinforce_pp", 3)]
+    runs = _runs("healthy", [(task, algo, "preset", seed, _steps(150)) for task, algo, seed in healthy])
+    runs += _runs("kl_coef_pins", [
+        (task, algo, f"kl{coef}", seed, (f"kl.coef={coef}", *_steps(150)))
+        for task, algo, coef, seed in [("sort4", "rloo", 3, 1), ("sort4", "reinforce_pp", 10, 2),
+                                       ("sort4", "ppo", 3, 3), ("sort4", "remax", 30, 1), ("arith", "rloo", 10, 2),
+                                       ("arith", "reinforce_pp", 30, 3), ("arith", "ppo", 10, 1),
+                                       ("sort3", "remax", 3, 2)]])
+    return runs
+
+
+ROUNDS: dict[str, Callable[[], list[Run]]] = {"round1": build, "round2": build_round2, "round3": build_round3,
+                                              "kl-in-reward": build_kl_in_reward, "round4": build_round4}
+"""Each round's set: round 1 split into halves; rounds 2-4 fresh held-out sets, evaluated whole;
+``kl-in-reward`` tuning runs of round 4."""
 
 
 LR_TOO_HIGH_CRITERION = 0.5
@@ -451,6 +570,78 @@ ROUND3_BROKEN = {
 }
 """What round 3 breaks in each family."""
 
+ROUND4_BROKEN = {
+    "constant_reward": "`reward=format` on 4 tasks (GSPO, ReMax); exact match of answers a random policy never "
+                       "writes (sort6, 5-digit sums)",
+    "lr_far_too_high": "`trainer.lr` 0.06-0.12 (0.06, 0.09, 0.12 new), GSPO and ReMax too",
+    "kl_coef_pins": "`kl.coef` 6-100 (6, 12, 25, 100 new); a KL in the reward (RLOO, REINFORCE++) new",
+    "no_variety": "`rollout.temperature` or `rollout.top_p` 0.01-0.035 (0.01, 0.035 new), GSPO and ReMax too",
+    "budget": "`rollout.max_new_tokens` below the answers' length (sort3-6 at 1-5), GSPO and ReMax too",
+    "lr_too_high": f"`trainer.lr` 0.022 and 0.028 (new), sick when its final reward is below "
+                   f"{LR_TOO_HIGH_CRITERION:g}x its healthy twin's",
+    "stale_rollouts": "`rollout.staleness` 2-9 (2, 9 new), no correction, GSPO too",
+    "critic_slow": "PPO's `trainer.critic_lr` 2e-7-1e-6 (2e-7, 7e-7 new)",
+    "warmup_too_long": "`trainer.warmup_steps` 1.5-8x the run (1.5, 3.5, 8 new)",
+    "kl_target_tight": "an adaptive KL controller's target 0.6-2.2 nats a sequence (0.6, 1.4, 2.2 new), dr_grpo "
+                       "too, horizon 100",
+}
+"""What round 4 breaks in each family."""
+
+
+def _windows(run_dir: Path) -> tuple[list[float], float]:
+    """reward/mean's means over windows of 10 % of a run's logged steps, one a step, and its success score."""
+    record = load_run(run_dir)
+    points = [v for s, v in record.scalars.get(Tag.REWARD, []) if s >= 1]
+    width = max(1, len(points) // 10)
+    return [sum(points[i:i + width]) / width for i in range(len(points) - width + 1)], record.success()
+
+
+def outcome(run_dir: Path) -> tuple[bool, str]:
+    """Round 4's outcome criterion (:data:`HEALTHY_GAIN`, :data:`HEALTHY_KEPT`) on one run: whether it holds,
+    and the figures."""
+    windows, success = _windows(run_dir)
+    first, last, best = windows[0], windows[-1], max(windows)
+    ok = last - first >= HEALTHY_GAIN * success and last >= HEALTHY_KEPT * best
+    return ok, f"reward/mean {first:.3f} -> {last:.3f} (first 10 % to last), best window {best:.3f}"
+
+
+def first_warning_fix(run_dir: Path) -> tuple[str, str] | None:
+    """``(finding code, its first fix)`` of the run's first warning-level finding that has a fix, or ``None``."""
+    (result,) = examine([run_dir])
+    found = next((f for f in result.findings if f.level == "warning" and f.fixes), None)
+    return (found.code, found.fixes[0][0]) if found else None
+
+
+def _fix_candidates(out: Path, runs: list[Run]) -> list[tuple[Run, str, str]]:
+    """The preset runs of round 4 that are not healthy by :func:`outcome` and get a warning with a fix."""
+    found = []
+    for run in runs:
+        if run.family == "healthy" and '"completed"' in _status(out / run.name) and not outcome(out / run.name)[0]:
+            warned = first_warning_fix(out / run.name)
+            if warned:
+                found.append((run, *warned))
+    return found
+
+
+def fixed_run(run: Run, fix: str) -> Run:
+    """``run`` with ``fix`` (a ``key=value`` override) applied last."""
+    return Run(f"{run.name}-fixed", run.family, (*run.overrides, fix))
+
+
+def fix_report(out: Path, runs: list[Run]) -> list[str]:
+    """One line per warned preset run that is not healthy: its warning, the fix, and whether it was confirmed."""
+    lines = []
+    for run, code, fix in _fix_candidates(out, runs):
+        fixed = out / "fixed" / fixed_run(run, fix).name
+        if '"completed"' not in _status(fixed):
+            lines.append(f"{run.name}: {code}, fix {fix}: not trained")
+            continue
+        before, after = _windows(out / run.name)[0][-1], _windows(fixed)[0][-1]
+        verdict = "confirmed" if after >= FIX_GAIN * before else "wrong"
+        lines.append(f"{run.name}: {code}, fix {fix}: reward/mean over the last 10 % {before:.3f} -> {after:.3f} "
+                     f"({verdict})")
+    return lines
+
 
 def half(run: Run, runs: list[Run]) -> str:
     """``tuning`` or ``held-out``: within the run's family, the runs ordered by a keyed hash of
@@ -470,7 +661,8 @@ def split_text(runs: list[Run], which: str = "round1") -> str:
     else:
         lines = [f"# python benchmarks/doctor_recall.py split --set {which}  ({len(runs)} runs, all held-out; "
                  f"lr_too_high judged sick by LR_TOO_HIGH_CRITERION = {LR_TOO_HIGH_CRITERION:g})"]
-    lines += [f"{half(run, runs) if which == 'round1' else 'held-out':8s} {run.family:16s} {run.name} "
+    label = "tuning" if which == "kl-in-reward" else "held-out"
+    lines += [f"{half(run, runs) if which == 'round1' else label:8s} {run.family:16s} {run.name} "
               f"{' '.join(run.overrides)}" for run in runs]
     return "\n".join(lines) + "\n"
 
@@ -516,7 +708,7 @@ def evaluate(out: Path, which: str, markdown: bool, round_set: str = "round1") -
     if len(done) < len(chosen):
         print(f"({len(chosen) - len(done)} of the {len(chosen)} runs have not completed: left out)")
     rows: dict[str, list[int]] = {}
-    misses, not_sick = [], []
+    misses, not_sick, not_healthy, apart = [], [], [], []
     for run in done:
         if round_set != "round1" and run.family == "lr_too_high":
             healthy = counterpart(run, runs)
@@ -531,6 +723,11 @@ def evaluate(out: Path, which: str, markdown: bool, round_set: str = "round1") -
         (result,) = examine([out / run.name])
         warnings = [f for f in result.findings if f.level == "warning"]
         first = result.findings[0] if result.findings else None
+        if run.family == "healthy" and round_set == "round4" and not outcome(out / run.name)[0]:
+            apart.append(not warnings)
+            not_healthy.append(f"{run.name}: {outcome(out / run.name)[1]}; "
+                               f"{', '.join(f.code for f in warnings) or 'no warning'}")
+            continue
         if run.family == "healthy":
             ok = not warnings
             shown = ", ".join(f.code for f in warnings)
@@ -549,21 +746,36 @@ def evaluate(out: Path, which: str, markdown: bool, round_set: str = "round1") -
         print(f"| family (what is broken) | runs ({shown}) | named with the right cause first |\n|---|---|---|")
         for name, family in FAMILIES.items():
             oks = rows.get(name, [])
-            broken = {"round1": family.broken, "round2": ROUND2_BROKEN[name], "round3": ROUND3_BROKEN[name]}[round_set]
+            broken = {"round1": family.broken, "round2": ROUND2_BROKEN[name], "round3": ROUND3_BROKEN[name],
+                      "round4": ROUND4_BROKEN[name]}.get(round_set, family.broken)
             print(f"| `{name}`: {broken} | {len(oks)} | {sum(oks)} ({sum(oks) / max(1, len(oks)):.0%}) |")
         print(f"| **all sick runs** | {len(sick)} | **{sum(sick)} ({sum(sick) / max(1, len(sick)):.0%})** |")
         alarms = len(healthy) - sum(healthy)
-        print(f"| healthy runs with a warning-level finding | {len(healthy)} | **{alarms} "
+        judged = " (by the outcome criterion)" if round_set == "round4" else ""
+        print(f"| healthy runs{judged} with a warning-level finding | {len(healthy)} | **{alarms} "
               f"({alarms / max(1, len(healthy)):.0%})** false alarms |")
+        if round_set == "round4":
+            print(f"| the presets' runs the criterion does not call healthy, with a warning-level finding | "
+                  f"{len(apart)} | {len(apart) - sum(apart)} |")
     else:
         for name, oks in rows.items():
             print(f"{name:16s} {sum(oks)}/{len(oks)}")
         print(f"recall {sum(sick)}/{len(sick)} = {sum(sick) / max(1, len(sick)):.1%}; false alarms "
-              f"{len(healthy) - sum(healthy)}/{len(healthy)}")
+              f"{len(healthy) - sum(healthy)}/{len(healthy)}" + (f"; not healthy by the outcome criterion "
+                                                                 f"{len(apart)}, with a warning "
+                                                                 f"{len(apart) - sum(apart)}" if apart else ""))
     for line in misses:
         print(f"missed: {line}" if markdown is False else f"<!-- missed: {line} -->")
     for line in not_sick:
         print(f"left out: {line}" if markdown is False else f"<!-- left out: {line} -->")
+    for line in not_healthy:
+        print(f"not healthy: {line}" if markdown is False else f"<!-- not healthy: {line} -->")
+    if round_set == "round4":
+        report = fix_report(out, runs)
+        confirmed = sum(line.endswith("(confirmed)") for line in report)
+        print(f"warnings on preset runs that are not healthy: {len(report)}; confirmed by their fix: {confirmed}")
+        for line in report:
+            print(f"fix check: {line}")
 
 
 def main() -> None:
@@ -576,13 +788,18 @@ def main() -> None:
     run.add_argument("--only", help="a regular expression the run names must match")
     run.add_argument("--half", choices=("tuning", "held-out", "all"), default="all",
                      help="these runs only (all: the tuning half first)")
+    fixes = sub.add_parser("fixes", help="round 4: re-train each warned preset run that is not healthy with its "
+                                          "first fix (into OUT/fixed)")
+    fixes.add_argument("out", type=Path)
+    fixes.add_argument("--jobs", type=int, default=2)
     ev = sub.add_parser("evaluate", help="doctor's recall and false alarms on a half")
     ev.add_argument("out", type=Path)
     ev.add_argument("--half", choices=("tuning", "held-out", "all"), default="tuning")
     ev.add_argument("--markdown", action="store_true")
-    for command in (split, run, ev):
+    for command in (split, run, ev, fixes):
         command.add_argument("--set", dest="round_set", choices=tuple(ROUNDS), default="round1",
-                             help="round1: the first set (its halves); round2, round3: fresh held-out sets")
+                             help="round1: the first set (its halves); round2-round4: fresh held-out sets; "
+                                  "kl-in-reward: round 4's added tuning runs")
     args = parser.parse_args()
     runs = ROUNDS[args.round_set]()
     if args.command == "split":
@@ -595,6 +812,12 @@ def main() -> None:
             chosen.sort(key=lambda r: half(r, runs) != "tuning")
         with ThreadPoolExecutor(max_workers=max(1, min(args.jobs, 2))) as pool:
             for line in pool.map(lambda r: train(r, args.out), chosen):
+                print(line, flush=True)
+    elif args.command == "fixes":
+        (args.out / "fixed").mkdir(parents=True, exist_ok=True)
+        chosen = [fixed_run(run, fix) for run, _, fix in _fix_candidates(args.out, runs)]
+        with ThreadPoolExecutor(max_workers=max(1, min(args.jobs, 2))) as pool:
+            for line in pool.map(lambda r: train(r, args.out / "fixed"), chosen):
                 print(line, flush=True)
     else:
         evaluate(args.out, args.half, args.markdown, args.round_set)
