@@ -33,7 +33,7 @@ alike. Settings (issue 6):
   (``--micro-batch`` sets another size; TRL: ``per_device_train_batch_size=2``, 16
   gradient-accumulation steps, one generation of 32 completions per optimizer step: the same
   work as rlzoo's 16 micro-batches; at 4, TRL's worker passed 8 GB). Each worker of this
-  setting is killed past 6 GB resident, with a message naming the cap (``--worker-rss-gb``
+  setting is killed past 10 GB resident, with a message naming the cap (``--worker-rss-gb``
   changes it, 0 lifts it). ``--padding-only N`` runs only N of rlzoo's rollouts, nothing
   timed, and prints their length spread and each layout's padding share (minutes, not the
   hour a step of both systems takes on 2 cores). The
@@ -107,9 +107,10 @@ SETTINGS = {
                     systems=["rlzoo", "rlzoo-bf16", "trl", "trl-bf16"]),
     # answers of 2 to 256 tokens: padding is most of what a padded pass computes; micro-batches of 2
     # sequences in both systems (TRL's worker passed 8.3 GB at 4, 2026-11-29); worker_rss_gb: each
-    # worker is killed, with a message, past 6 GB resident (--worker-rss-gb changes or lifts it)
+    # worker is killed, with a message, past 10 GB resident (--worker-rss-gb changes or lifts it): at
+    # micro-batches of 2 TRL's peak was 5.9-6.2 GB and rlzoo's 4.7, so both workers stay under 24 GB
     "ragged": dict(model="smollm2", data="ragged", prompts=4, n=8, new_tokens=256, kls=[0.04], micro_batch=2,
-                   trl_micro_batch=2, lr=1e-5, systems=["rlzoo", "trl"], worker_rss_gb=6),
+                   trl_micro_batch=2, lr=1e-5, systems=["rlzoo", "trl"], worker_rss_gb=10),
     # SmolLM2-135M's shape built from config (random weights, 49,152 dummy words): benchmarks/gpu_bench.py's
     "smollm2-shape": dict(arch="llama", hidden=576, layers=30, heads=9, kv_heads=3, intermediate=1536,
                           vocab=49_152, prompts=8, n=8, new_tokens=128, kls=[0.04], micro_batch=64, lr=1e-5),
