@@ -75,6 +75,29 @@ def test_a_difference_is_paired_by_prompt_and_its_verdict_says_better() -> None:
     assert worse.verdict == "worse" and worse.interval.value == pytest.approx(b.mean() - a.mean())
 
 
+def test_several_groups_against_the_baseline_get_a_family_wise_verdict() -> None:
+    a, b = _tables()
+    c = b | (np.random.default_rng(7).random((3, 40)) < 0.12)   # c a little better than b: 0.075
+    runs = [_run(f"{name}{s}", name, s, table[s]) for name, table in (("a", a), ("b", b), ("c", c)) for s in range(3)]
+    comparison = compare_groups(group_runs(runs), baseline=["algo=b"])
+    assert comparison.family_level == pytest.approx(0.975)        # 1 - 0.05 / 2 groups against the baseline
+    final = {d.group.label: d for d in comparison.differences if d.metric.name == "eval acc"}
+    expected = paired_contrast([c.astype(float), b.astype(float)], [1.0, -1.0]).interval(0.975)
+    assert final["algo=c"].familywise == expected and final["algo=c"].familywise.value == pytest.approx(0.075)
+    # resolved alone at 95 % ([0.015, 0.135]), not at 97.5 % ([-0.004, 0.154]): the family line says so
+    assert final["algo=c"].resolved and not final["algo=c"].familywise.excludes_zero
+    assert final["algo=a"].familywise.excludes_zero
+    assert all(d.familywise is None for d in comparison.differences if d.metric.name != "eval acc")
+    text = differences(comparison)
+    assert "Family-wise (2 groups against the baseline in eval acc; Bonferroni: each interval at 97.5%" in text
+    assert "  - algo=c: not resolved family-wise, 97.5% CI [−0.004, 0.154] (resolved alone at 95%)" in text
+    assert "  - algo=a: better, 97.5% CI [0.121, 0.495]" in text
+    assert as_dict(comparison)["differences"][0]["familywise_interval"]["level"] == pytest.approx(0.975)
+    # two groups: one comparison, nothing to correct
+    two = compare_groups(_groups(a, b), baseline=["algo=b"])
+    assert two.family_level is None and "Family-wise" not in differences(two)
+
+
 def test_without_a_baseline_the_best_group_is_it() -> None:
     a, b = _tables()
     assert compare_groups(_groups(a, b)).baseline.label == "algo=a"

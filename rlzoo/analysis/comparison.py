@@ -162,6 +162,9 @@ class Difference:
     seeds_min_effect: int | None
     prompts_min_effect: int | None
     verdict: str
+    familywise: Interval | None = None
+    """With several groups against the baseline, the primary metric's final difference at the family-wise level
+    (:attr:`Comparison.family_level`); ``None`` otherwise."""
 
     @property
     def resolved(self) -> bool:
@@ -178,12 +181,15 @@ def _improvement(x: np.ndarray, y: np.ndarray, metric: Metric, level: float) -> 
 
 
 def difference(group: Group, baseline: Group, metric: Metric, level: float = LEVEL, min_effect: float | None = None,
-               paired: bool = True) -> Difference:
-    """``group`` − ``baseline`` in ``metric``, with its verdict (see :func:`verdict`)."""
+               paired: bool = True, family_level: float | None = None) -> Difference:
+    """``group`` − ``baseline`` in ``metric``, with its verdict (see :func:`verdict`) and, given
+    ``family_level``, its interval at that level too (:attr:`Difference.familywise`)."""
     contrast = contrast_of([group, baseline], [1.0, -1.0], metric, paired)
     interval = contrast.interval(level) if contrast is not None else None
+    familywise = contrast.interval(family_level) if contrast is not None and family_level else None
     if interval is not None and metric.share:
         interval = interval.within(-1.0, 1.0)
+        familywise = familywise.within(-1.0, 1.0) if familywise is not None else None
     x, y = (np.array([v for v in (run_value(r, metric) for r in g.runs) if v is not None]) for g in (group, baseline))
     observed = observed_prompts = None
     plannable = metric.summary != "best"  # a maximum over evaluations: no variance model to project
@@ -200,7 +206,7 @@ def difference(group: Group, baseline: Group, metric: Metric, level: float = LEV
     diff = Difference(group=group, baseline=baseline, metric=metric, interval=interval, paired=by_prompt,
                       improvement=_improvement(x, y, metric, level), seeds_observed=observed,
                       prompts_observed=observed_prompts,
-                      seeds_min_effect=wanted, prompts_min_effect=prompts, verdict="")
+                      seeds_min_effect=wanted, prompts_min_effect=prompts, verdict="", familywise=familywise)
     diff.verdict = verdict(diff, contrast, min_effect)
     return diff
 
@@ -262,6 +268,9 @@ class Comparison:
     """Per group: the IQM of the runs' final greedy accuracy (the training reward without
     evaluation) with its bootstrap interval."""
     notes: list[str] = field(default_factory=list)
+    family_level: float | None = None
+    """With k ≥ 3 groups, the level of each of the k − 1 primary-metric final differences that makes them hold
+    together at :attr:`level` (Bonferroni: 1 − (1 − level) / (k − 1)); ``None`` with two groups."""
 
 
 def parse_baseline(groups: list[Group], items: list[str]) -> Group:
@@ -344,13 +353,15 @@ def compare_groups(groups: list[Group], primary: str = "eval/greedy_accuracy", b
     singles = [g.label for g in groups if len(g.runs) == 1]
     if singles:
         notes.append(f"one run in {', '.join(singles)}: its interval covers the held-out prompts only, not seeds")
-    differences = [difference(g, base, m, level, min_effect if m.tag == primary else None, pairs.get(id(g), False))
+    family = 1 - (1 - level) / (len(groups) - 1) if len(groups) >= 3 else None
+    differences = [difference(g, base, m, level, min_effect if m.tag == primary else None, pairs.get(id(g), False),
+                              family if m.tag == primary and m.summary == "final" else None)
                    for g in groups if g is not base for m in verdict_metrics(primary)]
     accuracy = first if primary == "reward/mean" else metrics[0]  # the table's IQM column: eval acc
     final = [estimate(g, accuracy, level) for g in groups]
     iqms = [_iqm(e.values, level) if len(e.values) >= IQM_RUNS else None for e in final]
     return Comparison(groups=groups, estimates=estimates, metrics=metrics, baseline=base, primary=primary,
-                      level=level, differences=differences, iqms=iqms, notes=notes)
+                      level=level, differences=differences, iqms=iqms, notes=notes, family_level=family)
 
 
 def _iqm(values: np.ndarray, level: float) -> tuple[float, float, float]:
@@ -372,8 +383,8 @@ def as_dict(comparison: Comparison) -> dict[str, Any]:
                 "run_values": e.values.tolist(), **({"reached": e.reached} if e.reached is not None else {})}
 
     return {
-        "level": comparison.level, "primary": comparison.primary, "baseline": comparison.baseline.label,
-        "notes": comparison.notes,
+        "level": comparison.level, "family_level": comparison.family_level, "primary": comparison.primary,
+        "baseline": comparison.baseline.label, "notes": comparison.notes,
         "groups": [{"label": g.label, "values": g.values, "runs": [str(r.run_dir) for r in g.runs],
                     "metrics": {m: estimate_dict(es[i]) for m, es in comparison.estimates.items()},
                     "iqm": dict(zip(("value", "low", "high"), comparison.iqms[i])) if comparison.iqms[i] else None}
@@ -384,6 +395,7 @@ def as_dict(comparison: Comparison) -> dict[str, Any]:
                          "prompts_observed": d.prompts_observed,
                          "p_improvement": dict(zip(("value", "low", "high"), d.improvement)) if d.improvement
                          else None, "seeds_observed": d.seeds_observed, "seeds_min_effect": d.seeds_min_effect,
-                         "prompts_min_effect": d.prompts_min_effect, "resolved": d.resolved, "verdict": d.verdict}
+                         "prompts_min_effect": d.prompts_min_effect, "resolved": d.resolved, "verdict": d.verdict,
+                         "familywise_interval": d.familywise.as_dict() if d.familywise else None}
                         for d in comparison.differences],
     }

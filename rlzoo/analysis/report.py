@@ -156,7 +156,32 @@ def differences(comparison: Comparison) -> str:
         lines.append(f"{comparison.primary} at the last evaluation: " + "; ".join(
             f"{g.label} {interval_text(e.interval)}" for g, e in zip(comparison.groups,
                                                                     comparison.estimates[comparison.primary])))
-    return "\n".join([*lines, *(f"- {difference_line(d)}" for d in comparison.differences), *notes])
+    return "\n".join([*lines, *(f"- {difference_line(d)}" for d in comparison.differences),
+                      *familywise_lines(comparison), *notes])
+
+
+def familywise_lines(comparison: Comparison) -> list[str]:
+    """With k ≥ 3 groups: which of the k − 1 primary-metric verdicts hold together at the comparison's level
+    (each interval at the Bonferroni level excludes 0 as well), and which do not; nothing with two groups."""
+    family = [d for d in comparison.differences if d.familywise is not None]
+    if comparison.family_level is None or not family:
+        return []
+    head = (f"Family-wise ({len(family)} groups against the baseline in {family[0].metric.name}; Bonferroni: each "
+            f"interval at {percent(comparison.family_level)}, so that all {len(family)} hold together at "
+            f"{percent(comparison.level)}; the other metrics' lines are not corrected):")
+    lines = []
+    for diff in family:
+        iv, label = diff.familywise, diff.group.label
+        interval = f"{percent(iv.level)} CI [{number(iv.low)}, {number(iv.high)}]"
+        if iv.excludes_zero:
+            words = "better" if (iv.value > 0) == diff.metric.higher_is_better else "worse"
+            lines.append(f"  - {label}: {words}, {interval}")
+        elif diff.resolved:
+            lines.append(f"  - {label}: not resolved family-wise, {interval} (resolved alone at "
+                         f"{percent(comparison.level)})")
+        else:
+            lines.append(f"  - {label}: not resolved, {interval}")
+    return [head, *lines]
 
 
 def write_report(out: Path, comparison: Comparison, text: str, figures: list[str], runs: list[Path]) -> Path:
