@@ -141,6 +141,10 @@ def forest(comparison: Comparison, out: Path, min_effect: float | None = None) -
             ax.errorbar([iv.value], [y], xerr=[[iv.value - iv.low], [iv.high - iv.value]], fmt="o", capsize=3,
                         color="tab:blue" if diff.resolved else "tab:gray",
                         markerfacecolor="tab:blue" if diff.resolved else "white")
+            if diff.familywise is not None:    # the Bonferroni interval, thin, just below
+                fw = diff.familywise
+                ax.errorbar([fw.value], [y + 0.22], xerr=[[fw.value - fw.low], [fw.high - fw.value]], fmt="none",
+                            capsize=2, linewidth=0.8, color="tab:orange" if fw.excludes_zero else "tab:gray")
         if all(d.interval is None for d in rows):
             ax.text(0.5, 0.5, "not computed", transform=ax.transAxes, ha="center", va="center", color="tab:gray")
         ax.axvline(0, color="black", linewidth=1)
@@ -153,7 +157,11 @@ def forest(comparison: Comparison, out: Path, min_effect: float | None = None) -
         ax.invert_yaxis()
         ax.set_title(f"{name}: − {comparison.baseline.label}", fontsize=9)
         ax.grid(alpha=0.3, axis="x")
-    fig.suptitle(f"differences to the baseline, {comparison.level:.0%} intervals (filled: resolved)", fontsize=10)
+        ax.xaxis.set_major_locator(plt.MaxNLocator(nbins=5))     # long tick labels (-0.075) must not overlap
+    family = (f"; thin below: family-wise, {100 * comparison.family_level:.4g}% (orange: resolved)"
+              if comparison.family_level else "")
+    fig.suptitle(f"differences to the baseline, {comparison.level:.0%} intervals (filled: resolved){family}",
+                 fontsize=10)
     fig.tight_layout()
     return _save(plt, fig, out)
 
