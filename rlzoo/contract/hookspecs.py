@@ -113,8 +113,11 @@ def rlzoo_register_advantage_estimators(register: Register) -> None:
     weight, e.g. ``gdpo``), ``teacher_logp`` (a teacher model, e.g. ``opd``),
     ``sum_pi_squared`` (Σ_v π_old(v)² per token, e.g. ``optimal_token_baseline``). It must
     return ``(advantages, returns)``, both ``(B, T)`` float, zero on padding. Estimators
-    are pure tensor functions: no gradient flows through them. Under torchrun they see
-    this process's whole groups and run inside ``rlzoo.core.distributed.batch_statistics()``.
+    are pure tensor functions: no gradient flows through them, and no state is kept between
+    calls (with a KL folded into the reward the engine calls one a second time a step, on the
+    task reward alone, to log the KL's share of the advantages: ``kl/grad_share``). Under
+    torchrun they see this process's whole groups and run inside
+    ``rlzoo.core.distributed.batch_statistics()``.
     """
 
 
