@@ -282,3 +282,31 @@ def test_a_run_says_where_it_writes_and_what_to_run_next(capsys, tmp_path: Path)
     assert main(["train", f"resume={run_dir}", "trainer.total_steps=3"]) == 0
     first = capsys.readouterr().out.splitlines()[0]
     assert first == f"rlzoo: resuming from step 2 in {run_dir} (tensorboard --logdir {run_dir})"
+
+
+def test_a_non_finite_policy_gradient_says_what_fed_it(tmp_path: Path) -> None:
+    # an adaptive KL controller with a tight target grows beta without bound (x 1.128 a step at horizon 100):
+    # round 4 of benchmarks/doctor_recall.py had one run stop at step 240 with beta 1.4e19, advantages 1.3e10
+    from rlzoo.contract.loading import build_registry, make_plugin_manager
+    from rlzoo.core.errors import TrainingError
+    from rlzoo.learn.learner import check_finite
+    from rlzoo.plan.run_input import load_run
+    from rlzoo.run.trainer import Trainer
+
+    pm = make_plugin_manager()
+    overrides = ["algo=grpo", "kl.apply=reward", "kl.coef=0.04", "kl.controller={name: adaptive, target: 1.0, "
+                 "horizon: 100}", f"run_dir={tmp_path}", "logging.progress=false"]
+    trainer = Trainer(load_run(build_registry(pm), overrides), pm)
+    batch = trainer.sampler.sample(8)
+    batch.scores = batch.rewards = (torch.arange(len(batch)) % 2).float()
+    trainer.learner.prepare(batch)
+    trainer.learner.kl_controller.value = 1.4e19
+    largest = float(batch.advantages.abs().max())
+    scales = trainer.learner._scales(batch)
+    trainer.close()
+    assert scales == (f"the batch's advantages reach {largest:.3g} and the KL coefficient is 1.4e+19 (the KL "
+                      "controller's, from kl.coef=0.04)")
+    with pytest.raises(TrainingError, match=r"^non-finite value in policy gradient \(component 'ppo_clip' .*\); "
+                                            r"the batch's advantages reach .* the KL coefficient is 1\.4e\+19 .*; "
+                                            r"the step was stopped"):
+        check_finite(torch.tensor(float("inf")), "policy gradient", trainer.learner.policy_loss, scales)

@@ -46,11 +46,12 @@ def non_finite(stage: str, component: BoundComponent) -> str:
             f"rlzoo.api.check_component(registry.get({c.kind!r}, {c.name!r})) tests it on its kind's edge cases)")
 
 
-def check_finite(value: torch.Tensor, stage: str, component: BoundComponent) -> None:
-    """:raises TrainingError: ``value`` holds NaN or inf (the stage and component named)."""
+def check_finite(value: torch.Tensor, stage: str, component: BoundComponent, detail: str | None = None) -> None:
+    """:raises TrainingError: ``value`` holds NaN or inf (the stage and component named, and ``detail``: what
+    fed it)."""
     if not bool(torch.isfinite(value).all()):
-        raise TrainingError(f"{non_finite(stage, component)}; the step was stopped and no checkpoint was "
-                            "written for it")
+        raise TrainingError(f"{non_finite(stage, component)}{f'; {detail}' if detail else ''}; the step was stopped "
+                            "and no checkpoint was written for it")
 
 
 def mismatch_metrics(old_logp: torch.Tensor, rollout_logp: torch.Tensor,
@@ -308,7 +309,7 @@ class Learner:
                 policy_loss = functools.partial(self._policy_loss, counts=counts, means=means)
                 self._accumulate(models.policy_forward, mini, policy_loss)
                 grad_norms.append(self._clip_and_step(models.policy, self.optimizer, "policy gradient",
-                                                      self.policy_loss))
+                                                      self.policy_loss, lambda: self._scales(batch)))
                 if models.critic is not None:
                     self._critic_step(mini, means)
         metrics = means.result(self.dist)
@@ -344,18 +345,32 @@ class Learner:
                 (loss * self.dist.world).backward()  # DDP averages over ranks; counts are global
 
     def _clip_and_step(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, stage: str,
-                       component: BoundComponent) -> float:
-        """Clip the gradient norm to the plan's ``max_grad_norm`` (``None``: no clipping), refuse a non-finite one,
-        step; returns the norm before clipping."""
+                       component: BoundComponent, scales: Callable[[], str] | None = None) -> float:
+        """Clip the gradient norm to the plan's ``max_grad_norm`` (``None``: no clipping), refuse a non-finite one
+        (saying what fed it: ``scales``), step; returns the norm before clipping."""
         max_norm = self.plan.optimizer.max_grad_norm
         norm = distributed.local_value(torch.nn.utils.clip_grad_norm_(
             model.parameters(), math.inf if max_norm is None else max_norm))  # null: measure, never clip
+        detail = scales() if scales is not None and not bool(torch.isfinite(norm)) else None
         if self.dist.enabled and not bool(torch.isfinite(norm)):
             # the gradients were all-reduced: every rank has this non-finite norm and is here
-            distributed.raise_failures(self.failure, self.dist, fallback=non_finite(stage, component))
-        check_finite(norm, stage, component)
+            fallback = non_finite(stage, component) + (f"; {detail}" if detail else "")
+            distributed.raise_failures(self.failure, self.dist, fallback=fallback)
+        check_finite(norm, stage, component, detail)
         optimizer.step()
         return float(norm)
+
+    def _scales(self, batch: RolloutBatch) -> str:
+        """The sizes that feed the policy gradient, for an error: the batch's largest advantage and the KL
+        coefficient (an adaptive controller's current one)."""
+        parts = []
+        if batch.advantages is not None:
+            parts.append(f"the batch's advantages reach {float(batch.advantages.abs().max()):.3g}")
+        if self.plan.kl is not None and float(self.kl_controller.value) > 0:
+            adapted = f" (the KL controller's, from kl.coef={self.plan.kl.coef:g})" if self.plan.kl.controller_updates \
+                else ""
+            parts.append(f"the KL coefficient is {float(self.kl_controller.value):.3g}{adapted}")
+        return " and ".join(parts)
 
     def _policy_loss(self, mb: RolloutBatch, counts: dict[str, BatchCounts], means: _WeightedMeans) -> torch.Tensor:
         """This micro-batch's share of the mini-batch loss (aggregated by global ``counts``)."""
