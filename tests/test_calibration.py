@@ -5,14 +5,12 @@ with more comparisons; docs/compare.md quotes its tables)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from benchmark_scripts import load_benchmark
 
-SCRIPT = Path(__file__).parents[1] / "benchmarks" / "interval_calibration.py"
 REAL = Path(__file__).parent / "data" / "aa_records_default.npz"
 SIMS = 1200
 """Comparisons per case: a calibrated 95% interval covers in 93.8–96.2% of them with
@@ -20,15 +18,7 @@ probability 0.95 (binomial), so the test's 93–97% band is failed by chance abo
 a thousand cases; the seeds are fixed, so the outcome never changes without the code."""
 
 
-def _calibration():
-    spec = importlib.util.spec_from_file_location("interval_calibration", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-CAL = _calibration()
+CAL = load_benchmark("interval_calibration")
 
 
 @pytest.mark.parametrize("runs", [2, 3, 5])

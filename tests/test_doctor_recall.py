@@ -4,27 +4,18 @@ it; a warning on one that is not is confirmed when its first fix lifts the rewar
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
+from benchmark_scripts import load_benchmark
 from torch.utils.tensorboard import SummaryWriter
 
-SCRIPT = Path(__file__).parents[1] / "benchmarks" / "doctor_recall.py"
+LISTINGS = Path(__file__).parents[1] / "benchmarks"
 
 
-def _script():
-    spec = importlib.util.spec_from_file_location("doctor_recall", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-DR = _script()
+DR = load_benchmark("doctor_recall")
 CONFIG = {"trainer": {"lr": 5e-4, "update_epochs": 1, "num_mini_batches": 1, "total_steps": 100, "warmup_steps": 0,
                       "lr_schedule": "constant", "max_grad_norm": 1.0},
           "rollout": {"n": 8, "max_new_tokens": 7, "temperature": 1.0, "top_p": 1.0, "staleness": 0},
@@ -48,7 +39,7 @@ def _run(run_dir: Path, reward, steps: int = 100, **curves) -> Path:
 
 @pytest.mark.parametrize("which", ["round2", "round3", "round4"])
 def test_the_committed_listing_is_the_set_the_script_builds(which: str) -> None:
-    listing = (SCRIPT.parent / f"doctor_recall_{which}.txt").read_text()
+    listing = (LISTINGS / f"doctor_recall_{which}.txt").read_text()
     assert listing == DR.split_text(DR.ROUNDS[which](), which)
 
 

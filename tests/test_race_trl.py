@@ -1,22 +1,16 @@
 """benchmarks/race_trl.py: the learning race of rlzoo against TRL's GRPOTrainer, on a tiny
 model (the real race runs SmolLM2; see the script's docstring)."""
 
-import importlib.util
 import string
-import sys
 from pathlib import Path
 
 import pytest
+from benchmark_scripts import load_benchmark
 
-SCRIPT = Path(__file__).parents[1] / "benchmarks" / "race_trl.py"
 
 
 def load_race():
-    spec = importlib.util.spec_from_file_location("race_trl", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["race_trl"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("race_trl")
 
 
 @pytest.fixture(scope="module")

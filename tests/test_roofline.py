@@ -9,18 +9,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from benchmark_scripts import load_benchmark
 
 BENCHMARKS = Path(__file__).parents[1] / "benchmarks"
 
 
-def load(name: str):
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, BENCHMARKS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+load = load_benchmark
 
 
 def tiny_llama(path: Path, hidden: int = 8, layers: int = 1, heads: int = 2, kv_heads: int = 1,
@@ -352,4 +346,4 @@ def test_a_worker_past_its_rss_cap_is_killed_and_one_under_it_is_not():
     assert small.wait(timeout=25) == 0 and cap.killed_at_mb is None
     caps = [compare.worker_rss_cap_gb(argparse.Namespace(setting=setting, worker_rss_gb=given))
             for setting, given in (("ragged", None), ("smollm2", None), ("ragged", 0.0), ("tiny", 3.0))]
-    assert caps == [6, None, None, 3.0]
+    assert caps == [10, None, None, 3.0]

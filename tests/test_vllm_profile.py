@@ -9,15 +9,13 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from benchmark_scripts import load_benchmark
 
 SCRIPT = Path(__file__).parents[1] / "benchmarks" / "vllm_profile.py"
 
 
 def load_profile():
-    spec = importlib.util.spec_from_file_location("vllm_profile", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("vllm_profile")
 
 
 def test_linear_shapes_are_vllms_fused_layers_of_smollm2() -> None:
