@@ -96,6 +96,19 @@ def test_no_variety_names_the_sampling_knob_that_was_set() -> None:
     assert codes(record(**greedy)) == ["constant_reward"]
 
 
+def test_groups_that_agree_all_run_name_the_sampling_knob_though_the_reward_drifts_up() -> None:
+    # round 4 (post hoc): GSPO at temperature 0.03 on sort3: every group's completions scored alike on every
+    # step, the entropy 0.005, and the greedy completions drifted from reward 0 to 0.1 (not flat)
+    drift = {**FLAT, "entropy": lambda s: 0.005, "reward__zero_std_frac": lambda s: 1.0,
+             "reward__mean": lambda s: 0.1 * min(1.0, s / 50)}
+    (finding,) = detectors.diagnose(record(config(rollout={"temperature": 0.03}), **drift))[:1]
+    assert finding.code == "no_variety" and finding.fixes[0][0] == "rollout.temperature=1.0"
+    assert "reward/zero_std_frac median 1.00 over the run" in finding.evidence
+    # groups that disagree later in the run (it learns to explore again): the reward's rise is learning
+    later = {**drift, "reward__zero_std_frac": lambda s: 1.0 if s <= 20 else 0.3}
+    assert "no_variety" not in codes(record(config(rollout={"temperature": 0.03}), **later))
+
+
 def test_a_nucleus_of_one_token_is_named_when_groups_hold_one_completion() -> None:
     # REINFORCE++ (one completion a prompt) at top_p 0.05 (round 2 of benchmarks/doctor_recall.py): no
     # group to compare, the full distribution's entropy (2.67), no completion ever scores; the sampler
@@ -173,6 +186,24 @@ def test_a_kl_coefficient_that_pins_the_policy() -> None:
     # odds 0.44 / 0.56 = 0.786 down to 0.02 / 0.98 = 0.0204: 10 x 0.0204 / 0.786 = 0.260
     assert finding.code == "kl_pins_policy" and finding.fixes[0][0] == "kl.coef=0.3"
     assert "kl/grad_share median 0.44" in finding.evidence
+
+
+def test_a_kl_share_is_not_the_cause_under_a_growing_adaptive_beta_or_beside_a_critic_that_tracks_nothing() -> None:
+    # round 4 (post hoc): GRPO with a tight adaptive target, its beta grown 1e20x, and PPO with trainer.critic_lr
+    # 2e-7 (its critic 97 % below the mean return) were named kl_pins_policy, with kl.coef as the fix
+    pinned = {**FLAT, "kl__grad_share": lambda s: 0.9, "kl__value": lambda s: 0.16}
+    adaptive = config(kl={"coef": 0.04, "apply": "reward", "controller": {"name": "adaptive", "target": 1.0,
+                                                                           "horizon": 100}})
+    assert flat_start.kl_pins_policy(record(adaptive, **pinned)) is not None              # beta never moved
+    grown = flat_start.kl_pins_policy(record(adaptive, **pinned, kl__coef=lambda s: 0.04 * 1.1 ** s))
+    assert grown is None
+    critic = config(kl={"coef": 0.2, "apply": "reward"})
+    blind = {**pinned, "value__vpred_mean": lambda s: 0.002, "value__returns_mean": lambda s: 0.07}
+    assert flat_start.kl_pins_policy(record(critic, **blind)) is None
+    assert [f.code for f in detectors.diagnose(record(critic, **blind, value__loss=lambda s: 0.008,
+                                                      value__explained_var=lambda s: 0.0))][0] == "critic_lagging"
+    tracking = {**blind, "value__vpred_mean": lambda s: 0.0699}
+    assert flat_start.kl_pins_policy(record(critic, **tracking)).code == "kl_pins_policy"
 
 
 def test_a_budget_below_every_answer() -> None:

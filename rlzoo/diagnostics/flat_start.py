@@ -169,6 +169,10 @@ def no_variety(run: RunRecord) -> Finding | None:
     mismatch = first_values(run, Tag.MISMATCH)
     tiny, alike, narrow = samples_alike(run)
     flat = reward_flat(run)
+    same_all = run.curve(Tag.ZERO_STD_GROUPS)
+    if flat is None and alike and same_all is not None and float(np.median(same_all.values)) >= limit("same_samples"):
+        flat = (f"reward/zero_std_frac median {float(np.median(same_all.values)):.2f} over the run: a group-relative "
+                "advantage is 0 on nearly every group, whatever the reward's level")  # its rise is the greedy drift
     if not knobs or not (tiny or alike or narrow) or flat is None:
         return None
     steps = f"steps 1-{max(len(entropy), len(same), len(mismatch))}"
@@ -273,11 +277,20 @@ def early_step_too_big(run: RunRecord) -> Finding | None:
 
 
 def kl_pins_policy(run: RunRecord) -> Finding | None:
-    """Check 5 of the module docstring."""
+    """Check 5 of the module docstring. Not the finding when β is not the run's own setting to turn (an adaptive
+    controller grew it by ``kl_coef_rise``: ``kl_pinned`` names the target) or when a critic that does not track
+    even the mean return (``value_bias_high``) makes the advantages' task part its error (``critic_lagging``)."""
     share = run.curve(Tag.KL_GRAD_SHARE)
     coef = float(run.setting("kl.coef", 0.0) or 0.0)
     flat = reward_flat(run)
     if share is None or coef <= 0 or flat is None:
+        return None
+    beta = run.curve(Tag.KL_COEF)
+    if run.setting("kl.controller.name") == "adaptive" and beta is not None and beta.end > limit(
+            "kl_coef_rise") * beta.start:
+        return None
+    bias = run.shortfall(Tag.VALUE_PRED, Tag.RETURNS)
+    if bias is not None and abs(bias) > limit("value_bias_high"):
         return None
     median = float(np.median(share.values))
     if median <= limit("kl_share_high"):
