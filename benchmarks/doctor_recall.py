@@ -50,6 +50,14 @@ judged by outcome criteria written with them (:data:`HEALTHY_GAIN`, :data:`HEALT
     python benchmarks/doctor_recall.py run runs/round4 --set round4 --jobs 2
     python benchmarks/doctor_recall.py fixes runs/round4 --set round4 --jobs 2     # the warned preset runs, fixed
     python benchmarks/doctor_recall.py evaluate runs/round4 --set round4 --markdown
+
+Round 5 (``--set round5``): rounds 1-4 and the KL-in-the-reward runs (535) were its tuning set (three changes,
+made after reading round 4's held-out result); seeds 13-15, judged as round 4:
+
+    python benchmarks/doctor_recall.py split --set round5 > benchmarks/doctor_recall_round5.txt
+    python benchmarks/doctor_recall.py run runs/round5 --set round5 --jobs 2
+    python benchmarks/doctor_recall.py fixes runs/round5 --set round5 --jobs 2
+    python benchmarks/doctor_recall.py evaluate runs/round5 --set round5 --markdown
 """
 
 from __future__ import annotations
@@ -460,9 +468,92 @@ def build_kl_in_reward() -> list[Run]:
     return runs
 
 
+def build_round5() -> list[Run]:
+    """The fresh held-out set of round 5 (seeds 13-15, listed after round 5's thresholds were frozen; rounds 1-4
+    and :func:`build_kl_in_reward`, 535 runs, were its tuning set): every family again at other magnitudes, tasks
+    and algorithms (CISPO among them), and 63 runs of the presets' own settings (9 presets on sort3-5, 2 seeds,
+    and on arithmetic), judged by round 4's outcome criteria (:data:`HEALTHY_GAIN`, :data:`HEALTHY_KEPT`,
+    :data:`FIX_GAIN`)."""
+    six = ("task.num_digits=6", "rollout.max_new_tokens=9")
+    runs: list[Run] = []
+    runs += _runs("constant_reward", [
+        (task, algo, "format", seed, ("reward=format", *_steps(150)))
+        for task, algo, seed in [("sort4", "cispo", 13), ("sort3", "grpo", 14), ("sort5", "reinforce_pp", 15),
+                                 ("arith", "gspo", 13)]])
+    runs += _runs("constant_reward", [
+        ("sort6", "rloo", "exact", 14, (*six, "reward=exact_match", *_steps(150))),
+        ("arithbig", "grpo", "exact", 15, ("task=arithmetic", "task.max_operand=99999", *_steps(150)))])
+    runs += _runs("lr_far_too_high", [
+        (task, algo, f"lr{lr}", seed, (*extra, f"trainer.lr={lr}", *_steps(150)))
+        for task, extra, algo, lr, seed in [
+            ("sort4", (), "cispo", 0.04, 13), ("sort5", (), "dr_grpo", 0.15, 14), ("arith", (), "grpo", 0.07, 15),
+            ("sort3", (), "rloo", 0.04, 15), ("sort6", six, "reinforce_pp", 0.07, 13),
+            ("sort4", (), "gspo", 0.15, 14)]])
+    runs += _runs("kl_coef_pins", [
+        (task, algo, f"kl{coef}", seed, (*extra, f"kl.coef={coef}", *_steps(150)))
+        for task, extra, algo, coef, seed in [
+            ("sort4", (), "grpo", 2, 13), ("sort3", (), "dr_grpo", 40, 14), ("sort5", (), "grpo", 9, 15),
+            ("sort6", six, "reinforce_pp", 20, 13), ("arith", (), "dr_grpo", 7, 14), ("sort4", (), "remax", 5, 15)]])
+    runs += _runs("no_variety", [
+        (task, algo, f"{key.split('.')[1]}{value}", seed, (*extra, f"{key}={value}", *_steps(150)))
+        for task, extra, algo, key, value, seed in [
+            ("sort4", (), "dr_grpo", "rollout.temperature", 0.025, 13),
+            ("sort5", (), "grpo", "rollout.top_p", 0.025, 14),
+            ("sort3", (), "rloo", "rollout.temperature", 0.045, 15),
+            ("sort6", six, "gspo", "rollout.top_p", 0.045, 13),
+            ("arith", (), "grpo", "rollout.temperature", 0.015, 14),
+            ("sort4", (), "reinforce_pp", "rollout.top_p", 0.015, 15)]])
+    runs += _runs("budget", [
+        (task, algo, f"mnt{budget}", seed, (*extra, f"rollout.max_new_tokens={budget}", *_steps(150)))
+        for task, extra, algo, budget, seed in [
+            ("sort5", (), "grpo", 4, 13), ("sort6", ("task.num_digits=6",), "dr_grpo", 1, 14),
+            ("sort3", (), "gspo", 1, 15), ("sort4", (), "rloo", 1, 13), ("sort5", (), "remax", 2, 14),
+            ("sort6", ("task.num_digits=6",), "cispo", 3, 15)]])
+    runs += _runs("stale_rollouts", [
+        (task, algo, f"stale{k}", seed, (*extra, f"rollout.staleness={k}", *_steps(150)))
+        for task, extra, algo, k, seed in [
+            ("sort4", (), "grpo", 3, 13), ("sort5", (), "dr_grpo", 5, 14), ("sort3", (), "reinforce_pp", 8, 15),
+            ("sort6", six, "grpo", 8, 13), ("arith", (), "dr_grpo", 3, 14), ("sort4", (), "reinforce_pp", 5, 15)]])
+    runs += _runs("critic_slow", [
+        (task, "ppo", f"clr{lr}", seed, (*extra, f"trainer.critic_lr={lr}", *_steps(150)))
+        for task, extra, lr, seed in [("sort4", (), 4e-7, 13), ("sort5", (), 3e-7, 14), ("sort3", (), 1.5e-7, 15),
+                                      ("sort6", six, 4e-7, 14), ("arith", (), 1.5e-7, 13), ("sort4", (), 8e-7, 15)]])
+    runs += _runs("warmup_too_long", [
+        (task, algo, f"wu{factor}x", seed, (*extra, f"trainer.warmup_steps={int(150 * factor)}", *_steps(150)))
+        for task, extra, algo, factor, seed in [
+            ("sort4", (), "grpo", 4.5, 13), ("sort5", (), "dr_grpo", 2, 14), ("sort3", (), "reinforce_pp", 7, 15),
+            ("sort6", six, "gspo", 4.5, 13), ("arith", (), "rloo", 2, 14), ("sort4", (), "cispo", 7, 15)]])
+    runs += _runs("kl_target_tight", [
+        (task, algo, f"target{target}", seed,
+         (*extra, "kl.apply=reward", f"kl.controller={{name: adaptive, target: {target}, horizon: 100}}",
+          *_steps(300)))
+        for task, extra, algo, target, seed in [
+            ("sort4", (), "grpo", 1.1, 13), ("sort5", (), "grpo", 0.7, 14), ("sort3", (), "grpo", 1.6, 15),
+            ("sort6", six, "grpo", 2.5, 13), ("arith", (), "grpo", 0.7, 15),
+            ("sort4", ("kl.coef=0.04",), "dr_grpo", 1.6, 14)]])   # dr_grpo has no KL of its own: GRPO's beta
+    # judged by LR_TOO_HIGH_CRITERION against the healthy run of the same algorithm, task and seed (below)
+    runs += _learning_rates("lr_too_high", 150, [("sort4", "grpo", 0.024, 13), ("sort5", "dr_grpo", 0.032, 14),
+                                                 ("sort3", "reinforce_pp", 0.024, 13), ("sort4", "gspo", 0.032, 14),
+                                                 ("sort5", "grpo", 0.018, 13), ("sort3", "dr_grpo", 0.018, 14),
+                                                 ("sort4", "reinforce_pp", 0.032, 13), ("arith", "grpo", 0.024, 15)])
+    presets = ("grpo", "dr_grpo", "rloo", "reinforce_pp", "gspo", "cispo", "dapo", "ppo", "remax")
+    healthy = [(task, algo, seed) for algo in presets for task in ("sort3", "sort4", "sort5") for seed in (13, 14)]
+    healthy += [("arith", algo, 15) for algo in presets]
+    runs += _runs("healthy", [(task, algo, "preset", seed, _steps(150)) for task, algo, seed in healthy])
+    names = [run.name for run in runs]
+    assert len(set(names)) == len(names), "run names must be unique"
+    return runs
+
+
+
+OUTCOME_ROUNDS = ("round4", "round5")
+"""The rounds whose preset runs are judged by the outcome criteria (:data:`HEALTHY_GAIN`, ...)."""
+
+
 ROUNDS: dict[str, Callable[[], list[Run]]] = {"round1": build, "round2": build_round2, "round3": build_round3,
-                                              "kl-in-reward": build_kl_in_reward, "round4": build_round4}
-"""Each round's set: round 1 split into halves; rounds 2-4 fresh held-out sets, evaluated whole;
+                                              "kl-in-reward": build_kl_in_reward, "round4": build_round4,
+                                              "round5": build_round5}
+"""Each round's set: round 1 split into halves; rounds 2-5 fresh held-out sets, evaluated whole;
 ``kl-in-reward`` tuning runs of round 4."""
 
 
@@ -586,6 +677,22 @@ ROUND4_BROKEN = {
                        "too, horizon 100",
 }
 """What round 4 breaks in each family."""
+
+ROUND5_BROKEN = {
+    "constant_reward": "`reward=format` on 4 tasks (CISPO, GSPO); exact match of answers a random policy never writes",
+    "lr_far_too_high": "`trainer.lr` 0.04-0.15 (0.04, 0.15 new), CISPO too",
+    "kl_coef_pins": "`kl.coef` 2-40 (2, 7, 9, 20, 40 new); a KL in the reward (REINFORCE++, ReMax)",
+    "no_variety": "`rollout.temperature` or `rollout.top_p` 0.015-0.045 (all new)",
+    "budget": "`rollout.max_new_tokens` below the answers' length (sort3-6 at 1-4), CISPO too",
+    "lr_too_high": f"`trainer.lr` 0.018-0.032 (0.018, 0.024, 0.032 new), sick when its final reward is below "
+                   f"{LR_TOO_HIGH_CRITERION:g}x its healthy twin's",
+    "stale_rollouts": "`rollout.staleness` 3-8, no correction (no RLOO: one update a step)",
+    "critic_slow": "PPO's `trainer.critic_lr` 1.5e-7-8e-7 (1.5e-7, 4e-7, 8e-7 new)",
+    "warmup_too_long": "`trainer.warmup_steps` 2-7x the run (4.5, 7 new), CISPO too",
+    "kl_target_tight": "an adaptive KL controller's target 0.7-2.5 nats a sequence (0.7, 1.1, 1.6, 2.5 new), "
+                       "horizon 100",
+}
+"""What round 5 breaks in each family."""
 
 
 def _windows(run_dir: Path) -> tuple[list[float], float]:
@@ -723,7 +830,7 @@ def evaluate(out: Path, which: str, markdown: bool, round_set: str = "round1") -
         (result,) = examine([out / run.name])
         warnings = [f for f in result.findings if f.level == "warning"]
         first = result.findings[0] if result.findings else None
-        if run.family == "healthy" and round_set == "round4" and not outcome(out / run.name)[0]:
+        if run.family == "healthy" and round_set in OUTCOME_ROUNDS and not outcome(out / run.name)[0]:
             apart.append(not warnings)
             not_healthy.append(f"{run.name}: {outcome(out / run.name)[1]}; "
                                f"{', '.join(f.code for f in warnings) or 'no warning'}")
@@ -747,14 +854,14 @@ def evaluate(out: Path, which: str, markdown: bool, round_set: str = "round1") -
         for name, family in FAMILIES.items():
             oks = rows.get(name, [])
             broken = {"round1": family.broken, "round2": ROUND2_BROKEN[name], "round3": ROUND3_BROKEN[name],
-                      "round4": ROUND4_BROKEN[name]}.get(round_set, family.broken)
+                      "round4": ROUND4_BROKEN[name], "round5": ROUND5_BROKEN[name]}.get(round_set, family.broken)
             print(f"| `{name}`: {broken} | {len(oks)} | {sum(oks)} ({sum(oks) / max(1, len(oks)):.0%}) |")
         print(f"| **all sick runs** | {len(sick)} | **{sum(sick)} ({sum(sick) / max(1, len(sick)):.0%})** |")
         alarms = len(healthy) - sum(healthy)
-        judged = " (by the outcome criterion)" if round_set == "round4" else ""
+        judged = " (by the outcome criterion)" if round_set in OUTCOME_ROUNDS else ""
         print(f"| healthy runs{judged} with a warning-level finding | {len(healthy)} | **{alarms} "
               f"({alarms / max(1, len(healthy)):.0%})** false alarms |")
-        if round_set == "round4":
+        if round_set in OUTCOME_ROUNDS:
             print(f"| the presets' runs the criterion does not call healthy, with a warning-level finding | "
                   f"{len(apart)} | {len(apart) - sum(apart)} |")
     else:
@@ -770,7 +877,7 @@ def evaluate(out: Path, which: str, markdown: bool, round_set: str = "round1") -
         print(f"left out: {line}" if markdown is False else f"<!-- left out: {line} -->")
     for line in not_healthy:
         print(f"not healthy: {line}" if markdown is False else f"<!-- not healthy: {line} -->")
-    if round_set == "round4":
+    if round_set in OUTCOME_ROUNDS:
         report = fix_report(out, runs)
         confirmed = sum(line.endswith("(confirmed)") for line in report)
         print(f"warnings on preset runs that are not healthy: {len(report)}; confirmed by their fix: {confirmed}")

@@ -37,7 +37,7 @@ def _run(run_dir: Path, reward, steps: int = 100, **curves) -> Path:
     return run_dir
 
 
-@pytest.mark.parametrize("which", ["round2", "round3", "round4"])
+@pytest.mark.parametrize("which", ["round2", "round3", "round4", "round5"])
 def test_the_committed_listing_is_the_set_the_script_builds(which: str) -> None:
     listing = (LISTINGS / f"doctor_recall_{which}.txt").read_text()
     assert listing == DR.split_text(DR.ROUNDS[which](), which)
