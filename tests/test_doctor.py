@@ -231,6 +231,10 @@ def test_zero_variance_groups_names_easy_or_hard() -> None:
     (finding,) = detectors.zero_variance_groups(record(config(reward={"name": "numeric_match"}),
                                                        **{**easy, "reward__mean": lambda s: 0.02}))
     assert finding.fixes[0][0] == "reward=[numeric_match, {name: length_match, weight: 0.1}]"
+    # a reward that has its partial-credit term already is not offered it again (round 4: Dr. GRPO on arithmetic)
+    credited = config(reward=["exact_match", {"name": "length_match", "weight": 0.1}])
+    (finding,) = detectors.zero_variance_groups(record(credited, **{**easy, "reward__mean": lambda s: 0.02}))
+    assert [fix for fix, _ in finding.fixes] == ["rollout.n=16", "extensions=[dynamic_sampling]"]
     collapsed = {**easy, "reward__mean": lambda s: 0.5, "entropy": ramp(2.0, 0.1, 50)}
     (finding,) = detectors.zero_variance_groups(record(**collapsed))
     assert "the policy collapsed (entropy 1.83 -> 0.1)" in finding.cause     # start 2 - 1.9 x 4.5 / 49

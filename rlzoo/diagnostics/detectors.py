@@ -219,7 +219,7 @@ def zero_variance_groups(run: RunRecord) -> list[Finding]:
         fixes = (refill, ("task.num_digits=6", "for sort_digits: a harder task"))
     elif not learned and level <= (1 - limit("success_share")) * success:
         why = "the task is too hard for the policy: whole groups fail alike"
-        fixes = (partial_credit(run), sample_more, refill)
+        fixes = tuple(filter(None, (partial_credit(run), sample_more, refill)))
     elif collapsed:
         why = (f"the policy collapsed (entropy {_g(entropy.start)} -> {_g(entropy.end)}): its {n} samples of a "
                "prompt are mostly one completion")
@@ -356,8 +356,8 @@ def loss_at_zero(run: RunRecord) -> list[Finding]:
         f"{np.mean(dead):.0%} of the last half",
         "every advantage is 0: each group's completions score the same (too easy or too hard a task, or a "
         "reward that cannot tell them apart)",
-        (partial_credit(run), (f"rollout.n={2 * int(run.setting('rollout.n', 1))}", "larger groups"),
-         ("extensions=[dynamic_sampling]", "train only on groups that disagree")))]
+        tuple(filter(None, (partial_credit(run), (f"rollout.n={2 * int(run.setting('rollout.n', 1))}", "larger groups"),
+                            ("extensions=[dynamic_sampling]", "train only on groups that disagree")))))]
 
 
 def critic_lagging(run: RunRecord) -> list[Finding]:

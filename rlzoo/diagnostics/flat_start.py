@@ -206,7 +206,7 @@ def constant_reward(run: RunRecord) -> Finding | None:
         return Finding(
             "constant_reward", "nothing is learning: no completion ever scores", _span(run), evidence,
             "the initial policy never writes a correct answer and the reward gives no partial credit: every "
-            "group's completions score alike, so every advantage is 0", (partial_credit(run),))
+            "group's completions score alike, so every advantage is 0", tuple(filter(None, (partial_credit(run),))))
     if accuracy and accuracy[-1] >= success * limit("success_share"):
         evidence += (f"; eval/greedy_accuracy {accuracy[-1]:.3f} is no achievement: a random policy scores it "
                      "(every completion does)")
@@ -220,10 +220,12 @@ def constant_reward(run: RunRecord) -> Finding | None:
         () if own else (("reward=null", "the task's own reward, which compares the answer with the reference"),))
 
 
-def partial_credit(run: RunRecord) -> tuple[str, str]:
+def partial_credit(run: RunRecord) -> tuple[str, str] | None:
     """An override that adds a partial-credit term to the run's reward (``length_match``, weight
-    0.1), so that groups whose answers all fail still differ."""
+    0.1), so that groups whose answers all fail still differ; ``None`` when the reward has one already."""
     reward = run.setting("reward")
+    if isinstance(reward, list) and "length_match" in _reward_name(reward):
+        return None
     name = reward.get("name") if isinstance(reward, dict) else reward if isinstance(reward, str) else None
     why = "a partial-credit term gives failing answers something to differ in"
     if name is None:
